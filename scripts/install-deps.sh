@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what strata builds and tests with, from Debian's packages (Debian 12).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+  g++ cmake ninja-build pkg-config xz-utils \
+  nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev libspdlog-dev libfmt-dev \
+  libcli11-dev libxxhash-dev libzstd-dev liburing-dev libopenblas-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev nodejs npm >/dev/null

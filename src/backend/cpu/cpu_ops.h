@@ -1,0 +1,66 @@
+// CPU kernels. Every function here has a plain scalar twin with the same meaning in
+// backend/reference/reference_ops.h and a parity test in tests/kernel.
+//
+// Determinism contract: the value of an output row never depends on how many rows share the
+// call, on the thread count, or on the row's place in the batch: each output element is
+// reduced in one fixed order. Batching and chunked prefill therefore cannot change a token.
+//
+// Activations are f32. Shapes are row-major and written next to each argument.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/weight.h"
+#include "core/thread_pool.h"
+
+namespace strata::cpu {
+
+// Which SIMD level the dispatcher picked ("avx512bf16", "avx512", "avx2", "scalar").
+const char* simd_level_name();
+
+// Repack a checkpoint matrix W [rows, cols] (row-major, dtype f32/bf16/f16) for matmul.
+// The returned matrix owns its memory (or, for a layout equal to the source, may alias
+// `src` when `alias_ok`: the caller guarantees `src` outlives it, e.g. an mmap).
+WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t cols, bool alias_ok = false);
+
+// y[m, n] = x[m, k] · W[n, k]^T (+ bias[n] when bias != nullptr). k == w.cols, n == w.rows.
+void matmul(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
+
+// y[r, :] = x[r, :] / rms(x[r, :]) * (w or 1 + w), per row; y may alias x.
+void rms_norm(ThreadPool& pool, const float* x /*[rows, dim]*/, const float* w /*[dim] or null*/,
+              float* y /*[rows, dim]*/, int64_t rows, int64_t dim, float eps, bool one_plus_w);
+
+// out[i] = silu(gate[i]) * up[i]  or  gelu_tanh(gate[i]) * up[i].
+enum class Activation { kSilu, kGeluTanh };
+void gated_act(ThreadPool& pool, const float* gate, const float* up, float* out, int64_t n, Activation act);
+
+// Rotary embedding in place on x [n_tokens, n_heads, head_dim], rotating the first
+// `rot_dim` dims of each head (rot_dim <= head_dim, even) in the half-split (NeoX / HF) layout:
+// pairs (i, i + rot_dim/2). inv_freq [rot_dim/2]: per-pair frequency (scaling already applied);
+// positions [n_tokens]; attn_factor multiplies cos and sin (yarn's mscale).
+void rope(ThreadPool& pool, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+          const int32_t* positions, const float* inv_freq, float attn_factor);
+
+// Paged attention for one sequence. Keys/values of positions [0, pos0 + n_q) are already in
+// the pool; query token t sits at position pos0 + t and sees keys at positions p with
+// p <= pos0 + t and (window == 0 || pos0 + t - p < window).
+struct PagedAttentionArgs {
+  const float* q;              // [n_q, n_heads, head_dim]
+  float* out;                  // [n_q, n_heads, head_dim_v]
+  const float* k_pool;         // [n_blocks_pool, block_size, n_kv_heads, head_dim]
+  const float* v_pool;         // [n_blocks_pool, block_size, n_kv_heads, head_dim_v]
+  const int32_t* block_table;  // [ceil((pos0 + n_q) / block_size)] block ids into the pools
+  int32_t block_size;          // tokens per block
+  int32_t n_q;                 // query tokens
+  int32_t pos0;                // position of the first query token
+  int32_t n_heads;
+  int32_t n_kv_heads;          // n_heads % n_kv_heads == 0 (GQA)
+  int32_t head_dim;
+  int32_t head_dim_v;
+  float scale;                 // multiplies q·k
+  float softcap;               // 0: none; else logits = softcap * tanh(logits / softcap)
+  int32_t window;              // 0: full causal
+};
+void paged_attention(ThreadPool& pool, const PagedAttentionArgs& a);
+
+}  // namespace strata::cpu

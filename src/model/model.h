@@ -1,0 +1,37 @@
+// Model: one architecture family's forward pass over a packed StepBatch.
+// A model owns its weights and nothing of the request, the scheduler or the KV block pool.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/kv_storage.h"
+#include "model/model_config.h"
+#include "model/step_batch.h"
+
+namespace strata {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const { return config_; }
+  // Per-layer KV needs and per-layer recurrent state needs.
+  virtual std::vector<KvLayerSpec> kv_layout() const = 0;
+  virtual std::vector<StateLayerSpec> state_layout() const { return std::vector<StateLayerSpec>(config_.n_layers); }
+
+  // Runs the batch: appends each span's K/V at positions [pos0, pos0 + n_tokens) through its
+  // block table, advances recurrent state, and writes logits [batch.n_logit_rows(), vocab]
+  // (f32, final soft-cap applied) in the order StepBatch::n_logit_rows() defines.
+  virtual void forward(const StepBatch& batch, KvStorage& kv, StateStorage* state, float* logits) = 0;
+
+ protected:
+  explicit Model(ModelConfig config, ThreadPool& pool) : config_(std::move(config)), pool_(pool) {}
+  ModelConfig config_;
+  ThreadPool& pool_;
+};
+
+}  // namespace strata
