@@ -23,6 +23,10 @@ const char* simd_level_name();
 // `src` when `alias_ok`: the caller guarantees `src` outlives it, e.g. an mmap).
 WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t cols, bool alias_ok = false);
 
+// Row `row` of a matrix made by pack_weight (or a plain row-major one, layout 0), widened to
+// f32: out[w.cols]. Lets an embedding table tied to the lm head be looked up from the packed copy.
+void weight_row(const WeightMatrix& w, int64_t row, float* out);
+
 // y[m, n] = x[m, k] · W[n, k]^T (+ bias[n] when bias != nullptr). k == w.cols, n == w.rows.
 void matmul(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 
