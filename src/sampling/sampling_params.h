@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/status.h"
+
 namespace strata {
 
 struct SamplingParams {
@@ -19,8 +21,17 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to a token's logit
   uint64_t seed = 0;                // RNG seed; has_seed false: the engine draws one
   bool has_seed = false;
+  // Ids >= vocab_limit are never sampled: the LM head of many checkpoints is padded past the
+  // tokenizer's vocabulary (to a multiple of 64/128) and those rows are untrained. The engine
+  // sets it to the tokenizer's vocabulary size; 0: every row of the logits is a real token.
+  int32_t vocab_limit = 0;
 
   bool greedy() const { return temperature <= 0.0f; }
 };
+
+// Checks every field against the ranges strata (and the OpenAI API) accept. model_vocab is the
+// width of the model's logits; logit_bias ids must lie below min(model_vocab, vocab_limit).
+// The error message names the field and the value, e.g. "top_p must be in (0, 1], got 1.5".
+Status validate_sampling_params(const SamplingParams& params, int32_t model_vocab);
 
 }  // namespace strata

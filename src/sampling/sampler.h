@@ -1,0 +1,98 @@
+// Sampler: the per-sequence state that turns each step's logits into a token: the processor
+// pipeline of logits_processors.h (same fixed order, fused), a seeded xoshiro256** stream and
+// the penalty history. Same params, seed, prompt and logits sequence -> same tokens on every
+// build; save()/restore() carry the whole state, so a checkpointed generation continues
+// exactly where it stopped.
+//
+// Owned by the engine thread; not thread-safe. sample() never modifies the caller's logits and,
+// after the first call at a given vocabulary size (warm-up), allocates nothing: its scratch
+// (4 bytes per vocabulary entry, plus candidate lists that grow to the largest seen) lives here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "sampling/logits_processors.h"
+#include "sampling/logprobs.h"
+#include "sampling/rng.h"
+#include "sampling/sampling_params.h"
+
+namespace strata {
+
+class Sampler {
+ public:
+  // Validates params against the model's logits width (validate_sampling_params). prompt: the
+  // prompt ids, kept (as a set) only when a repetition penalty is on.
+  static Result<Sampler> create(const SamplingParams& params, int32_t model_vocab,
+                                std::span<const int32_t> prompt = {});
+
+  // Draws the next token from logits[0, vocab) (f32, the model's row for this sequence). Never
+  // returns an id >= params.vocab_limit. Greedy requests use no randomness; any other call
+  // consumes exactly one 64-bit draw, whatever the filters keep. Does not record the token:
+  // the engine calls accept() for what it emits.
+  int32_t sample(const float* logits, int32_t vocab);
+
+  // Records an emitted token in the penalty history (also tokens fed back when resuming).
+  void accept(int32_t token);
+
+  // The distribution sample() draws from for these logits, written to probs[0, vocab) (zeros
+  // for removed and padded ids; one-hot for greedy). Consumes no randomness. For exact
+  // speculative acceptance and for tests.
+  void distribution(const float* logits, int32_t vocab, float* probs);
+
+  // Raw-model logprobs of token and its top_n alternatives over the real vocabulary (see
+  // logprobs.h); independent of the processors above.
+  Status logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n, TokenLogprobs* out) const;
+
+  // The whole state (params, RNG, history) as a self-describing little-endian byte string.
+  std::string save() const;
+  // Errors (kCorrupt) name what is wrong: bad magic/version, truncation, trailing bytes,
+  // duplicate or negative ids, out-of-range params.
+  static Result<Sampler> restore(std::string_view bytes);
+
+  const SamplingParams& params() const { return params_; }
+  int64_t n_accepted() const { return n_accepted_; }
+  // Number of logits that can be sampled from a row of width vocab: min(vocab, vocab_limit).
+  int32_t effective_vocab(int32_t vocab) const;
+
+ private:
+  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+  // Copies logits into work_ with NaN -> -inf, applies bias and penalties; returns the argmax
+  // (lowest id on ties) of the result over [0, n).
+  int32_t prepare(const float* logits, int32_t n);
+  // For a non-greedy request after prepare(): builds the kept set, either direct_ (work_
+  // holds every weight, mass_ their sum) or cand_[0, n_kept_) sorted by heavier().
+  void select(int32_t n, int32_t argmax);
+  int32_t draw(int32_t n);
+  void add_seen(int32_t token);
+
+  SamplingParams params_;
+  Xoshiro256 rng_;
+  int64_t n_accepted_ = 0;
+  // Penalty history. seen_: distinct prompt + generated ids (only with a repetition penalty),
+  // in first-seen order; counts_: (id, occurrences among generated tokens) in first-generated
+  // order. The maps index them for accept(); iteration always runs over the vectors, so the
+  // order (and the save() bytes) depend only on the token sequence.
+  std::vector<int32_t> seen_;
+  std::unordered_set<int32_t> seen_index_;
+  std::vector<std::pair<int32_t, int32_t>> counts_;
+  std::unordered_map<int32_t, size_t> count_index_;
+
+  // Scratch, reused across calls.
+  std::vector<float> work_;           // [n] processed logits, then scaled logits or weights
+  std::vector<WeightedToken> cand_;   // candidates of the kept set
+  std::vector<float> heap_;           // top-k selection
+  bool direct_ = false;
+  int32_t n_kept_ = 0;
+  double mass_ = 0.0;                 // sum of the kept weights
+};
+
+}  // namespace strata
