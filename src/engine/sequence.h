@@ -1,0 +1,43 @@
+// Sequence: what the scheduler knows of one request: its tokens, how many of them have KV,
+// the blocks that hold it, and where it stands in the request state machine. The engine owns
+// sequences (with their sampler and stream); the scheduler holds pointers to them.
+//
+// States: waiting -> prefilling -> decoding -> finished; a running sequence whose blocks are
+// taken back becomes preempted (n_computed = 0, blocks freed) and waits to recompute, which
+// goes through prefilling again. Any state can end in finished (stop, length, cancel, error).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+enum class SeqState { kWaiting, kPrefilling, kDecoding, kPreempted, kFinished };
+
+const char* seq_state_name(SeqState s);
+
+struct Sequence {
+  uint64_t id = 0;        // engine-internal, unique
+  uint64_t arrival = 0;   // submission order (FCFS key, tie-break of priority)
+  int32_t priority = 0;   // lower value first under the priority policy
+
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int32_t n_prompt = 0;
+  int32_t n_computed = 0;       // leading tokens whose KV is in `blocks`
+  std::vector<int32_t> blocks;  // block table, covers at least n_computed tokens
+  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks of `tokens`
+  int32_t n_published = 0;      // leading blocks already offered to the prefix index
+
+  bool reuse_prefix = true;       // look the prompt up in the prefix cache on admission
+  bool prompt_logprobs = false;   // wants logits at every prompt position
+  int32_t prompt_logprob_pos = 0; // next prompt position whose logits are still needed
+  int32_t cached_tokens = -1;     // prefix-cache hit at first admission; -1: not admitted yet
+
+  SeqState state = SeqState::kWaiting;
+
+  int32_t n_tokens() const { return int32_t(tokens.size()); }
+  int32_t n_remaining() const { return n_tokens() - n_computed; }
+  bool running() const { return state == SeqState::kPrefilling || state == SeqState::kDecoding; }
+};
+
+}  // namespace strata
