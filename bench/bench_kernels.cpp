@@ -1,0 +1,181 @@
+// CPU kernel benchmark on Qwen3-0.6B shapes. Prints each result next to the limit it chases:
+//   (1) memory bandwidth: streaming read and memcpy over >= 1 GiB, all pool threads;
+//   (2) decode, matmul m = 1 with bf16 weights: weight bytes streamed per second / (1);
+//   (3) prefill, matmul m = 512: GFLOP/s / cblas_sgemm's on the same shape and threads.
+// Usage: bench_kernels [threads=2] [--quick]
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using namespace strata;
+using Clock = std::chrono::steady_clock;
+
+// Best-of-`reps` wall time of fn, in seconds (the minimum filters noise from other work).
+double best_seconds(int reps, const std::function<void()>& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Bandwidth {
+  double read_gbs;  // bytes read per second / 1e9
+  double copy_gbs;  // (bytes read + bytes written) per second / 1e9
+};
+
+Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> src(n), dst(n);
+  pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) src[size_t(i)] = uint64_t(i) * 2654435761u;
+    std::memset(dst.data() + b, 0, size_t(e - b) * sizeof(uint64_t));
+  });
+  std::vector<uint64_t> sums(size_t(pool.size()) * 8);
+  const double t_read = best_seconds(reps, [&] {
+    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int t) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const uint64_t* p = src.data();
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      for (; i < e; ++i) s0 += p[i];
+      sums[size_t(t) * 8] = s0 + s1 + s2 + s3;
+    }, 4096);
+  });
+  const double t_copy = best_seconds(reps, [&] {
+    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
+      std::memcpy(dst.data() + b, src.data() + b, size_t(e - b) * sizeof(uint64_t));
+    }, 4096);
+  });
+  uint64_t keep = 0;
+  for (auto s : sums) keep += s;
+  if (keep == 42) std::printf(" ");
+  return {double(n * sizeof(uint64_t)) / t_read / 1e9, 2.0 * double(n * sizeof(uint64_t)) / t_copy / 1e9};
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;  // W [n, k]
+};
+
+const Shape kShapes[] = {
+    {"q_proj   2048x1024", 2048, 1024}, {"k/v_proj 1024x1024", 1024, 1024}, {"o_proj   1024x2048", 1024, 2048},
+    {"gate/up  3072x1024", 3072, 1024}, {"down     1024x3072", 1024, 3072}, {"lm_head 151936x1024", 151936, 1024},
+};
+
+// OpenBLAS's own controls, looked up at run time: the generic BLAS library the build links
+// may reach OpenBLAS only through a dependency.
+void blas_set_threads(int n) {
+  auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn != nullptr) fn(n);
+  else std::printf("warning: openblas_set_num_threads not found; BLAS thread count not set\n");
+}
+
+const char* blas_core_name() {
+  auto fn = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return fn != nullptr ? fn() : "(not OpenBLAS)";
+}
+
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  const auto f = random_floats(n, seed);
+  std::vector<uint16_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f[i]);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else
+      threads = std::atoi(argv[i]);
+  }
+  ThreadPool pool(threads);
+  std::printf("strata bench_kernels: %d threads, simd level %s, OpenBLAS core %s\n", threads, cpu::simd_level_name(),
+              blas_core_name());
+
+  // (1) Memory bandwidth.
+  const size_t bw_bytes = quick ? (size_t(256) << 20) : (size_t(1) << 30);
+  const Bandwidth bw = measure_bandwidth(pool, bw_bytes, quick ? 3 : 5);
+  std::printf("\n(1) memory bandwidth over %zu MiB: streaming read %.1f GB/s, memcpy %.1f GB/s (read+written)\n",
+              bw_bytes >> 20, bw.read_gbs, bw.copy_gbs);
+
+  // (2) Decode: m = 1, bf16 weights. Enough copies of each matrix are cycled that the working
+  // set (>= 512 MiB) cannot sit in cache, as in a real decode step over all layers.
+  std::printf("\n(2) decode matmul m=1, bf16 weights (ratio = weight GB/s / streaming-read GB/s)\n");
+  const size_t working_set = quick ? (size_t(128) << 20) : (size_t(512) << 20);
+  for (const Shape& s : kShapes) {
+    const size_t w_bytes = size_t(s.n * s.k) * 2;
+    const size_t copies = std::max<size_t>(1, (working_set + w_bytes - 1) / w_bytes);
+    const auto src = random_bf16(size_t(s.n * s.k), 1);
+    std::vector<WeightMatrix> ws;
+    for (size_t c = 0; c < copies; ++c) ws.push_back(cpu::pack_weight(DType::kBF16, src.data(), s.n, s.k));
+    const auto x = random_floats(size_t(s.k), 2);
+    std::vector<float> y(size_t(s.n));
+    const int reps = quick ? 2 : 5;
+    const double t = best_seconds(reps, [&] {
+      for (const auto& w : ws) cpu::matmul(pool, x.data(), 1, w, nullptr, y.data());
+    }) / double(copies);
+    const double gbs = double(w_bytes) / t / 1e9;
+    std::printf("  %-20s %8.1f us  %6.1f GB/s  ratio %.2f\n", s.name, t * 1e6, gbs, gbs / bw.read_gbs);
+  }
+
+  // (3) Prefill: m = 512 against OpenBLAS sgemm (f32 weights) on the same threads.
+  std::printf("\n(3) prefill matmul m=512 (ratio = strata GFLOP/s / cblas_sgemm GFLOP/s, both %d threads)\n", threads);
+  blas_set_threads(threads);
+  const int64_t m = 512;
+  const auto x = random_floats(size_t(m * 3072), 3);
+  for (const Shape& s : kShapes) {
+    if (s.n > 8192 && quick) continue;
+    const double flops = 2.0 * double(m) * double(s.n) * double(s.k);
+    const auto wf = random_floats(size_t(s.n * s.k), 4);
+    const auto wb = random_bf16(size_t(s.n * s.k), 4);
+    const WeightMatrix pf = cpu::pack_weight(DType::kF32, wf.data(), s.n, s.k);
+    const WeightMatrix pb = cpu::pack_weight(DType::kBF16, wb.data(), s.n, s.k);
+    std::vector<float> y(size_t(m * s.n));
+    const int reps = s.n > 8192 ? 2 : (quick ? 3 : 6);
+    const double t_f32 = best_seconds(reps, [&] { cpu::matmul(pool, x.data(), m, pf, nullptr, y.data()); });
+    const double t_bf16 = best_seconds(reps, [&] { cpu::matmul(pool, x.data(), m, pb, nullptr, y.data()); });
+    const double t_blas = best_seconds(reps, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(s.n), int(s.k), 1.0f, x.data(), int(s.k),
+                  wf.data(), int(s.k), 0.0f, y.data(), int(s.n));
+    });
+    const double g_blas = flops / t_blas / 1e9;
+    std::printf("  %-20s sgemm %6.1f GFLOP/s | strata f32 %6.1f (ratio %.2f) | strata bf16 %6.1f (ratio %.2f)\n", s.name,
+                g_blas, flops / t_f32 / 1e9, t_blas / t_f32, flops / t_bf16 / 1e9, t_blas / t_bf16);
+  }
+  return 0;
+}
