@@ -1,0 +1,240 @@
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "model/layers/attention.h"
+#include "model/layers/embedding.h"
+#include "model/layers/mlp.h"
+#include "model/layers/moe.h"
+#include "model/layers/ops.h"
+#include "model/rope.h"
+
+namespace strata {
+
+namespace {
+
+struct DecoderLayer {
+  std::vector<float> input_norm;      // [hidden]
+  std::vector<float> post_attn_norm;  // [hidden]
+  std::vector<float> pre_ffn_norm;    // [hidden] sandwich only
+  std::vector<float> post_ffn_norm;   // [hidden] sandwich only
+  AttentionWeights attn;
+  AttentionParams params;
+  GatedMlpWeights mlp;                // dense layers
+  std::unique_ptr<MoeWeights> moe;    // sparse layers
+  int rope_index = 0;
+};
+
+class DecoderModel : public Model {
+ public:
+  DecoderModel(ModelConfig cfg, ThreadPool& pool, DecoderSpec spec) : Model(std::move(cfg), pool), spec_(spec) {}
+
+  std::vector<KvLayerSpec> kv_layout() const override {
+    std::vector<KvLayerSpec> v(size_t(config_.n_layers));
+    for (int l = 0; l < config_.n_layers; ++l) {
+      auto& s = v[size_t(l)];
+      s.n_kv_heads = config_.n_kv_heads;
+      s.head_dim_k = config_.head_dim;
+      s.head_dim_v = config_.head_dim;
+      s.window = layers_[size_t(l)].params.window;
+    }
+    return v;
+  }
+
+  void forward(const StepBatch& batch, KvStorage& kv, StateStorage* state, float* logits) override;
+
+  DecoderSpec spec_;
+  std::shared_ptr<const SafetensorsArchive> archive_;  // keeps aliased weights mapped
+  EmbeddingTable embed_;
+  std::vector<float> final_norm_;
+  WeightMatrix lm_head_;
+  std::vector<DecoderLayer> layers_;
+  std::vector<RopeProvider> ropes_;  // one per distinct layer type
+
+  // Step buffers, reused across calls.
+  std::vector<int32_t> positions_;
+  std::vector<float> x_, h_, branch_, rows_;
+  AttentionScratch attn_scratch_;
+  MlpScratch mlp_scratch_;
+  MoeScratch moe_scratch_;
+};
+
+void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* /*state*/, float* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t hidden = config_.hidden;
+  const float eps = config_.rms_eps;
+  const bool opw = spec_.norm_one_plus_w;
+  if (n == 0) return;
+  batch_positions(batch, &positions_);
+  x_.resize(size_t(n * hidden));
+  h_.resize(size_t(n * hidden));
+  branch_.resize(size_t(n * hidden));
+  embed_.gather(pool_, batch.tokens.data(), n, spec_.embed_scale, x_.data());
+
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    DecoderLayer& L = layers_[l];
+    L.params.rope = &ropes_[size_t(L.rope_index)];
+    cpu::rms_norm(pool_, x_.data(), L.input_norm.data(), h_.data(), n, hidden, eps, opw);
+    attention_forward(pool_, L.attn, L.params, batch, positions_.data(), h_.data(), kv, int(l), attn_scratch_,
+                      branch_.data());
+    if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_attn_norm.data(), branch_.data(), n, hidden, eps, opw);
+    add_inplace(x_.data(), branch_.data(), n * hidden);
+    const std::vector<float>& ffn_norm = spec_.sandwich_norms ? L.pre_ffn_norm : L.post_attn_norm;
+    cpu::rms_norm(pool_, x_.data(), ffn_norm.data(), h_.data(), n, hidden, eps, opw);
+    if (L.moe) {
+      moe_forward(pool_, *L.moe, spec_.act, h_.data(), n, hidden, moe_scratch_, branch_.data());
+    } else {
+      gated_mlp_forward(pool_, L.mlp, spec_.act, h_.data(), n, mlp_scratch_, branch_.data());
+    }
+    if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_ffn_norm.data(), branch_.data(), n, hidden, eps, opw);
+    add_inplace(x_.data(), branch_.data(), n * hidden);
+  }
+
+  // Rows that produce logits, in StepBatch::n_logit_rows() order.
+  const int64_t n_rows = batch.n_logit_rows();
+  if (n_rows == 0) return;
+  rows_.resize(size_t(n_rows * hidden));
+  int64_t r = 0, t0 = 0;
+  for (const auto& s : batch.seqs) {
+    if (s.logits_all) {
+      std::copy_n(&x_[size_t(t0 * hidden)], size_t(s.n_tokens * hidden), &rows_[size_t(r * hidden)]);
+      r += s.n_tokens;
+    } else if (s.logits_last && s.n_tokens > 0) {
+      std::copy_n(&x_[size_t((t0 + s.n_tokens - 1) * hidden)], size_t(hidden), &rows_[size_t(r * hidden)]);
+      r += 1;
+    }
+    t0 += s.n_tokens;
+  }
+  STRATA_CHECK(r == n_rows, "logit rows disagree with StepBatch::n_logit_rows()");
+  cpu::rms_norm(pool_, rows_.data(), final_norm_.data(), rows_.data(), n_rows, hidden, eps, opw);
+  cpu::matmul(pool_, rows_.data(), n_rows, lm_head_, nullptr, logits);
+  softcap_inplace(logits, n_rows * config_.vocab_size, spec_.final_softcap);
+}
+
+template <class T>
+Status take(Result<T> r, T* out) {
+  if (!r.ok()) return r.error();
+  *out = std::move(*r);
+  return Status();
+}
+
+Status load_mlp(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, bool bias, GatedMlpWeights* m) {
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "gate_proj.weight", inter, hidden), &m->gate));
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "up_proj.weight", inter, hidden), &m->up));
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "down_proj.weight", hidden, inter), &m->down));
+  if (bias) {
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "gate_proj.bias", inter), &m->gate_bias));
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "up_proj.bias", inter), &m->up_bias));
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "down_proj.bias", hidden), &m->down_bias));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<cpu::Activation> activation_from_name(const std::string& name) {
+  if (name == "silu" || name == "swish") return cpu::Activation::kSilu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_tanh" || name == "gelu_new") return cpu::Activation::kGeluTanh;
+  return make_error(ErrorCode::kUnsupported, "activation '" + name + "' is not supported (silu, gelu_pytorch_tanh)");
+}
+
+Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const WeightLoader& w, ThreadPool& pool,
+                                            const DecoderSpec& spec) {
+  auto m = std::make_unique<DecoderModel>(cfg, pool, spec);
+  m->archive_ = w.archive();
+  const int64_t H = cfg.hidden, V = cfg.vocab_size, hd = cfg.head_dim;
+  const int64_t nh = cfg.n_heads, nkv = cfg.n_kv_heads;
+  STRATA_RETURN_IF_ERROR(take(w.embedding("embed_tokens.weight", V, H), &m->embed_));
+  STRATA_RETURN_IF_ERROR(take(w.vector("norm.weight", H), &m->final_norm_));
+  if (cfg.lm_head_name.empty()) {
+    auto t = w.tensor("embed_tokens.weight", {V, H});
+    if (!t.ok()) return t.error();
+    STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, V, H), &m->lm_head_));
+  } else {
+    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(cfg.lm_head_name, V, H), &m->lm_head_));
+  }
+
+  // One RoPE provider per distinct layer type.
+  std::vector<std::string> rope_types;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const std::string& t = cfg.layer_types.empty() ? std::string("full_attention") : cfg.layer_types[size_t(l)];
+    if (std::find(rope_types.begin(), rope_types.end(), t) == rope_types.end()) rope_types.push_back(t);
+  }
+  for (const auto& t : rope_types) {
+    auto rp = RopeProvider::create(cfg.rope_for(t), cfg.head_dim, cfg.max_position);
+    if (!rp.ok()) return rp.error();
+    m->ropes_.push_back(std::move(*rp));
+  }
+
+  const float scale = spec.attn_scale > 0.0f ? spec.attn_scale : float(1.0 / std::sqrt(double(hd)));
+  m->layers_.resize(size_t(cfg.n_layers));
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    DecoderLayer& L = m->layers_[size_t(l)];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "input_layernorm.weight", H), &L.input_norm));
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_attention_layernorm.weight", H), &L.post_attn_norm));
+    if (spec.sandwich_norms) {
+      STRATA_RETURN_IF_ERROR(take(w.vector(p + "pre_feedforward_layernorm.weight", H), &L.pre_ffn_norm));
+      STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_feedforward_layernorm.weight", H), &L.post_ffn_norm));
+    }
+    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "q_proj.weight", nh * hd, H), &L.attn.q));
+    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "k_proj.weight", nkv * hd, H), &L.attn.k));
+    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "v_proj.weight", nkv * hd, H), &L.attn.v));
+    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "o_proj.weight", H, nh * hd), &L.attn.o));
+    if (spec.qkv_bias) {
+      STRATA_RETURN_IF_ERROR(take(w.vector(a + "q_proj.bias", nh * hd), &L.attn.q_bias));
+      STRATA_RETURN_IF_ERROR(take(w.vector(a + "k_proj.bias", nkv * hd), &L.attn.k_bias));
+      STRATA_RETURN_IF_ERROR(take(w.vector(a + "v_proj.bias", nkv * hd), &L.attn.v_bias));
+    }
+    if (spec.o_bias) STRATA_RETURN_IF_ERROR(take(w.vector(a + "o_proj.bias", H), &L.attn.o_bias));
+    if (spec.qk_norm) {
+      STRATA_RETURN_IF_ERROR(take(w.vector(a + "q_norm.weight", hd), &L.attn.q_norm));
+      STRATA_RETURN_IF_ERROR(take(w.vector(a + "k_norm.weight", hd), &L.attn.k_norm));
+    }
+    const std::string& type = cfg.layer_types.empty() ? std::string("full_attention") : cfg.layer_types[size_t(l)];
+    if (type != "full_attention" && type != "sliding_attention") {
+      return make_error(ErrorCode::kUnsupported, "layer " + std::to_string(l) + " has layer type '" + type + "', which the " +
+                                                     cfg.model_type + " family does not support");
+    }
+    L.rope_index = int(std::find(rope_types.begin(), rope_types.end(), type) - rope_types.begin());
+    L.params.n_heads = int32_t(nh);
+    L.params.n_kv_heads = int32_t(nkv);
+    L.params.head_dim = int32_t(hd);
+    L.params.head_dim_v = int32_t(hd);
+    L.params.scale = scale;
+    L.params.softcap = spec.attn_softcap;
+    L.params.window = type == "sliding_attention" ? cfg.sliding_window : 0;
+    L.params.norm_eps = cfg.rms_eps;
+    L.params.norm_one_plus_w = spec.norm_one_plus_w;
+
+    const bool sparse = spec.moe && cfg.n_experts > 0 &&
+                        std::find(cfg.mlp_only_layers.begin(), cfg.mlp_only_layers.end(), l) == cfg.mlp_only_layers.end() &&
+                        (l + 1) % std::max(1, cfg.decoder_sparse_step) == 0;
+    if (sparse) {
+      auto moe = std::make_unique<MoeWeights>();
+      moe->top_k = cfg.n_experts_per_tok;
+      moe->norm_topk_prob = cfg.norm_topk_prob;
+      if (moe->top_k <= 0 || moe->top_k > cfg.n_experts || moe->top_k > 64) {
+        return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(moe->top_k) +
+                                                           " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
+      }
+      if (cfg.moe_intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size must be positive");
+      STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate.weight", cfg.n_experts, H), &moe->router));
+      moe->experts.resize(size_t(cfg.n_experts));
+      for (int e = 0; e < cfg.n_experts; ++e) {
+        STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", H, cfg.moe_intermediate, false,
+                                        &moe->experts[size_t(e)]));
+      }
+      L.moe = std::move(moe);
+    } else {
+      if (cfg.intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
+      STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.", H, cfg.intermediate, spec.mlp_bias, &L.mlp));
+    }
+  }
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+}  // namespace strata

@@ -1,0 +1,106 @@
+#include "model/layers/attention.h"
+
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/check.h"
+
+namespace strata {
+
+void batch_positions(const StepBatch& batch, std::vector<int32_t>* positions) {
+  positions->resize(size_t(batch.n_tokens()));
+  int64_t t = 0;
+  for (const auto& s : batch.seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i) (*positions)[size_t(t++)] = s.pos0 + i;
+  }
+  STRATA_CHECK(t == batch.n_tokens(), "spans do not cover the batch's tokens");
+}
+
+void apply_rope(ThreadPool& pool, RopeProvider& rope, const StepBatch& batch, const int32_t* positions, float* x,
+                int32_t n_heads, int32_t head_dim) {
+  int64_t t0 = 0;
+  for (const auto& s : batch.seqs) {
+    const RopeTable& tab = rope.table(int64_t(s.pos0) + s.n_tokens);
+    cpu::rope(pool, x + t0 * n_heads * head_dim, s.n_tokens, n_heads, head_dim, tab.rot_dim, positions + t0,
+              tab.inv_freq.data(), tab.attn_factor);
+    t0 += s.n_tokens;
+  }
+}
+
+void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, const float* v) {
+  const KvLayerSpec& spec = kv.spec(layer);
+  const int64_t k_row = int64_t(spec.n_kv_heads) * spec.head_dim_k;
+  const int64_t v_row = int64_t(spec.n_kv_heads) * spec.head_dim_v;
+  const int32_t bs = kv.block_size();
+  float* kp = kv.k_pool(layer);
+  float* vp = kv.v_pool(layer);
+  int64_t t = 0;
+  for (const auto& s : batch.seqs) {
+    for (int32_t i = 0; i < s.n_tokens; ++i, ++t) {
+      const int32_t pos = s.pos0 + i;
+      const size_t bi = size_t(pos / bs);
+      STRATA_CHECK(bi < s.block_table.size(), "block table does not cover the span's positions");
+      const int32_t block = s.block_table[bi];
+      STRATA_CHECK(block >= 0 && block < kv.n_blocks(), "block id outside the KV pool");
+      const int64_t slot = int64_t(block) * bs + pos % bs;
+      std::memcpy(kp + slot * k_row, k + t * k_row, size_t(k_row) * sizeof(float));
+      std::memcpy(vp + slot * v_row, v + t * v_row, size_t(v_row) * sizeof(float));
+    }
+  }
+}
+
+void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const AttentionParams& p, const float* q,
+            float* out) {
+  int64_t t0 = 0;
+  for (const auto& s : batch.seqs) {
+    if (s.n_tokens == 0) continue;
+    cpu::PagedAttentionArgs a;
+    a.q = q + t0 * p.n_heads * p.head_dim;
+    a.out = out + t0 * p.n_heads * p.head_dim_v;
+    a.k_pool = kv.k_pool(layer);
+    a.v_pool = kv.v_pool(layer);
+    a.block_table = s.block_table.data();
+    a.block_size = kv.block_size();
+    a.n_q = s.n_tokens;
+    a.pos0 = s.pos0;
+    a.n_heads = p.n_heads;
+    a.n_kv_heads = p.n_kv_heads;
+    a.head_dim = p.head_dim;
+    a.head_dim_v = p.head_dim_v;
+    a.scale = p.scale;
+    a.softcap = p.softcap;
+    a.window = p.window;
+    cpu::paged_attention(pool, a);
+    t0 += s.n_tokens;
+  }
+}
+
+void attention_forward(ThreadPool& pool, const AttentionWeights& w, const AttentionParams& p, const StepBatch& batch,
+                       const int32_t* positions, const float* x, KvStorage& kv, int layer, AttentionScratch& s,
+                       float* out) {
+  const int64_t n = batch.n_tokens();
+  s.q.resize(size_t(n * p.n_heads * p.head_dim));
+  s.k.resize(size_t(n * p.n_kv_heads * p.head_dim));
+  s.v.resize(size_t(n * p.n_kv_heads * p.head_dim_v));
+  s.attn.resize(size_t(n * p.n_heads * p.head_dim_v));
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  cpu::matmul(pool, x, n, w.q, bias(w.q_bias), s.q.data());
+  cpu::matmul(pool, x, n, w.k, bias(w.k_bias), s.k.data());
+  cpu::matmul(pool, x, n, w.v, bias(w.v_bias), s.v.data());
+  if (!w.q_norm.empty()) {
+    cpu::rms_norm(pool, s.q.data(), w.q_norm.data(), s.q.data(), n * p.n_heads, p.head_dim, p.norm_eps, p.norm_one_plus_w);
+  }
+  if (!w.k_norm.empty()) {
+    cpu::rms_norm(pool, s.k.data(), w.k_norm.data(), s.k.data(), n * p.n_kv_heads, p.head_dim, p.norm_eps,
+                  p.norm_one_plus_w);
+  }
+  if (p.rope != nullptr) {
+    apply_rope(pool, *p.rope, batch, positions, s.q.data(), p.n_heads, p.head_dim);
+    apply_rope(pool, *p.rope, batch, positions, s.k.data(), p.n_kv_heads, p.head_dim);
+  }
+  write_kv(batch, kv, layer, s.k.data(), s.v.data());
+  attend(pool, batch, kv, layer, p, s.q.data(), s.attn.data());
+  cpu::matmul(pool, s.attn.data(), n, w.o, bias(w.o_bias), out);
+}
+
+}  // namespace strata

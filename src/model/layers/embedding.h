@@ -1,0 +1,23 @@
+// EmbeddingTable: a token embedding [rows = vocab, cols = hidden] left in its checkpoint dtype
+// (usually aliasing the mapping); gather converts the rows it reads to f32.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "tensor/dtype.h"
+
+namespace strata {
+
+struct EmbeddingTable {
+  DType dtype = DType::kF32;   // f32, bf16 or f16
+  const void* data = nullptr;  // [rows, cols] in dtype
+  int64_t rows = 0;            // vocabulary
+  int64_t cols = 0;            // hidden
+
+  // out[t, :] = table[ids[t], :] * scale; ids must lie in [0, rows).
+  void gather(ThreadPool& pool, const int32_t* ids, int64_t n, float scale, float* out /*[n, cols]*/) const;
+};
+
+}  // namespace strata

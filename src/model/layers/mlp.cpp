@@ -1,0 +1,17 @@
+#include "model/layers/mlp.h"
+
+namespace strata {
+
+void gated_mlp_forward(ThreadPool& pool, const GatedMlpWeights& w, cpu::Activation act, const float* x, int64_t n,
+                       MlpScratch& s, float* out) {
+  const int64_t inter = w.intermediate();
+  s.gate.resize(size_t(n * inter));
+  s.up.resize(size_t(n * inter));
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  cpu::matmul(pool, x, n, w.gate, bias(w.gate_bias), s.gate.data());
+  cpu::matmul(pool, x, n, w.up, bias(w.up_bias), s.up.data());
+  cpu::gated_act(pool, s.gate.data(), s.up.data(), s.gate.data(), n * inter, act);
+  cpu::matmul(pool, s.gate.data(), n, w.down, bias(w.down_bias), out);
+}
+
+}  // namespace strata

@@ -1,0 +1,73 @@
+#include "model/registry.h"
+
+#include "core/log.h"
+
+namespace strata {
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> kFamilies = {
+      {"llama", load_llama},
+      {"mistral", load_llama},
+      {"qwen2", load_qwen2},
+      {"qwen3", load_qwen3},
+      {"qwen3_moe", load_qwen3_moe},
+      {"gemma2", load_gemma2},
+      {"gemma3_text", load_gemma3},
+  };
+  return kFamilies;
+}
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> v;
+  for (const auto& f : model_families()) v.emplace_back(f.model_type);
+  return v;
+}
+
+Status resolve_weight_names(ModelConfig* cfg, const SafetensorsArchive& archive) {
+  static const char* kPrefixes[] = {"model.", "model.language_model.", "language_model.model.", "language_model.", ""};
+  bool found = false;
+  for (const char* p : kPrefixes) {
+    if (archive.has(std::string(p) + "embed_tokens.weight")) {
+      cfg->weight_prefix = p;
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    return make_error(ErrorCode::kNotFound, "tensor 'model.embed_tokens.weight' (or a wrapper's language-model equivalent) "
+                                            "is missing from the checkpoint");
+  }
+  cfg->lm_head_name.clear();
+  if (cfg->tie_embeddings) return Status();
+  for (const char* name : {"lm_head.weight", "language_model.lm_head.weight", "model.language_model.lm_head.weight"}) {
+    if (archive.has(name)) {
+      cfg->lm_head_name = name;
+      return Status();
+    }
+  }
+  return make_error(ErrorCode::kNotFound, "tensor 'lm_head.weight' is missing from the checkpoint (tie_word_embeddings is false)");
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, ThreadPool& pool, const LoadOptions& options) {
+  auto cfg = load_model_config(dir);
+  if (!cfg.ok()) return cfg.error();
+  const ModelFamily* family = nullptr;
+  for (const auto& f : model_families()) {
+    if (cfg->model_type == f.model_type) family = &f;
+  }
+  if (family == nullptr) {
+    std::string list;
+    for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
+    return make_error(ErrorCode::kUnsupported, dir + "/config.json: model_type '" + cfg->model_type +
+                                                   "' is not supported (supported: " + list + ")");
+  }
+  auto archive = SafetensorsArchive::open_dir(dir);
+  if (!archive.ok()) return archive.error();
+  STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
+  if (!options.attn_softcap) cfg->attn_softcap = 0.0f;
+  WeightLoader weights(*archive, cfg->weight_prefix);
+  log::debug("loading {} ({} layers, hidden {}) from {}", cfg->model_type, cfg->n_layers, cfg->hidden, dir);
+  return family->load(*cfg, weights, pool);
+}
+
+}  // namespace strata

@@ -1,0 +1,43 @@
+// The family registry: model_type -> loader. load_model reads DIR/config.json (and
+// generation_config.json), maps the checkpoint, resolves where the text weights live and
+// dispatches on the (unwrapped) model_type.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/families.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+namespace strata {
+
+struct ModelFamily {
+  const char* model_type;  // text model_type as config.json spells it
+  ModelLoadFn load;
+};
+
+// Every registered family, in registration order.
+const std::vector<ModelFamily>& model_families();
+// Their model_type strings (the accepted values of config.json's model_type, or of a
+// wrapper's text_config.model_type).
+std::vector<std::string> supported_model_types();
+
+// Sets cfg->weight_prefix (where embed_tokens.weight lives: "model.", "model.language_model.",
+// "language_model.model.", ...) and cfg->lm_head_name (empty when tied).
+Status resolve_weight_names(ModelConfig* cfg, const SafetensorsArchive& archive);
+
+struct LoadOptions {
+  // Apply attn_logit_softcapping (Gemma 2) as the architecture defines it. transformers 5's
+  // default SDPA attention silently drops this cap, and the reference goldens were computed
+  // that way; false reproduces that behaviour.
+  bool attn_softcap = true;
+};
+
+// Loads a Hugging Face model directory.
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, ThreadPool& pool, const LoadOptions& options = {});
+
+}  // namespace strata

@@ -1,0 +1,92 @@
+#include "model/weight_loader.h"
+
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+
+namespace strata {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+}  // namespace
+
+Status convert_to_f32(const TensorInfo& t, const void* src, int64_t n, float* out) {
+  switch (t.dtype) {
+    case DType::kF32:
+      std::memcpy(out, src, size_t(n) * sizeof(float));
+      return Status();
+    case DType::kBF16: {
+      const auto* p = static_cast<const bf16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+      return Status();
+    }
+    case DType::kF16: {
+      const auto* p = static_cast<const f16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+      return Status();
+    }
+    default:
+      return make_error(ErrorCode::kUnsupported, t.file + ": tensor '" + t.name + "' has dtype " + dtype_name(t.dtype) +
+                                                     " (supported: F32, BF16, F16)");
+  }
+}
+
+Result<WeightMatrix> pack_checkpoint_matrix(const TensorInfo& t, const void* src, int64_t rows, int64_t cols) {
+  if (!is_float_dtype(t.dtype)) {
+    return make_error(ErrorCode::kUnsupported, t.file + ": tensor '" + t.name + "' has dtype " + dtype_name(t.dtype) +
+                                                   " (supported: F32, BF16, F16)");
+  }
+  return cpu::pack_weight(t.dtype, src, rows, cols, /*alias_ok=*/true);
+}
+
+Result<const TensorInfo*> WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape) const {
+  const std::string full = prefix_ + name;
+  const TensorInfo* t = archive_->find(full);
+  if (t == nullptr) return make_error(ErrorCode::kNotFound, "tensor '" + full + "' is missing from the checkpoint");
+  if (t->shape != shape) {
+    return make_error(ErrorCode::kInvalidArgument, t->file + ": tensor '" + full + "' has shape " + t->shape_string() +
+                                                       ", the config expects " + shape_str(shape));
+  }
+  return t;
+}
+
+Result<WeightMatrix> WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  auto t = tensor(name, {rows, cols});
+  if (!t.ok()) return t.error();
+  return pack_checkpoint_matrix(**t, (*t)->data, rows, cols);
+}
+
+Result<std::vector<float>> WeightLoader::vector(const std::string& name, int64_t n) const { return f32(name, {n}); }
+
+Result<std::vector<float>> WeightLoader::f32(const std::string& name, const std::vector<int64_t>& shape) const {
+  auto t = tensor(name, shape);
+  if (!t.ok()) return t.error();
+  std::vector<float> v(size_t((*t)->numel()));
+  STRATA_RETURN_IF_ERROR(convert_to_f32(**t, (*t)->data, (*t)->numel(), v.data()));
+  return v;
+}
+
+Result<EmbeddingTable> WeightLoader::embedding(const std::string& name, int64_t rows, int64_t cols) const {
+  auto t = tensor(name, {rows, cols});
+  if (!t.ok()) return t.error();
+  if (!is_float_dtype((*t)->dtype)) {
+    return make_error(ErrorCode::kUnsupported, (*t)->file + ": tensor '" + (*t)->name + "' has dtype " +
+                                                   dtype_name((*t)->dtype) + " (supported: F32, BF16, F16)");
+  }
+  EmbeddingTable e;
+  e.dtype = (*t)->dtype;
+  e.data = (*t)->data;
+  e.rows = rows;
+  e.cols = cols;
+  return e;
+}
+
+}  // namespace strata

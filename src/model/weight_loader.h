@@ -1,0 +1,54 @@
+// WeightLoader: typed, shape-checked access to a checkpoint's tensors under a name prefix.
+// Every accessor fails with an Error naming the tensor, the expected and the actual shape
+// when the checkpoint disagrees with the config. Linear weights are packed for the CPU
+// kernels: f32 and bf16 keep their dtype (aliasing the mapping when the layout allows),
+// f16 is widened; vectors (norms, biases) are returned as f32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/weight.h"
+#include "core/status.h"
+#include "model/layers/embedding.h"
+#include "model/safetensors.h"
+
+namespace strata {
+
+class WeightLoader {
+ public:
+  WeightLoader(std::shared_ptr<const SafetensorsArchive> archive, std::string prefix)
+      : archive_(std::move(archive)), prefix_(std::move(prefix)) {}
+
+  // The same archive under another prefix (e.g. "" for lm_head.weight next to "model.").
+  WeightLoader with_prefix(std::string prefix) const { return WeightLoader(archive_, std::move(prefix)); }
+
+  const std::string& prefix() const { return prefix_; }
+  const std::shared_ptr<const SafetensorsArchive>& archive() const { return archive_; }
+  bool has(const std::string& name) const { return archive_->has(prefix_ + name); }
+
+  // The tensor `prefix + name`, checked against `shape`.
+  Result<const TensorInfo*> tensor(const std::string& name, const std::vector<int64_t>& shape) const;
+  // A linear weight W [rows = n_out, cols = n_in].
+  Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // A 1-D tensor [n] as f32.
+  Result<std::vector<float>> vector(const std::string& name, int64_t n) const;
+  // Any tensor of the given shape as f32, row-major.
+  Result<std::vector<float>> f32(const std::string& name, const std::vector<int64_t>& shape) const;
+  // An embedding table [rows, cols], left in its checkpoint dtype.
+  Result<EmbeddingTable> embedding(const std::string& name, int64_t rows, int64_t cols) const;
+
+ private:
+  std::shared_ptr<const SafetensorsArchive> archive_;
+  std::string prefix_;
+};
+
+// Packs a row-major matrix of the checkpoint (f32, bf16 or f16) for matmul; `src` must stay
+// mapped while the result lives (the model keeps its archive).
+Result<WeightMatrix> pack_checkpoint_matrix(const TensorInfo& t, const void* src, int64_t rows, int64_t cols);
+// Converts n elements of a checkpoint dtype to f32.
+Status convert_to_f32(const TensorInfo& t, const void* src, int64_t n, float* out);
+
+}  // namespace strata
