@@ -21,11 +21,12 @@ float load_weight(DType t, const void* w, int64_t i) {
   return 0.0f;
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// In double: 1 + tanh(z) cancels badly in f32 for x << 0, and the oracle must be the accurate side.
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
-float gelu_tanh(float x) {
-  const float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+double gelu_tanh(double x) {
+  const double kSqrt2OverPi = 0.7978845608028654;
+  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
 }
 
 }  // namespace
@@ -57,8 +58,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t di
 
 void gated_act(const float* gate, const float* up, float* out, int64_t n, cpu::Activation act) {
   for (int64_t i = 0; i < n; ++i) {
-    const float a = act == cpu::Activation::kSilu ? silu(gate[i]) : gelu_tanh(gate[i]);
-    out[i] = a * up[i];
+    const double a = act == cpu::Activation::kSilu ? silu(gate[i]) : gelu_tanh(gate[i]);
+    out[i] = float(a * double(up[i]));
   }
 }
 
