@@ -1,6 +1,7 @@
 #include "model/registry.h"
 
 #include "core/log.h"
+#include "model/qwen3_next.h"
 
 namespace strata {
 
@@ -13,6 +14,9 @@ const std::vector<ModelFamily>& model_families() {
       {"qwen3_moe", load_qwen3_moe},
       {"gemma2", load_gemma2},
       {"gemma3_text", load_gemma3},
+      {"qwen3_next", load_qwen3_next},
+      {"qwen3_5_text", load_qwen3_5},
+      {"qwen3_5_moe_text", load_qwen3_5_moe},
   };
   return kFamilies;
 }
