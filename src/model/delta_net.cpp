@@ -128,14 +128,21 @@ Result<DeltaNetLayer> DeltaNetLayer::load(const WeightLoader& w, const DeltaNetD
 }
 
 void DeltaNetLayer::forward(ThreadPool& pool, const float* x, int64_t n_tokens, const std::vector<DeltaNetSpan>& spans,
-                            float* out) const {
+                            DeltaNetScratch& scratch, float* out) const {
   const DeltaNetDims& d = dims_;
   const int64_t kd = d.key_dim(), vd = d.value_dim(), cd = d.conv_dim(), nv = d.n_v_heads;
   const int64_t P = in_proj_.rows;  // projection row: q | k | v | z | b | a
-  std::vector<float> proj(size_t(n_tokens * P));
-  std::vector<float> mixed(size_t(n_tokens * cd));  // conv output: q | k | v
-  std::vector<float> g(size_t(n_tokens * nv)), beta(size_t(n_tokens * nv));
-  std::vector<float> core(size_t(n_tokens * vd));
+  std::vector<float>& proj = scratch.proj;
+  std::vector<float>& mixed = scratch.mixed;
+  std::vector<float>& g = scratch.g;
+  std::vector<float>& beta = scratch.beta;
+  std::vector<float>& core = scratch.core;
+  proj.resize(size_t(n_tokens * P));
+  // Rows outside every span must read as zeros in the l2 norm below, not as stale values.
+  mixed.assign(size_t(n_tokens * cd), 0.0f);
+  g.resize(size_t(n_tokens * nv));
+  beta.resize(size_t(n_tokens * nv));
+  core.assign(size_t(n_tokens * vd), 0.0f);
   cpu::matmul(pool, x, n_tokens, in_proj_, nullptr, proj.data());
 
   for (const DeltaNetSpan& s : spans) {
@@ -152,8 +159,7 @@ void DeltaNetLayer::forward(ThreadPool& pool, const float* x, int64_t n_tokens, 
     c.silu = true;
     cpu::causal_conv1d(pool, c);
   }
-  // q and k heads are the first 2 n_k heads of each conv row. Rows outside every span hold
-  // zeros and stay harmless.
+  // q and k heads are the first 2 n_k heads of each conv row.
   cpu::l2_norm_heads(pool, mixed.data(), n_tokens, 2 * d.n_k_heads, d.d_k, cd, 1e-6f);
   cpu::delta_net_gates(proj.data() + cd + vd + nv, proj.data() + cd + vd, P, a_log_.data(), dt_bias_.data(), g.data(),
                        beta.data(), n_tokens, nv);

@@ -54,6 +54,14 @@ struct DeltaNetSpan {
   float* recurrent = nullptr;  // [n_v_heads, d_k, d_v] carried state (its state slot)
 };
 
+// Step buffers of forward(), grown on demand and kept across steps (owned by the model).
+struct DeltaNetScratch {
+  std::vector<float> proj;   // [n_tokens, in_proj rows]
+  std::vector<float> mixed;  // [n_tokens, conv_dim] conv output q | k | v
+  std::vector<float> g, beta;  // [n_tokens, n_v_heads]
+  std::vector<float> core;   // [n_tokens, value_dim]
+};
+
 class DeltaNetLayer {
  public:
   // `w` is prefixed with the layer's module path, e.g. "model.layers.0.linear_attn.".
@@ -65,7 +73,7 @@ class DeltaNetLayer {
   // x [n_tokens, hidden] (already input-normed) -> out [n_tokens, hidden]; advances each
   // span's state. Spans cover disjoint rows; rows outside every span are left untouched.
   void forward(ThreadPool& pool, const float* x, int64_t n_tokens, const std::vector<DeltaNetSpan>& spans,
-               float* out) const;
+               DeltaNetScratch& scratch, float* out) const;
 
  private:
   DeltaNetDims dims_;

@@ -71,6 +71,7 @@ class HybridModel : public Model {
   std::vector<int32_t> positions_;
   std::vector<float> x_, h_, branch_, shared_, shared_gate_, rows_;
   std::vector<DeltaNetSpan> spans_;
+  DeltaNetScratch delta_scratch_;
   GatedAttentionScratch attn_scratch_;
   MlpScratch mlp_scratch_;
   MoeScratch moe_scratch_;
@@ -108,7 +109,7 @@ void HybridModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* s
           spans_.push_back({t0, s.n_tokens, s.pos0, state->conv(int(l), s.state_slot), state->recurrent(int(l), s.state_slot)});
         t0 += s.n_tokens;
       }
-      L.linear->forward(pool_, h_.data(), n, spans_, branch_.data());
+      L.linear->forward(pool_, h_.data(), n, spans_, delta_scratch_, branch_.data());
     } else {
       L.attn->forward(pool_, *rope_, batch, positions_.data(), h_.data(), kv, int(l), attn_scratch_, branch_.data());
     }

@@ -12,7 +12,8 @@ void causal_conv1d(ThreadPool& pool, const CausalConv1dArgs& a) {
   pool.parallel_for(C, [&](int64_t c0, int64_t c1, int) {
     const int64_t width = c1 - c0;
     // Per channel block: the K-1 carried inputs followed by this call's inputs, token-major.
-    std::vector<float> win(size_t((K - 1 + T) * width));
+    thread_local std::vector<float> win;  // per worker, kept across steps
+    win.resize(size_t((K - 1 + T) * width));
     for (int64_t j = 0; j < K - 1; ++j) std::memcpy(&win[j * width], a.state + j * C + c0, width * sizeof(float));
     for (int64_t t = 0; t < T; ++t)
       std::memcpy(&win[(K - 1 + t) * width], a.x + t * a.x_stride + c0, width * sizeof(float));

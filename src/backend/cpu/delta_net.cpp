@@ -132,14 +132,15 @@ void delta_net_gates(const float* a, const float* b, int64_t ab_stride, const fl
 
 void gated_delta_rule_recurrent(ThreadPool& pool, const GatedDeltaRuleArgs& a) {
   pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> mem(size_t(a.d_v));
+    thread_local std::vector<float> mem;  // per worker, kept across steps
+    mem.resize(size_t(a.d_v));
     for (int64_t h = h0; h < h1; ++h) recurrent_head(a, h, mem.data());
   });
 }
 
 void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk) {
   pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> scratch;
+    thread_local std::vector<float> scratch;  // per worker, kept across steps
     for (int64_t h = h0; h < h1; ++h) chunked_head(a, h, chunk, scratch);
   });
 }
