@@ -2,6 +2,7 @@
 
 #include "core/log.h"
 #include "model/qwen3_next.h"
+#include "model/gemma4.h"
 
 namespace strata {
 
@@ -17,6 +18,7 @@ const std::vector<ModelFamily>& model_families() {
       {"qwen3_next", load_qwen3_next},
       {"qwen3_5_text", load_qwen3_5},
       {"qwen3_5_moe_text", load_qwen3_5_moe},
+      {"gemma4_text", load_gemma4_text},
   };
   return kFamilies;
 }

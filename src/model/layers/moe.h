@@ -37,4 +37,12 @@ void route_topk(const float* logits, int64_t n, int32_t n_experts, int32_t k, bo
 void moe_forward(ThreadPool& pool, const MoeWeights& w, cpu::Activation act, const float* x, int64_t n, int64_t hidden,
                  MoeScratch& s, float* out);
 
+// The expert half of moe_forward for routing the caller decided (Gemma 4 routes from its own
+// norm and scales): out [n, hidden] = sum over each token's k choices of
+// weights[t, j] * experts[ids[t, j]](x[t]), summed in ascending expert id order.
+// ids/weights [n, k]; k <= 64; out must not alias x.
+void moe_experts_forward(ThreadPool& pool, const std::vector<GatedMlpWeights>& experts, cpu::Activation act,
+                         const float* x, int64_t n, int64_t hidden, const int32_t* ids, const float* weights, int32_t k,
+                         MoeScratch& s, float* out);
+
 }  // namespace strata
