@@ -47,6 +47,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu/cpu_ops.h"
 #include "core/check.h"
 #include "model/gemma4_config.h"
@@ -138,7 +140,7 @@ class Gemma4Model : public Model {
   void per_layer_inputs(const StepBatch& batch, int64_t n);
   void attention(Gemma4Layer& L, int layer, const StepBatch& batch, KvStorage& kv, const float* a, int64_t n,
                  float* out);
-  void moe(const Gemma4Moe& m, const float* x, int64_t n, float* out);
+  void moe_block(const Gemma4Moe& m, const float* x, int64_t n, float* out);
 };
 
 void Gemma4Model::per_layer_inputs(const StepBatch& batch, int64_t n) {
@@ -188,7 +190,7 @@ void Gemma4Model::attention(Gemma4Layer& L, int layer, const StepBatch& batch, K
   cpu::matmul(pool_, attn_.data(), n, L.attn.o, nullptr, out);
 }
 
-void Gemma4Model::moe(const Gemma4Moe& m, const float* x, int64_t n, float* out) {
+void Gemma4Model::moe_block(const Gemma4Moe& m, const float* x, int64_t n, float* out) {
   const int64_t hidden = config_.hidden;
   const int32_t n_experts = int32_t(m.experts.size());
   const int32_t k = g4_.top_k;
@@ -231,7 +233,7 @@ void Gemma4Model::forward(const StepBatch& batch, KvStorage& kv, StateStorage* /
     if (L.moe) {
       const Gemma4Moe& m = *L.moe;
       cpu::rms_norm(pool_, branch_.data(), m.post_mlp_norm.data(), branch_.data(), n, hidden, eps, false);
-      moe(m, x_.data(), n, h_.data());
+      moe_block(m, x_.data(), n, h_.data());
       cpu::rms_norm(pool_, h_.data(), m.post_norm.data(), h_.data(), n, hidden, eps, false);
       add_inplace(branch_.data(), h_.data(), n * hidden);
     }
@@ -390,7 +392,10 @@ Status load_layer(const ModelConfig& cfg, const Gemma4TextConfig& g4, const Weig
 Result<std::unique_ptr<Model>> load_gemma4_text(const ModelConfig& cfg, const WeightLoader& w, ThreadPool& pool) {
   auto g4 = parse_gemma4_text_config(cfg);
   if (!g4.ok()) return g4.error();
-  if (cfg.hidden_act != "gelu_pytorch_tanh" && cfg.hidden_act != "gelu_tanh") {
+  // Gemma4TextConfig defaults hidden_activation to gelu_pytorch_tanh; ModelConfig's default
+  // (silu) only stands for an absent key here.
+  const bool act_given = cfg.text_json->contains("hidden_activation") || cfg.text_json->contains("hidden_act");
+  if (act_given && cfg.hidden_act != "gelu_pytorch_tanh" && cfg.hidden_act != "gelu_tanh") {
     return make_error(ErrorCode::kUnsupported,
                       "gemma4_text config: hidden_activation '" + cfg.hidden_act + "' is not supported (gelu_pytorch_tanh)");
   }
