@@ -5,6 +5,7 @@
 // Usage: bench_kernels [threads=2] [--quick]
 #include <cblas.h>
 #include <dlfcn.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +44,47 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
   return v;
 }
 
+// Sum of 64-bit words [b, e) with wide loads, so one core can keep enough reads in flight
+// to approach what it can pull from memory.
+__attribute__((target("avx512f"))) uint64_t sum_words_avx512(const uint64_t* p, int64_t b, int64_t e) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = b;
+  for (; i + 32 <= e; i += 32) {
+    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(p + i));
+    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(p + i + 8));
+    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(p + i + 16));
+    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(p + i + 24));
+  }
+  uint64_t s = uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3))));
+  for (; i < e; ++i) s += p[i];
+  return s;
+}
+
+__attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t* p, int64_t b, int64_t e) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = b;
+  for (; i + 16 <= e; i += 16) {
+    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+  uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < e; ++i) s += p[i];
+  return s;
+}
+
+uint64_t sum_words(const uint64_t* p, int64_t b, int64_t e) {
+  if (__builtin_cpu_supports("avx512f")) return sum_words_avx512(p, b, e);
+  if (__builtin_cpu_supports("avx2")) return sum_words_avx2(p, b, e);
+  uint64_t s = 0;
+  for (int64_t i = b; i < e; ++i) s += p[i];
+  return s;
+}
+
 struct Bandwidth {
   double read_gbs;  // bytes read per second / 1e9
   double copy_gbs;  // (bytes read + bytes written) per second / 1e9
@@ -57,19 +99,8 @@ Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
   });
   std::vector<uint64_t> sums(size_t(pool.size()) * 8);
   const double t_read = best_seconds(reps, [&] {
-    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int t) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      const uint64_t* p = src.data();
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        s0 += p[i];
-        s1 += p[i + 1];
-        s2 += p[i + 2];
-        s3 += p[i + 3];
-      }
-      for (; i < e; ++i) s0 += p[i];
-      sums[size_t(t) * 8] = s0 + s1 + s2 + s3;
-    }, 4096);
+    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int t) { sums[size_t(t) * 8] = sum_words(src.data(), b, e); },
+                      4096);
   });
   const double t_copy = best_seconds(reps, [&] {
     pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
@@ -92,16 +123,26 @@ const Shape kShapes[] = {
     {"gate/up  3072x1024", 3072, 1024}, {"down     1024x3072", 1024, 3072}, {"lm_head 151936x1024", 151936, 1024},
 };
 
-// OpenBLAS's own controls, looked up at run time: the generic BLAS library the build links
-// may reach OpenBLAS only through a dependency.
+// OpenBLAS's own controls: bound directly when OpenBLAS is linked in (weak, so a generic BLAS
+// still links), else looked up at run time, since the generic BLAS library may reach OpenBLAS
+// only through a dependency.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" char* openblas_get_corename() __attribute__((weak));
+
 void blas_set_threads(int n) {
-  auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (fn != nullptr) fn(n);
-  else std::printf("warning: openblas_set_num_threads not found; BLAS thread count not set\n");
+  auto fn = &openblas_set_num_threads != nullptr
+                ? &openblas_set_num_threads
+                : reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn != nullptr)
+    fn(n);
+  else
+    std::printf("warning: openblas_set_num_threads not found; BLAS thread count not set\n");
 }
 
 const char* blas_core_name() {
-  auto fn = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  auto fn = &openblas_get_corename != nullptr
+                ? &openblas_get_corename
+                : reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   return fn != nullptr ? fn() : "(not OpenBLAS)";
 }
 

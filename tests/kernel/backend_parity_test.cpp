@@ -165,6 +165,48 @@ TEST(BackendParity, GatedAct) {
   }
 }
 
+TEST(BackendParity, ElementwiseHelpers) {
+  ThreadPool pool(2);
+  for (auto level : test::simd_levels()) {
+    test::SimdCap cap(level);
+    SCOPED_TRACE(test::level_name(level));
+    uint64_t seed = 250;
+    for (int64_t n : {1, 7, 16, 33, 40000}) {
+      const auto a = random_floats(size_t(n), seed++, -9.0f, 9.0f);
+      const auto b = random_floats(size_t(n), seed++, -3.0f, 3.0f);
+      std::vector<float> want(a.size()), got(a.size());
+      reference::add(a.data(), b.data(), want.data(), n);
+      got = a;
+      cpu::add(pool, got.data(), b.data(), got.data(), n);  // in place, as a residual add
+      EXPECT_EQ(got, want) << "add n=" << n;
+      reference::mul(a.data(), b.data(), want.data(), n);
+      cpu::mul(pool, a.data(), b.data(), got.data(), n);
+      EXPECT_EQ(got, want) << "mul n=" << n;
+      for (auto act : {cpu::Activation::kSilu, cpu::Activation::kGeluTanh}) {
+        reference::activation(a.data(), want.data(), n, act);
+        cpu::activation(pool, a.data(), got.data(), n, act);
+        double worst = 0.0;
+        for (size_t i = 0; i < got.size(); ++i)
+          worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / std::max(1e-3, std::fabs(double(want[i]))));
+        EXPECT_LE(worst, kTol) << "activation n=" << n << " act=" << int(act);
+      }
+    }
+    for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 64}, {9, 1000}, {2, 151936}}) {
+      const auto x = random_floats(size_t(rows * dim), seed++, -20.0f, 20.0f);
+      std::vector<float> want(x.size()), got = x;
+      reference::softmax(x.data(), want.data(), rows, dim);
+      cpu::softmax(pool, got.data(), got.data(), rows, dim);
+      EXPECT_LE(max_rel_error(got.data(), want.data(), got.size()), kTol) << "softmax " << rows << "x" << dim;
+      // Each row sums to one.
+      for (int64_t r = 0; r < rows; ++r) {
+        double s = 0.0;
+        for (int64_t i = 0; i < dim; ++i) s += got[size_t(r * dim + i)];
+        EXPECT_NEAR(s, 1.0, 1e-5) << "row " << r;
+      }
+    }
+  }
+}
+
 TEST(BackendParity, Rope) {
   ThreadPool pool(2);
   struct Shape {

@@ -1,4 +1,4 @@
-// rms_norm, gated_act and rope: split over rows (or element ranges) across the pool; each
+// rms_norm, gated_act, rope and the element-wise helpers: split over rows (or element ranges) across the pool; each
 // row's arithmetic depends only on that row, so results do not depend on the split.
 #include <cmath>
 #include <vector>
@@ -51,6 +51,55 @@ void gated_act(ThreadPool& pool, const float* gate, const float* up, float* out,
           reference::gated_act(gate + b, up + b, out + b, e - b, act);
       },
       4096);
+}
+
+void add(ThreadPool& pool, const float* a, const float* b, float* out, int64_t n) {
+  const detail::SimdKernels* k = simd_table();
+  pool.parallel_for(
+      n,
+      [&](int64_t i0, int64_t i1, int) {
+        if (k != nullptr)
+          k->add(a + i0, b + i0, out + i0, i1 - i0);
+        else
+          reference::add(a + i0, b + i0, out + i0, i1 - i0);
+      },
+      16384);
+}
+
+void mul(ThreadPool& pool, const float* a, const float* b, float* out, int64_t n) {
+  const detail::SimdKernels* k = simd_table();
+  pool.parallel_for(
+      n,
+      [&](int64_t i0, int64_t i1, int) {
+        if (k != nullptr)
+          k->mul(a + i0, b + i0, out + i0, i1 - i0);
+        else
+          reference::mul(a + i0, b + i0, out + i0, i1 - i0);
+      },
+      16384);
+}
+
+void activation(ThreadPool& pool, const float* x, float* out, int64_t n, Activation act) {
+  const detail::SimdKernels* k = simd_table();
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e, int) {
+        if (k != nullptr)
+          k->act_only(x + b, out + b, e - b, act);
+        else
+          reference::activation(x + b, out + b, e - b, act);
+      },
+      4096);
+}
+
+void softmax(ThreadPool& pool, const float* x, float* y, int64_t rows, int64_t dim) {
+  const detail::SimdKernels* k = simd_table();
+  pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    if (k != nullptr)
+      k->softmax(x + b * dim, y + b * dim, e - b, dim);
+    else
+      reference::softmax(x + b * dim, y + b * dim, e - b, dim);
+  });
 }
 
 void rope(ThreadPool& pool, float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim,

@@ -38,6 +38,14 @@ void rms_norm(ThreadPool& pool, const float* x /*[rows, dim]*/, const float* w /
 enum class Activation { kSilu, kGeluTanh };
 void gated_act(ThreadPool& pool, const float* gate, const float* up, float* out, int64_t n, Activation act);
 
+// Element-wise helpers. out may alias an input.
+void add(ThreadPool& pool, const float* a, const float* b, float* out, int64_t n);  // out = a + b
+void mul(ThreadPool& pool, const float* a, const float* b, float* out, int64_t n);  // out = a * b
+// out[i] = silu(x[i]) or gelu_tanh(x[i]) (un-gated MLPs).
+void activation(ThreadPool& pool, const float* x, float* out, int64_t n, Activation act);
+// Row-wise softmax: y[r, :] = exp(x[r, :] - max) / sum; y may alias x.
+void softmax(ThreadPool& pool, const float* x /*[rows, dim]*/, float* y /*[rows, dim]*/, int64_t rows, int64_t dim);
+
 // Rotary embedding in place on x [n_tokens, n_heads, head_dim], rotating the first
 // `rot_dim` dims of each head (rot_dim <= head_dim, even) in the half-split (NeoX / HF) layout:
 // pairs (i, i + rot_dim/2). inv_freq [rot_dim/2]: per-pair frequency (scaling already applied);

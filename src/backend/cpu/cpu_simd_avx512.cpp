@@ -53,7 +53,8 @@ struct Vec {
 }  // namespace
 
 const SimdKernels& simd_kernels_avx512() {
-  static const SimdKernels k = {&rms_norm_impl, &gated_act_impl, &rope_token_impl, &attention_group_impl};
+  static const SimdKernels k = {&rms_norm_impl, &gated_act_impl, &add_impl, &mul_impl, &act_only_impl, &softmax_impl,
+                                    &rope_token_impl, &attention_group_impl};
   return k;
 }
 

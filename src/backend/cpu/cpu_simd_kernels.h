@@ -15,6 +15,11 @@ struct SimdKernels {
   void (*rms_norm)(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, bool one_plus_w);
   // n elements, see cpu::gated_act.
   void (*gated_act)(const float* gate, const float* up, float* out, int64_t n, Activation act);
+  void (*add)(const float* a, const float* b, float* out, int64_t n);
+  void (*mul)(const float* a, const float* b, float* out, int64_t n);
+  // up == null: out = act(gate) (un-gated).
+  void (*act_only)(const float* x, float* out, int64_t n, Activation act);
+  void (*softmax)(const float* x, float* y, int64_t rows, int64_t dim);
   // Rotates one token's heads x [n_heads, head_dim] by precomputed cos_v / sin_v [rot_dim / 2]
   // (attn_factor already applied).
   void (*rope_token)(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos_v,

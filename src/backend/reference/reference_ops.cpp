@@ -63,6 +63,30 @@ void gated_act(const float* gate, const float* up, float* out, int64_t n, cpu::A
   }
 }
 
+void add(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void mul(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
+void activation(const float* x, float* out, int64_t n, cpu::Activation act) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float(act == cpu::Activation::kSilu ? silu(x[i]) : gelu_tanh(x[i]));
+}
+
+void softmax(const float* x, float* y, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < dim; ++i) mx = std::max(mx, double(xr[i]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < dim; ++i) sum += std::exp(double(xr[i]) - mx);
+    for (int64_t i = 0; i < dim; ++i) yr[i] = float(std::exp(double(xr[i]) - mx) / sum);
+  }
+}
+
 void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const int32_t* positions,
           const float* inv_freq, float attn_factor) {
   const int64_t half = rot_dim / 2;
