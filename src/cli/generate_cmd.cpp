@@ -1,5 +1,184 @@
+// strata generate: one prompt through a model with a single-sequence cache, tokens streamed
+// to stdout as they are sampled (ids, or text once a tokenizer is wired), logs on stderr.
+// Sampling settings: a flag wins over generation_config.json, which wins over the defaults.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "model/registry.h"
+#include "model/single_sequence.h"
+#include "sampling/sampler.h"
 
 namespace strata::cli {
-void register_generate(CLI::App& app) { (void)app.add_subcommand("generate", "Generate tokens from a prompt"); }
+
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt_ids;
+  std::string prompt;
+  int32_t max_tokens = 128;
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;
+  std::string output;  // "text" or "ids"; empty: text when the model has a tokenizer
+  int threads = 0;
+  bool ignore_eos = false;
+};
+
+Result<std::vector<int32_t>> parse_id_list(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t");
+    const auto e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return make_error(ErrorCode::kInvalidArgument, "--prompt-ids has an empty entry: '" + s + "'");
+    const std::string tok = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX) {
+      return make_error(ErrorCode::kInvalidArgument, "--prompt-ids entry '" + tok + "' is not a token id");
+    }
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) return make_error(ErrorCode::kInvalidArgument, "--prompt-ids is empty");
+  return ids;
+}
+
+SamplingParams sampling_from(const GenerateArgs& a, const ModelConfig& cfg) {
+  SamplingParams p;
+  if (cfg.default_do_sample == 0) p.temperature = 0.0f;  // generation_config asks for greedy
+  else if (cfg.default_temperature >= 0.0f) p.temperature = cfg.default_temperature;
+  if (cfg.default_top_k >= 0) p.top_k = cfg.default_top_k;
+  if (cfg.default_top_p >= 0.0f) p.top_p = cfg.default_top_p;
+  if (cfg.default_min_p >= 0.0f) p.min_p = cfg.default_min_p;
+  if (cfg.default_repetition_penalty > 0.0f) p.repetition_penalty = cfg.default_repetition_penalty;
+  if (a.temperature) p.temperature = *a.temperature;
+  if (a.top_k) p.top_k = *a.top_k;
+  if (a.top_p) p.top_p = *a.top_p;
+  if (a.min_p) p.min_p = *a.min_p;
+  if (a.repetition_penalty) p.repetition_penalty = *a.repetition_penalty;
+  p.presence_penalty = a.presence_penalty;
+  p.frequency_penalty = a.frequency_penalty;
+  if (a.seed) {
+    p.seed = *a.seed;
+    p.has_seed = true;
+  } else {
+    p.seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  return p;
+}
+
+int fail(const Error& e) {
+  log::error("{}", e.to_string());
+  return e.code == ErrorCode::kInvalidArgument ? 2 : 1;
+}
+
+int run_generate(const GenerateArgs& a) {
+  if (a.max_tokens < 0) return fail(make_error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0"));
+  if (a.prompt_ids.empty() == a.prompt.empty()) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "give exactly one of --prompt-ids and --prompt"));
+  }
+  std::string output = a.output;
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json");
+  if (output.empty()) output = has_tokenizer ? "text" : "ids";
+  if (!a.prompt.empty() || output == "text") {
+    return fail(make_error(ErrorCode::kUnsupported, "--prompt and --output text need the tokenizer, which this build does not "
+                                                    "include yet; use --prompt-ids and --output ids"));
+  }
+  auto ids = parse_id_list(a.prompt_ids);
+  if (!ids.ok()) return fail(ids.error());
+
+  ThreadPool pool(a.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = load_model(a.model_dir, pool);
+  if (!model.ok()) return fail(model.error());
+  const ModelConfig& cfg = (*model)->config();
+  const auto t1 = std::chrono::steady_clock::now();
+  log::info("loaded {} ({}) in {:.1f} ms, {} threads", a.model_dir, cfg.model_type,
+            std::chrono::duration<double, std::milli>(t1 - t0).count(), pool.size());
+
+  SamplingParams params = sampling_from(a, cfg);
+  auto sampler = Sampler::create(params, cfg.vocab_size, *ids);
+  if (!sampler.ok()) return fail(sampler.error());
+
+  int64_t context = int64_t(ids->size()) + a.max_tokens;
+  if (cfg.max_position > 0 && context > cfg.max_position) context = cfg.max_position;
+  SingleSequence seq(**model, int32_t(std::max<int64_t>(context, 1)));
+  auto logits = seq.prefill(*ids);
+  if (!logits.ok()) return fail(logits.error());
+  const auto t2 = std::chrono::steady_clock::now();
+
+  int32_t n_generated = 0;
+  bool first = true;
+  std::string stop_reason = "length";
+  while (n_generated < a.max_tokens) {
+    const int32_t tok = sampler->sample(logits->data(), cfg.vocab_size);
+    sampler->accept(tok);
+    const bool is_eos = std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), tok) != cfg.eos_ids.end();
+    if (is_eos && !a.ignore_eos) {
+      stop_reason = "eos";
+      break;
+    }
+    std::printf(first ? "%d" : " %d", tok);
+    std::fflush(stdout);
+    first = false;
+    ++n_generated;
+    if (n_generated == a.max_tokens) break;
+    if (seq.position() >= seq.context()) {
+      stop_reason = "context";
+      break;
+    }
+    logits = seq.step(tok);
+    if (!logits.ok()) return fail(logits.error());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  const auto t3 = std::chrono::steady_clock::now();
+  const double prefill_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  const double decode_s = std::chrono::duration<double>(t3 - t2).count();
+  log::info("prompt {} tokens in {:.1f} ms; generated {} tokens in {:.3f} s ({:.1f} tok/s); stop: {}", ids->size(), prefill_ms,
+            n_generated, decode_s, decode_s > 0 ? n_generated / decode_s : 0.0, stop_reason);
+  return 0;
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt");
+  cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids, used as given (no BOS added)");
+  cmd->add_option("--prompt", args->prompt, "Prompt text (needs the model's tokenizer)");
+  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate at most")->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "0: greedy");
+  cmd->add_option("--top-k", args->top_k, "0: off");
+  cmd->add_option("--top-p", args->top_p, "1: off");
+  cmd->add_option("--min-p", args->min_p, "0: off");
+  cmd->add_option("--seed", args->seed, "RNG seed");
+  cmd->add_option("--repetition-penalty", args->repetition_penalty, "1: off");
+  cmd->add_option("--presence-penalty", args->presence_penalty, "0: off");
+  cmd->add_option("--frequency-penalty", args->frequency_penalty, "0: off");
+  cmd->add_option("--output", args->output, "text or ids (default: text when the model has a tokenizer)")
+      ->check(CLI::IsMember({"text", "ids"}));
+  cmd->add_option("--threads", args->threads, "Worker threads (0: one per hardware thread)");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's EOS ids");
+  cmd->callback([args] { exit_code() = run_generate(*args); });
+}
+
 }  // namespace strata::cli

@@ -1,5 +1,85 @@
+// strata inspect: what a model directory holds, as strata reads it: family, shape, RoPE,
+// parameter count, dtypes and the KV cache cost per token.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
 #include "cli/commands.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "model/registry.h"
 
 namespace strata::cli {
-void register_inspect(CLI::App& app) { (void)app.add_subcommand("inspect", "Describe a model directory"); }
+
+namespace {
+
+int run_inspect(const std::string& dir) {
+  ThreadPool pool(1);
+  auto model = load_model(dir, pool);
+  if (!model.ok()) {
+    log::error("{}", model.error().to_string());
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  auto archive = SafetensorsArchive::open_dir(dir);
+  if (!archive.ok()) {
+    log::error("{}", archive.error().to_string());
+    return 1;
+  }
+  // Parameters of the text model (a wrapper's vision tower is not loaded) and all tensors.
+  int64_t params = 0, all_params = 0;
+  std::map<std::string, int64_t> by_dtype;
+  for (const auto& [name, t] : (*archive)->tensors()) {
+    all_params += t.numel();
+    const bool text = name.rfind(c.weight_prefix, 0) == 0 || name == c.lm_head_name;
+    if (!text) continue;
+    params += t.numel();
+    by_dtype[dtype_name(t.dtype)] += t.numel();
+  }
+  const auto layout = (*model)->kv_layout();
+  int n_sliding = 0, n_full = 0, n_other = 0;
+  for (const auto& t : c.layer_types) {
+    if (t == "sliding_attention") ++n_sliding;
+    else if (t == "full_attention") ++n_full;
+    else ++n_other;
+  }
+  std::printf("family:          %s%s\n", c.model_type.c_str(), c.wrapper_type.empty() ? "" : (" (in " + c.wrapper_type + ")").c_str());
+  std::printf("layers:          %d (full %d, sliding %d, other %d)\n", c.n_layers, n_full, n_sliding, n_other);
+  std::printf("hidden:          %d\n", c.hidden);
+  std::printf("heads:           %d (kv %d, head_dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
+  std::printf("intermediate:    %d\n", c.intermediate);
+  if (c.n_experts > 0) std::printf("experts:         %d (top %d, moe_intermediate %d)\n", c.n_experts, c.n_experts_per_tok, c.moe_intermediate);
+  std::printf("vocab:           %d\n", c.vocab_size);
+  std::printf("max_position:    %d\n", c.max_position);
+  if (c.sliding_window > 0) std::printf("sliding_window:  %d\n", c.sliding_window);
+  std::printf("rope:            %s theta %g factor %g partial %g\n", c.rope.type.c_str(), c.rope.theta, c.rope.factor,
+              c.rope.partial_rotary_factor);
+  for (const auto& [type, r] : c.rope_by_layer_type) {
+    std::printf("rope[%s]: %s theta %g factor %g partial %g\n", type.c_str(), r.type.c_str(), r.theta, r.factor,
+                r.partial_rotary_factor);
+  }
+  std::printf("tied_embeddings: %s\n", c.tie_embeddings ? "yes" : "no");
+  std::printf("parameters:      %lld", static_cast<long long>(params));
+  if (all_params != params) std::printf(" (checkpoint total %lld)", static_cast<long long>(all_params));
+  std::printf("\n");
+  std::printf("dtypes:         ");
+  for (const auto& [d, n] : by_dtype) std::printf(" %s %lld", d.c_str(), static_cast<long long>(n));
+  std::printf("\n");
+  std::printf("kv_bytes/token:  %lld (f32 cache)\n", static_cast<long long>(KvStorage::bytes_per_token(layout)));
+  std::printf("eos_ids:        ");
+  for (int32_t id : c.eos_ids) std::printf(" %d", id);
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("inspect", "Describe a model directory");
+  cmd->add_option("--model", *dir, "Model directory")->required();
+  cmd->callback([dir] { exit_code() = run_inspect(*dir); });
+}
+
 }  // namespace strata::cli

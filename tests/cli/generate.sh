@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# strata generate: greedy ids against the transformers goldens, and clean error exits.
+# Usage: generate.sh <strata-binary> <tests/data dir>
+set -u
+BIN="$1"
+DATA="$2"
+MODELS="$DATA/reference/models"
+LOGITS="$DATA/reference/logits.json"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+golden() {  # golden <model> <case> <field>: the field as comma- or space-separated ids
+  python3 -c "import json,sys; c=json.load(open('$LOGITS'))['$1']['cases'][$2]['$3']; print(('${4:-}' or ' ').join(map(str,c)))"
+}
+
+# 1. --temperature 0 --output ids prints exactly the golden greedy ids on one stdout line.
+for spec in "qwen2-tiny 1" "gemma3-tiny 2" "llama3-tiny 3"; do
+  set -- $spec
+  model="$1"; idx="$2"
+  prompt="$(golden "$model" "$idx" prompt_ids ,)"
+  want="$(golden "$model" "$idx" greedy_ids)"
+  got="$("$BIN" generate --model "$MODELS/$model" --prompt-ids "$prompt" --max-tokens 32 --temperature 0 --output ids \
+         --ignore-eos --threads 2 2>"$TMP/stderr")"
+  rc=$?
+  [ $rc -eq 0 ] || fail "$model case $idx: exit $rc: $(cat "$TMP/stderr")"
+  [ "$got" = "$want" ] || fail "$model case $idx: got '$got' want '$want'"
+  [ "$(printf '%s\n' "$got" | wc -l)" -eq 1 ] || fail "$model case $idx: stdout is not one line"
+done
+
+# 2. Generation stops at an EOS id of generation_config.json (int or list), without printing
+#    it, unless --ignore-eos. The copy below declares the golden's third token an EOS id.
+prompt="$(golden qwen2-tiny 1 prompt_ids ,)"
+read -r -a greedy <<<"$(golden qwen2-tiny 1 greedy_ids)"
+mkdir -p "$TMP/eos"
+cp "$MODELS/qwen2-tiny/config.json" "$MODELS/qwen2-tiny/model.safetensors" "$TMP/eos/"
+echo "{\"eos_token_id\": [511, ${greedy[2]}]}" >"$TMP/eos/generation_config.json"
+want="${greedy[0]} ${greedy[1]}"
+got="$("$BIN" generate --model "$TMP/eos" --prompt-ids "$prompt" --max-tokens 32 --temperature 0 --output ids 2>/dev/null)"
+[ "$got" = "$want" ] || fail "eos stop: got '$got' want '$want'"
+got="$("$BIN" generate --model "$TMP/eos" --prompt-ids "$prompt" --max-tokens 5 --temperature 0 --output ids --ignore-eos 2>/dev/null)"
+[ "$got" = "${greedy[*]:0:5}" ] || fail "--ignore-eos: got '$got' want '${greedy[*]:0:5}'"
+
+# 3. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
+expect_error() {  # expect_error <pattern> <args...>
+  local pattern="$1"; shift
+  "$BIN" generate "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -gt 128 ]; then fail "'$*': exit $rc"; fi
+  grep -q -- "$pattern" "$TMP/err" || fail "'$*': stderr lacks '$pattern': $(cat "$TMP/err")"
+}
+expect_error "does not exist" --model "$TMP/no-such-model" --prompt-ids 1 --output ids
+expect_error "not a token id" --model "$MODELS/qwen2-tiny" --prompt-ids 1,x --output ids
+expect_error "outside the vocabulary" --model "$MODELS/qwen2-tiny" --prompt-ids 1,512 --output ids
+long="$(python3 -c "print(','.join(['5']*600))")"
+expect_error "600 tokens.*context of 512" --model "$MODELS/stories260k" --prompt-ids "$long" --output ids
+mkdir -p "$TMP/unknown"
+echo '{"model_type": "no_such_family", "vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 1}' \
+  >"$TMP/unknown/config.json"
+expect_error "supported: .*llama" --model "$TMP/unknown" --prompt-ids 1 --output ids
+mkdir -p "$TMP/noweights"
+cp "$MODELS/qwen2-tiny/config.json" "$TMP/noweights/"
+expect_error "model.safetensors" --model "$TMP/noweights" --prompt-ids 1 --output ids
+
+if [ $failures -ne 0 ]; then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "generate.sh: all checks passed"
