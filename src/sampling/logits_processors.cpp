@@ -1,5 +1,7 @@
 #include "sampling/logits_processors.h"
 
+#include "sampling/vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,11 +12,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-float max_of(const float* logits, int32_t n) {
-  float m = kNegInf;
-  for (int32_t i = 0; i < n; ++i) m = std::max(m, logits[i]);
-  return m;
-}
+float max_of(const float* logits, int32_t n) { return max_value(logits, n); }
 
 }  // namespace
 
@@ -59,12 +57,11 @@ void apply_top_p(float* logits, int32_t n, float p) {
   if (p >= 1.0f) return;
   const float m = max_of(logits, n);
   if (m == kNegInf) return;
+  std::vector<float> weights(logits, logits + n);
+  exp_shifted(weights.data(), n, m);
+  const double total = sum_weights(weights.data(), n);
   std::vector<WeightedToken> order(n);
-  double total = 0.0;
-  for (int32_t i = 0; i < n; ++i) {
-    order[i] = {std::exp(logits[i] - m), i};
-    total += order[i].weight;
-  }
+  for (int32_t i = 0; i < n; ++i) order[i] = {weights[i], i};
   std::sort(order.begin(), order.end(), heavier);
   const double target = static_cast<double>(p) * total;
   double cum = 0.0;
@@ -84,17 +81,19 @@ void apply_min_p(float* logits, int32_t n, float min_p) {
   const float m = max_of(logits, n);
   if (m == kNegInf) return;
   for (int32_t i = 0; i < n; ++i) {
-    if (!(std::exp(logits[i] - m) >= min_p)) logits[i] = kNegInf;
+    if (!(exp_nonpositive(logits[i] - m) >= min_p)) logits[i] = kNegInf;
   }
 }
 
 void softmax(const float* logits, int32_t n, float* probs) {
   const float m = max_of(logits, n);
-  double total = 0.0;
-  for (int32_t i = 0; i < n; ++i) {
-    probs[i] = m == kNegInf ? 0.0f : std::exp(logits[i] - m);
-    total += probs[i];
+  if (m == kNegInf) {
+    std::fill(probs, probs + n, 0.0f);
+    return;
   }
+  std::copy(logits, logits + n, probs);
+  exp_shifted(probs, n, m);
+  const double total = sum_weights(probs, n);
   for (int32_t i = 0; i < n; ++i) probs[i] = total > 0.0 ? static_cast<float>(probs[i] / total) : 0.0f;
 }
 

@@ -56,8 +56,8 @@ void apply_top_p(float* logits, int32_t n, float p);
 // 8. min_p <= 0: no-op.
 void apply_min_p(float* logits, int32_t n, float min_p);
 
-// probs[i] = exp(logits[i] - max) / sum; -inf gives 0. The unnormalized weights are computed
-// in float (exp(l - max)) and summed in double, the same arithmetic as the fused path.
+// probs[i] = exp(logits[i] - max) / sum; -inf gives 0. Weights come from exp_nonpositive and
+// are summed by sum_weights (vector_math.h), the same arithmetic as the fused path.
 void softmax(const float* logits, int32_t n, float* probs);
 
 // Whole pipeline 2-8 for a non-greedy request, in place (the reference for Sampler::distribution):

@@ -1,5 +1,7 @@
 #include "sampling/logprobs.h"
 
+#include "sampling/vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +10,7 @@
 namespace strata {
 namespace {
 
-float clean(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
+float clean(float v) { return nan_to_neg_inf(v); }
 
 bool before(const TokenLogprob& a, const TokenLogprob& b) {
   return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
@@ -25,18 +27,15 @@ Status compute_logprobs(const float* logits, int32_t n, int32_t token, int32_t t
     return make_error(ErrorCode::kOutOfRange,
                       "token " + std::to_string(token) + " is outside the vocabulary [0, " + std::to_string(n) + ")");
   }
-  float m = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < n; ++i) m = std::max(m, clean(logits[i]));
+  const float m = max_value(logits, n);  // NaN never wins a comparison
+  const double log_total = std::log(sum_exp_shifted(logits, n, m));
 
   // The selection keeps raw logits in .logprob (same order) and converts at the end; ids are
   // visited ascending, so a later id never displaces an equal logit.
   out->top.reserve(kMaxTopLogprobs);
   out->top.clear();
-  double total = 0.0;
-  for (int32_t i = 0; i < n; ++i) {
+  for (int32_t i = 0; i < n && top_n > 0; ++i) {
     const float l = clean(logits[i]);
-    total += std::exp(static_cast<double>(l) - m);
-    if (top_n == 0) continue;
     if (static_cast<int32_t>(out->top.size()) == top_n) {
       if (!(l > out->top.back().logprob)) continue;
       out->top.pop_back();
@@ -49,7 +48,6 @@ Status compute_logprobs(const float* logits, int32_t n, int32_t token, int32_t t
     }
     out->top[pos] = {i, l};
   }
-  const double log_total = std::log(total);
   auto to_logprob = [&](float l) { return static_cast<float>((static_cast<double>(l) - m) - log_total); };
   for (auto& t : out->top) t.logprob = to_logprob(t.logprob);
   // Two logits that differ by less than the rounding of the conversion can meet at one

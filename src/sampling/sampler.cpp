@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <bit>
 #include <cstring>
 #include <limits>
 
 #include "core/check.h"
+#include "sampling/vector_math.h"
 
 namespace strata {
 namespace {
@@ -13,16 +15,45 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-// Top-k by a bounded min-heap when k is small (one compare per token, few inserts); larger k
-// falls back to nth_element over a copy. Both yield the exact k-th largest value.
-constexpr int32_t kHeapTopK = 512;
+// Radix selection over float bits. For a weight w in [0, 1], weight_key(w) = bits(1) - bits(w)
+// orders tokens heavier-first (smaller key = heavier; equal keys = equal weights), and its top
+// bits group weights into ranges that are contiguous in the heavier() order. The nucleus is
+// found by a mass histogram over the top 10 key bits, then only the boundary range is refined
+// (next 10 bits, last 10 bits) and finally sorted: tokens above the boundary are kept without
+// ever being sorted, so top-p costs O(V) even when the nucleus holds most of the vocabulary.
+constexpr uint32_t kOneBits = 0x3F800000u;                 // bits of 1.0f
+constexpr int32_t kHeapTopK = 256;                         // top-k by heap up to here, else radix
+constexpr int32_t kLevel1Buckets = (kOneBits >> 20) + 1;   // key >> 20 for keys in [0, kOneBits]
+constexpr int32_t kLevelBuckets = 1024;                    // 10-bit levels below the first
+constexpr size_t kEdgeSortSize = 64;                       // boundary ranges this small are sorted
 
-// Top-p without top-k: weights are bucketed by how many nats they lie below the maximum, so
-// the bucket where the cumulative mass crosses top_p bounds the nucleus; only tokens down to
-// that bucket are sorted. Tokens more than kBucketNats below the maximum share the last bucket.
-constexpr int32_t kBucketsPerNat = 4;
-constexpr int32_t kBucketNats = 40;
-constexpr int32_t kBuckets = kBucketsPerNat * kBucketNats + 1;
+uint32_t weight_key(float w) { return kOneBits - std::bit_cast<uint32_t>(w); }  // w in [0, 1]
+
+// Order-preserving key of any non-NaN float (ascending value -> ascending key).
+uint32_t ordered_key(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The first bucket where the running mass (starting at *before) reaches target; *before
+// becomes the mass of the buckets ahead of it. If rounding keeps the sum short of target,
+// the last non-empty bucket (every token is kept).
+int32_t crossing_bucket(const double* mass, int32_t n_buckets, double target, double* before) {
+  int32_t last_nonempty = 0;
+  double before_last = *before, cum = *before;
+  for (int32_t b = 0; b < n_buckets; ++b) {
+    if (mass[b] <= 0.0) continue;
+    if (cum + mass[b] >= target) {
+      *before = cum;
+      return b;
+    }
+    before_last = cum;
+    last_nonempty = b;
+    cum += mass[b];
+  }
+  *before = before_last;
+  return last_nonempty;
+}
 
 }  // namespace
 
@@ -58,16 +89,101 @@ void Sampler::accept(int32_t token) {
 int32_t Sampler::prepare(const float* logits, int32_t n) {
   if (work_.size() < static_cast<size_t>(n)) work_.resize(n);
   float* w = work_.data();
-  for (int32_t i = 0; i < n; ++i) w[i] = std::isnan(logits[i]) ? kNegInf : logits[i];
+  for (int32_t i = 0; i < n; ++i) w[i] = nan_to_neg_inf(logits[i]);
   apply_logit_bias(w, n, params_.logit_bias);
   apply_repetition_penalty(w, n, seen_, params_.repetition_penalty);
   apply_presence_frequency_penalty(w, n, counts_, params_.presence_penalty, params_.frequency_penalty);
+  const float m = max_value(w, n);
+  STRATA_CHECK(m > kNegInf, "every logit of the row is -inf or NaN");
   int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    if (w[i] > w[best]) best = i;
-  }
-  STRATA_CHECK(w[best] > kNegInf, "every logit of the row is -inf or NaN");
+  while (w[best] != m) ++best;  // the lowest id holding the maximum
   return best;
+}
+
+float Sampler::kth_largest(const float* t, int32_t n, int32_t k) {
+  if (k <= kHeapTopK) {
+    // A min-heap of the k largest so far: after the first few thousand tokens almost every
+    // token fails the one compare against its root.
+    heap_.assign(t, t + k);
+    std::make_heap(heap_.begin(), heap_.end(), std::greater<float>());
+    for (int32_t i = k; i < n; ++i) {
+      if (t[i] > heap_.front()) {
+        std::pop_heap(heap_.begin(), heap_.end(), std::greater<float>());
+        heap_.back() = t[i];
+        std::push_heap(heap_.begin(), heap_.end(), std::greater<float>());
+      }
+    }
+    return heap_.front();
+  }
+  // Counts over the top 12 bits of the order-preserving key find the range holding the k-th
+  // largest value; nth_element then runs on that range only.
+  uint32_t counts[4096] = {};
+  for (int32_t i = 0; i < n; ++i) ++counts[ordered_key(t[i]) >> 20];
+  int32_t above = 0;
+  uint32_t b = 4095;
+  while (above + static_cast<int32_t>(counts[b]) < k) above += counts[b--];
+  heap_.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    if ((ordered_key(t[i]) >> 20) == b) heap_.push_back(t[i]);
+  }
+  const int32_t rank = k - above - 1;
+  std::nth_element(heap_.begin(), heap_.begin() + rank, heap_.end(), std::greater<float>());
+  return heap_[rank];
+}
+
+void Sampler::select_nucleus(int32_t n, float m) {
+  float* w = work_.data();
+  exp_shifted(w, n, m);
+  const double total = sum_weights(w, n);
+  double level1[kLevel1Buckets] = {};
+  for (int32_t i = 0; i < n; ++i) level1[weight_key(w[i]) >> 20] += w[i];
+  const double target = static_cast<double>(params_.top_p) * total;
+  double before = 0.0;
+  const uint32_t b1 = static_cast<uint32_t>(crossing_bucket(level1, kLevel1Buckets, target, &before));
+  edge_.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    const uint32_t b = weight_key(w[i]) >> 20;
+    if (b < b1) {
+      cand_.push_back({w[i], i});
+    } else if (b == b1) {
+      edge_.push_back({w[i], i});
+    }
+  }
+  // Refine the boundary range on the next 10 key bits, then the last 10; tokens of a range
+  // ahead of the crossing are kept, those behind are dropped.
+  for (int shift : {10, 0}) {
+    if (edge_.size() <= kEdgeSortSize) break;
+    double level[kLevelBuckets] = {};
+    for (const auto& e : edge_) level[(weight_key(e.weight) >> shift) & 1023u] += e.weight;
+    const uint32_t bl = static_cast<uint32_t>(crossing_bucket(level, kLevelBuckets, target, &before));
+    size_t j = 0;
+    for (const auto& e : edge_) {
+      const uint32_t b = (weight_key(e.weight) >> shift) & 1023u;
+      if (b < bl) {
+        cand_.push_back(e);
+      } else if (b == bl) {
+        edge_[j++] = e;  // compaction keeps id order
+      }
+    }
+    edge_.resize(j);
+  }
+  std::sort(edge_.begin(), edge_.end(), heavier);
+  double cum = before;
+  for (const auto& e : edge_) {
+    cand_.push_back(e);
+    cum += e.weight;
+    if (cum >= target) break;
+  }
+  // min-p after top-p (HF order): the same weights, relative to the maximum weight 1.
+  if (params_.min_p > 0.0f) {
+    size_t j = 0;
+    for (const auto& c : cand_) {
+      if (c.weight >= params_.min_p) cand_[j++] = c;
+    }
+    cand_.resize(j);
+  }
+  n_kept_ = static_cast<int32_t>(cand_.size());
+  for (const auto& c : cand_) mass_ += c.weight;
 }
 
 void Sampler::select(int32_t n, int32_t argmax) {
@@ -95,81 +211,33 @@ void Sampler::select(int32_t n, int32_t argmax) {
   const bool min_p = params_.min_p > 0.0f;
   direct_ = !top_k && !top_p && !min_p;
   if (direct_) {
-    for (int32_t i = 0; i < n; ++i) {
-      w[i] = std::exp(w[i] - m);
-      mass_ += w[i];
-    }
+    exp_shifted(w, n, m);
+    mass_ = sum_weights(w, n);
     return;
   }
 
-  double top_p_total = 0.0;  // mass of the distribution top-p sees (after top-k)
   if (!top_k && top_p) {
-    double bucket_mass[kBuckets] = {};
-    for (int32_t i = 0; i < n; ++i) {
-      const float s = w[i] - m;  // <= 0
-      const float weight = std::exp(s);
-      w[i] = weight;
-      top_p_total += weight;
-      const float depth = -s * kBucketsPerNat;
-      const int32_t b = depth < static_cast<float>(kBuckets - 1) ? static_cast<int32_t>(depth) : kBuckets - 1;
-      bucket_mass[b] += weight;
-    }
-    // Buckets hold disjoint ranges of weight, heavier first; once the heavier buckets reach
-    // top_p of the mass, everything below them lies past the nucleus.
-    const double target = static_cast<double>(params_.top_p) * top_p_total;
-    int32_t last = kBuckets - 1;
-    double cum = 0.0;
-    for (int32_t b = 0; b < kBuckets; ++b) {
-      cum += bucket_mass[b];
-      if (cum >= target) {
-        last = b;
-        break;
-      }
-    }
-    // 0.01 nats of slack absorbs the rounding of exp() at the bucket edge; extra candidates
-    // are only sorted, never kept wrongly.
-    float gate = last == kBuckets - 1
-                     ? 0.0f
-                     : std::exp(-static_cast<float>(last + 1) / kBucketsPerNat - 0.01f);
-    if (min_p) gate = std::max(gate, params_.min_p);
-    for (int32_t i = 0; i < n; ++i) {
-      if (w[i] >= gate && w[i] > 0.0f) cand_.push_back({w[i], i});
-    }
-  } else {
-    float gate = kNegInf;
-    if (top_k) {
-      const int32_t k = params_.top_k;
-      if (k <= kHeapTopK) {
-        heap_.assign(w, w + k);
-        std::make_heap(heap_.begin(), heap_.end(), std::greater<float>());
-        for (int32_t i = k; i < n; ++i) {
-          if (w[i] > heap_.front()) {
-            std::pop_heap(heap_.begin(), heap_.end(), std::greater<float>());
-            heap_.back() = w[i];
-            std::push_heap(heap_.begin(), heap_.end(), std::greater<float>());
-          }
-        }
-        gate = heap_.front();
-      } else {
-        heap_.assign(w, w + n);
-        std::nth_element(heap_.begin(), heap_.begin() + (k - 1), heap_.end(), std::greater<float>());
-        gate = heap_[k - 1];
-      }
-    }
-    if (min_p && !top_p) {
-      // Only a bound here (the exact test is on the weight below); the slack covers the
-      // rounding of s = t - m at large |m|.
-      const float slack = 0.01f + std::fabs(m) * 1e-6f;
-      gate = std::max(gate, m + std::log(params_.min_p) - slack);
-    }
-    for (int32_t i = 0; i < n; ++i) {
-      if (w[i] >= gate) {
-        const float weight = std::exp(w[i] - m);
-        cand_.push_back({weight, i});
-        top_p_total += weight;  // id order, as the reference sums it
-      }
+    select_nucleus(n, m);
+    return;
+  }
+  float gate = top_k ? kth_largest(w, n, params_.top_k) : kNegInf;
+  if (min_p && !top_p) {
+    // Only a bound (the exact test is on the weight below); the slack covers the rounding of
+    // s = t - m at large |m|.
+    const float slack = 0.01f + std::fabs(m) * 1e-6f;
+    gate = std::max(gate, m + std::log(params_.min_p) - slack);
+  }
+  // The mass of the top-k set (the distribution top-p sees), lane by id as sum_weights adds
+  // it, so it equals the reference's sum over the whole row bit for bit.
+  LaneSum top_k_mass;
+  for (int32_t i = 0; i < n; ++i) {
+    if (w[i] >= gate) {
+      const float weight = exp_nonpositive(w[i] - m);
+      cand_.push_back({weight, i});
+      top_k_mass.add(i, weight);
     }
   }
+  const double top_p_total = top_k_mass.total();
 
   std::sort(cand_.begin(), cand_.end(), heavier);
   int32_t keep = static_cast<int32_t>(cand_.size());
@@ -198,12 +266,27 @@ int32_t Sampler::draw(int32_t n) {
   double acc = 0.0;
   int32_t last_positive = -1;
   if (direct_) {
+    // Skip whole blocks by their (vectorized) sums, then walk the block that crosses target.
+    // If rounding keeps the walk short of target, it carries on into the next block.
+    constexpr int32_t kBlock = 256;
     const float* w = work_.data();
-    for (int32_t i = 0; i < n; ++i) {
-      if (w[i] <= 0.0f) continue;
-      acc += w[i];
-      last_positive = i;
-      if (acc > target) return i;
+    for (int32_t b = 0; b < n; b += kBlock) {
+      const int32_t len = std::min(kBlock, n - b);
+      const double block = sum_weights(w + b, len);
+      if (acc + block <= target) {
+        acc += block;
+        continue;
+      }
+      for (int32_t i = b; i < b + len; ++i) {
+        if (w[i] <= 0.0f) continue;
+        acc += w[i];
+        last_positive = i;
+        if (acc > target) return i;
+      }
+    }
+    // Only rounding (target within an ulp of the total) reaches here.
+    for (int32_t i = n - 1; i >= 0 && last_positive < 0; --i) {
+      if (w[i] > 0.0f) last_positive = i;
     }
   } else {
     for (int32_t j = 0; j < n_kept_; ++j) {
@@ -213,7 +296,6 @@ int32_t Sampler::draw(int32_t n) {
       if (acc > target) return cand_[j].id;
     }
   }
-  // Only rounding (target within an ulp of the total) reaches here.
   STRATA_CHECK(last_positive >= 0, "no token with positive weight");
   return last_positive;
 }

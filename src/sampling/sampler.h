@@ -69,8 +69,13 @@ class Sampler {
   // (lowest id on ties) of the result over [0, n).
   int32_t prepare(const float* logits, int32_t n);
   // For a non-greedy request after prepare(): builds the kept set, either direct_ (work_
-  // holds every weight, mass_ their sum) or cand_[0, n_kept_) sorted by heavier().
+  // holds every weight, mass_ their sum) or cand_[0, n_kept_) (sorted by heavier(), except
+  // that the nucleus of select_nucleus() keeps its interior in id order).
   void select(int32_t n, int32_t argmax);
+  // Top-p without top-k over work_ (scaled logits, maximum m): radix selection, no full sort.
+  void select_nucleus(int32_t n, float m);
+  // The k-th largest of t[0, n) (with multiplicity), by radix counting and nth_element.
+  float kth_largest(const float* t, int32_t n, int32_t k);
   int32_t draw(int32_t n);
   void add_seen(int32_t token);
 
@@ -89,7 +94,8 @@ class Sampler {
   // Scratch, reused across calls.
   std::vector<float> work_;           // [n] processed logits, then scaled logits or weights
   std::vector<WeightedToken> cand_;   // candidates of the kept set
-  std::vector<float> heap_;           // top-k selection
+  std::vector<WeightedToken> edge_;   // the nucleus boundary range being refined
+  std::vector<float> heap_;           // top-k boundary range
   bool direct_ = false;
   int32_t n_kept_ = 0;
   double mass_ = 0.0;                 // sum of the kept weights

@@ -2,12 +2,15 @@
 // independent implementation of the published algorithms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "sampling/logits_processors.h"
 #include "sampling/rng.h"
+#include "sampling/vector_math.h"
 
 namespace strata {
 namespace {
@@ -57,6 +60,51 @@ TEST(Rng, DoublesAreInTheUnitIntervalAndStateRoundTrips) {
     EXPECT_LT(u, 1.0);
     EXPECT_EQ(u, b.next_double());
   }
+}
+
+TEST(VectorMath, ExpNonpositiveIsWithinARelativeMicroOfStdExp) {
+  // Every 97th float of (-87, 0] (about 11M values) plus the edges.
+  double worst = 0.0;
+  uint32_t bits = std::bit_cast<uint32_t>(-0.0f);
+  const uint32_t last = std::bit_cast<uint32_t>(-87.0f);
+  for (; bits < last; bits += 97) {
+    const float x = std::bit_cast<float>(bits);
+    const double expected = std::exp(static_cast<double>(x));
+    const float got = exp_nonpositive(x);
+    ASSERT_LE(got, 1.0f) << x;
+    worst = std::max(worst, std::fabs(got - expected) / expected);
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(-0.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(-87.5f), 0.0f);
+  EXPECT_EQ(exp_nonpositive(kNegInf), 0.0f);
+  EXPECT_NEAR(exp_nonpositive(-1.0f), std::exp(-1.0), 1e-7);
+}
+
+TEST(VectorMath, SumsMaxAndNanCleaning) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> w(1003);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f;
+  double plain = 0.0;
+  for (float v : w) plain += v;
+  EXPECT_NEAR(sum_weights(w.data(), 1003), plain, 1e-9);
+  // Adding only the nonzero entries by id gives the whole-array sum bit for bit.
+  w[5] = w[500] = w[1001] = 0.0f;
+  LaneSum by_id;
+  for (int32_t i = 0; i < 1003; ++i) {
+    if (w[i] != 0.0f) by_id.add(i, w[i]);
+  }
+  EXPECT_EQ(by_id.total(), sum_weights(w.data(), 1003));
+  w[700] = 3.0f;
+  w[3] = nan;
+  EXPECT_EQ(max_value(w.data(), 1003), 3.0f);
+  EXPECT_EQ(nan_to_neg_inf(nan), kNegInf);
+  EXPECT_EQ(nan_to_neg_inf(-nan), kNegInf);
+  EXPECT_EQ(nan_to_neg_inf(2.5f), 2.5f);
+  EXPECT_EQ(nan_to_neg_inf(kNegInf), kNegInf);
+  std::vector<float> l = {0.0f, std::log(3.0f), nan, kNegInf, std::log(4.0f)};
+  EXPECT_NEAR(sum_exp_shifted(l.data(), 5, std::log(4.0f)), 2.0, 1e-6);  // (1 + 3 + 4) / 4
 }
 
 TEST(LogitBias, AddsToTheNamedIdsOnly) {

@@ -340,6 +340,17 @@ TEST(SamplerRobustness, CallerLogitsAreUntouchedAndNanIsNeverDrawn) {
   for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(std::memcmp(&l[i], &copy[i], sizeof(float)), 0);
 }
 
+TEST(SamplerRobustness, PlusInfinityLogitsShareAllTheMass) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> l = {5.0f, inf, 7.0f, inf};
+  SamplingParams p;
+  p.top_p = 0.5f;
+  EXPECT_EQ(support(p, l), (std::set<int32_t>{1, 3}));
+  std::vector<float> probs(4);
+  make(p, 4).distribution(l.data(), 4, probs.data());
+  EXPECT_EQ(probs, (std::vector<float>{0.0f, 0.5f, 0.0f, 0.5f}));
+}
+
 TEST(SamplerRobustness, ARowWithoutAnyFiniteLogitIsAnInvariantError) {
   const std::vector<float> l(4, kNegInf);
   Sampler s = make(SamplingParams{}, 4);
