@@ -66,7 +66,7 @@ const std::unordered_map<std::string, TestFn>& tests() {
     t["boolean"] = [](const Value& v, const CallArgs& c) { return no_args("boolean", c, v.is_bool()); };
     t["true"] = [](const Value& v, const CallArgs& c) { return no_args("true", c, v.is_bool() && v.as_bool()); };
     t["false"] = [](const Value& v, const CallArgs& c) { return no_args("false", c, v.is_bool() && !v.as_bool()); };
-    t["callable"] = [](const Value& v, const CallArgs& c) { return no_args("callable", c, v.is_callable()); };
+    t["callable"] = [](const Value& v, const CallArgs& c) { return no_args("callable", c, v.is_callable() || v.is_undefined()); };
     t["odd"] = [](const Value& v, const CallArgs& c) { return no_args("odd", c, (int_for_parity(v) % 2 + 2) % 2 == 1); };
     t["even"] = [](const Value& v, const CallArgs& c) { return no_args("even", c, int_for_parity(v) % 2 == 0); };
     t["divisibleby"] = [](const Value& v, const CallArgs& c) {

@@ -13,7 +13,7 @@ namespace strata::tokenizer::jinja {
 namespace {
 
 // Nesting bound for dumping: namespaces can be made to contain themselves.
-constexpr int kMaxJsonDepth = 512;
+constexpr int kMaxJsonDepth = kMaxDepth;
 
 void dump_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
@@ -120,7 +120,10 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth)
 
 }  // namespace
 
-Value from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxDepth) fail("context nests deeper than " + std::to_string(kMaxDepth) + " levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
@@ -135,18 +138,22 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       auto d = std::make_shared<Dict>();
-      for (auto it = j.begin(); it != j.end(); ++it) d->set(Value(it.key()), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d->set(Value(it.key()), from_json_at(it.value(), depth + 1));
       return Value::dict(std::move(d));
     }
     default:
       return Value::none();
   }
 }
+
+}  // namespace
+
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 std::string dump_json(const Value& v, const JsonDumpOptions& options) {
   std::string out;

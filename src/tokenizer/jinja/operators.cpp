@@ -192,7 +192,10 @@ Value negate(const Value& v, bool negative) {
   return checked_int(-static_cast<__int128>(v.as_int()));
 }
 
-bool value_less(const Value& a, const Value& b) {
+namespace {
+
+bool less_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxDepth) fail("RecursionError: maximum recursion depth exceeded in comparison");
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   if (a.is_number() && b.is_number()) {
@@ -204,12 +207,16 @@ bool value_less(const Value& a, const Value& b) {
     const auto& x = a.as_list().items;
     const auto& y = b.as_list().items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!values_equal(x[i], y[i])) return value_less(x[i], y[i]);
+      if (!values_equal(x[i], y[i])) return less_at(x[i], y[i], depth + 1);
     }
     return x.size() < y.size();
   }
   fail("TypeError: '<' not supported between instances of '" + a.type_name() + "' and '" + b.type_name() + "'");
 }
+
+}  // namespace
+
+bool value_less(const Value& a, const Value& b) { return less_at(a, b, 0); }
 
 bool contains(const Value& container, const Value& item) {
   switch (container.kind()) {

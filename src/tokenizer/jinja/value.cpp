@@ -6,6 +6,8 @@
 
 #include <utf8proc.h>
 
+#include "tokenizer/jinja/failure.h"
+
 namespace strata::tokenizer::jinja {
 
 namespace {
@@ -29,7 +31,13 @@ bool python_printable(int32_t cp) {
   }
 }
 
-std::string seq_repr(const List& l) {
+// Values can nest without bound (a namespace may hold itself, a loop may wrap a list a
+// million times), so every recursive walk carries a depth and gives up past kMaxDepth.
+[[noreturn]] void too_deep() { fail("RecursionError: maximum recursion depth exceeded"); }
+
+std::string repr_at(const Value& v, int depth);
+
+std::string seq_repr(const List& l, int depth) {
   std::string out;
   const char* open = "[";
   const char* close = "]";
@@ -43,20 +51,20 @@ std::string seq_repr(const List& l) {
   out += open;
   for (size_t i = 0; i < l.items.size(); ++i) {
     if (i) out += ", ";
-    out += to_repr(l.items[i]);
+    out += repr_at(l.items[i], depth + 1);
   }
   if (l.kind == SeqKind::kTuple && l.items.size() == 1) out += ",";
   out += close;
   return out;
 }
 
-std::string dict_repr(const Dict& d) {
+std::string dict_repr(const Dict& d, int depth) {
   std::string out = "{";
   bool first = true;
   for (const auto& [k, v] : d.entries()) {
     if (!first) out += ", ";
     first = false;
-    out += to_repr(k) + ": " + to_repr(v);
+    out += repr_at(k, depth + 1) + ": " + repr_at(v, depth + 1);
   }
   return out + "}";
 }
@@ -170,7 +178,10 @@ std::string Value::type_name() const {
   return "object";
 }
 
-std::string dict_key(const Value& v) {
+namespace {
+
+std::string key_at(const Value& v, int depth) {
+  if (depth > kMaxDepth) too_deep();
   switch (v.kind()) {
     case Value::Kind::kString: return "s" + v.as_string();
     case Value::Kind::kBool: case Value::Kind::kInt: return "i" + std::to_string(v.as_int());
@@ -184,12 +195,16 @@ std::string dict_key(const Value& v) {
     case Value::Kind::kNone: return "n";
     case Value::Kind::kList: {
       std::string k = "t(";
-      for (const auto& item : v.as_list().items) k += dict_key(item) + ",";
+      for (const auto& item : v.as_list().items) k += key_at(item, depth + 1) + ",";
       return k + ")";
     }
     default: return "?" + to_repr(v);
   }
 }
+
+}  // namespace
+
+std::string dict_key(const Value& v) { return key_at(v, 0); }
 
 std::string python_float_repr(double f) {
   if (std::isnan(f)) return "nan";
@@ -278,7 +293,12 @@ std::string to_str(const Value& v) {
   }
 }
 
-std::string to_repr(const Value& v) {
+std::string to_repr(const Value& v) { return repr_at(v, 0); }
+
+namespace {
+
+std::string repr_at(const Value& v, int depth) {
+  if (depth > kMaxDepth) too_deep();
   switch (v.kind()) {
     case Value::Kind::kUndefined: return "Undefined";
     case Value::Kind::kNone: return "None";
@@ -286,15 +306,20 @@ std::string to_repr(const Value& v) {
     case Value::Kind::kInt: return std::to_string(v.as_int());
     case Value::Kind::kFloat: return python_float_repr(v.as_float());
     case Value::Kind::kString: return python_string_repr(v.as_string());
-    case Value::Kind::kList: return seq_repr(v.as_list());
-    case Value::Kind::kDict: return dict_repr(v.as_dict());
-    case Value::Kind::kNamespace: return "<Namespace " + dict_repr(v.namespace_attrs()) + ">";
+    case Value::Kind::kList: return seq_repr(v.as_list(), depth);
+    case Value::Kind::kDict: return dict_repr(v.as_dict(), depth);
+    case Value::Kind::kNamespace: return "<Namespace " + dict_repr(v.namespace_attrs(), depth) + ">";
     case Value::Kind::kCallable: return "<function " + v.as_callable().name + ">";
   }
   return "";
 }
 
-bool values_equal(const Value& a, const Value& b) {
+}  // namespace
+
+namespace {
+
+bool equal_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxDepth) too_deep();
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_float() == b.as_float();
     return a.as_int() == b.as_int();
@@ -309,7 +334,7 @@ bool values_equal(const Value& a, const Value& b) {
       if ((x.kind == SeqKind::kTuple) != (y.kind == SeqKind::kTuple)) return false;
       if (x.items.size() != y.items.size()) return false;
       for (size_t i = 0; i < x.items.size(); ++i) {
-        if (!values_equal(x.items[i], y.items[i])) return false;
+        if (!equal_at(x.items[i], y.items[i], depth + 1)) return false;
       }
       return true;
     }
@@ -319,7 +344,7 @@ bool values_equal(const Value& a, const Value& b) {
       if (x.size() != y.size()) return false;
       for (const auto& [k, v] : x.entries()) {
         const Value* other = y.find(k);
-        if (!other || !values_equal(v, *other)) return false;
+        if (!other || !equal_at(v, *other, depth + 1)) return false;
       }
       return true;
     }
@@ -328,5 +353,9 @@ bool values_equal(const Value& a, const Value& b) {
     default: return false;
   }
 }
+
+}  // namespace
+
+bool values_equal(const Value& a, const Value& b) { return equal_at(a, b, 0); }
 
 }  // namespace strata::tokenizer::jinja

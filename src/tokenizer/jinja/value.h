@@ -16,6 +16,9 @@ namespace strata::tokenizer::jinja {
 
 class Value;
 
+// How deep values may nest before printing, comparing or converting them fails.
+constexpr int kMaxDepth = 512;
+
 // How a sequence prints: Python distinguishes a list, a tuple and the dict views.
 enum class SeqKind : uint8_t { kList, kTuple, kDictItems, kDictKeys, kDictValues };
 
