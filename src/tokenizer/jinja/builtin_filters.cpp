@@ -514,8 +514,13 @@ const std::unordered_map<std::string, FilterFn>& filters() {
       return Value(percent_format(to_str(v), Value::list(c.positional, SeqKind::kTuple)));
     };
     f["attr"] = [](const Value& v, const CallArgs& c) {
+      // Python attributes only: a dict's keys are not its attributes.
       ArgBinder a(c, "attr", {"name"});
-      return get_attr(v, to_str(a.require(0, "name")));
+      std::string name = to_str(a.require(0, "name"));
+      if (v.is_undefined()) return Value::undefined("'" + name + "' is undefined");
+      if (v.is_namespace()) return get_attr(v, name);
+      if (auto m = find_method(v, name)) return *m;
+      return Value::undefined("'" + v.type_name() + " object' has no attribute '" + name + "'");
     };
     f["center"] = [](const Value& v, const CallArgs& c) {
       ArgBinder a(c, "center", {"width"});
