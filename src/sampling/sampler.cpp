@@ -1,9 +1,8 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
-#include <cmath>
 #include <bit>
-#include <cstring>
+#include <cmath>
 #include <limits>
 
 #include "core/check.h"
@@ -15,6 +14,11 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
+// Top-k up to this k keeps a min-heap of the k largest (one compare per token once it fills);
+// larger k counts the top 12 bits of an order-preserving key and runs nth_element on the
+// one range that holds the k-th value. Both are O(V) and exact.
+constexpr int32_t kHeapTopK = 256;
+
 // Radix selection over float bits. For a weight w in [0, 1], weight_key(w) = bits(1) - bits(w)
 // orders tokens heavier-first (smaller key = heavier; equal keys = equal weights), and its top
 // bits group weights into ranges that are contiguous in the heavier() order. The nucleus is
@@ -22,7 +26,6 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 // (next 10 bits, last 10 bits) and finally sorted: tokens above the boundary are kept without
 // ever being sorted, so top-p costs O(V) even when the nucleus holds most of the vocabulary.
 constexpr uint32_t kOneBits = 0x3F800000u;                 // bits of 1.0f
-constexpr int32_t kHeapTopK = 256;                         // top-k by heap up to here, else radix
 constexpr int32_t kLevel1Buckets = (kOneBits >> 20) + 1;   // key >> 20 for keys in [0, kOneBits]
 constexpr int32_t kLevelBuckets = 1024;                    // 10-bit levels below the first
 constexpr size_t kEdgeSortSize = 64;                       // boundary ranges this small are sorted

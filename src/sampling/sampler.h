@@ -4,9 +4,15 @@
 // build; save()/restore() carry the whole state, so a checkpointed generation continues
 // exactly where it stopped.
 //
-// Owned by the engine thread; not thread-safe. sample() never modifies the caller's logits and,
-// after the first call at a given vocabulary size (warm-up), allocates nothing: its scratch
-// (4 bytes per vocabulary entry, plus candidate lists that grow to the largest seen) lives here.
+// Owned by the engine thread; not thread-safe. sample() never modifies the caller's logits and
+// allocates nothing once its scratch has grown (warm-up): 4 bytes per vocabulary entry for the
+// processed row, plus candidate lists (8 bytes per candidate) that keep the largest size seen;
+// a wide nucleus (top-p at high temperature) can make them vocabulary-sized.
+//
+// Cost per call at vocabulary V: greedy is one copy and one max pass; sampling adds a divide
+// and an exp pass (vector_math.h) and a draw that skips 256-token blocks by their sums; top-k
+// is O(V) selection plus a sort of k tokens; top-p without top-k is O(V) radix selection that
+// sorts only the boundary range; min-p alone gathers the tokens within log(min_p) of the max.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,12 @@
-// The two O(V) kernels of sampling, written as plain loops that the compiler vectorizes
-// (no libm call inside): exp of non-positive arguments and a fixed-order sum. Both the
+// The O(V) kernels of sampling, written as plain loops that the compiler vectorizes (no libm
+// call inside): exp of non-positive arguments, fixed-order sums, max, NaN cleaning. Both the
 // reference processors and the fused Sampler use them, so the two round identically.
+//
+// Seeded sampling is reproducible across builds because every operation here is a plain IEEE
+// float/double operation in a fixed order. That assumes no floating-point contraction: strata
+// builds for baseline x86-64, where GCC has no FMA to contract into. A build that adds -mfma
+// or -march=native must give this layer -ffp-contract=off, or seeded outputs change
+// (sampling_processors_test checks the flag's effect).
 #pragma once
 
 #include <bit>

@@ -82,6 +82,14 @@ TEST(VectorMath, ExpNonpositiveIsWithinARelativeMicroOfStdExp) {
   EXPECT_NEAR(exp_nonpositive(-1.0f), std::exp(-1.0), 1e-7);
 }
 
+TEST(VectorMath, BuiltWithoutFloatingPointContraction) {
+  // (1 + 2^-12)^2 - (1 + 2^-11) is 0 with the product rounded (ties to even) and 2^-24 when
+  // fused into an fma. A fused build would make seeded sampling differ from other builds.
+  volatile float va = 1.0f + 0x1p-12f, vc = -(1.0f + 0x1p-11f);
+  const float a = va, c = vc;
+  EXPECT_EQ(a * a + c, 0.0f) << "compiled with floating-point contraction: add -ffp-contract=off";
+}
+
 TEST(VectorMath, SumsMaxAndNanCleaning) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> w(1003);
