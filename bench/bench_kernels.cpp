@@ -1,7 +1,9 @@
 // CPU kernel benchmark on Qwen3-0.6B shapes. Prints each result next to the limit it chases:
 //   (1) memory bandwidth: streaming read and memcpy over >= 1 GiB, all pool threads;
 //   (2) decode, matmul m = 1 with bf16 weights: weight bytes streamed per second / (1);
-//   (3) prefill, matmul m = 512: GFLOP/s / cblas_sgemm's on the same shape and threads.
+//   (3) prefill, matmul m = 512: GFLOP/s / cblas_sgemm's on the same shape and threads;
+//   (4) paged attention (16 query / 8 kv heads, head_dim 128, f32 KV): decode at 4096 tokens of
+//       context as KV GB/s / (1), prefill of 512 tokens as GFLOP/s / strata's matmul rate in (3).
 // Usage: bench_kernels [threads=2] [--quick]
 #include <cblas.h>
 #include <dlfcn.h>
@@ -199,6 +201,7 @@ int main(int argc, char** argv) {
   blas_set_threads(threads);
   const int64_t m = 512;
   const auto x = random_floats(size_t(m * 3072), 3);
+  double best_matmul_gflops = 0.0;
   for (const Shape& s : kShapes) {
     if (s.n > 8192 && quick) continue;
     const double flops = 2.0 * double(m) * double(s.n) * double(s.k);
@@ -215,8 +218,46 @@ int main(int argc, char** argv) {
                   wf.data(), int(s.k), 0.0f, y.data(), int(s.n));
     });
     const double g_blas = flops / t_blas / 1e9;
+    best_matmul_gflops = std::max(best_matmul_gflops, flops / t_f32 / 1e9);
     std::printf("  %-20s sgemm %6.1f GFLOP/s | strata f32 %6.1f (ratio %.2f) | strata bf16 %6.1f (ratio %.2f)\n", s.name,
                 g_blas, flops / t_f32 / 1e9, t_blas / t_f32, flops / t_bf16 / 1e9, t_blas / t_bf16);
+  }
+
+  // (4) Attention.
+  std::printf("\n(4) paged attention, 16/8 heads, head_dim 128, block 16, f32 KV\n");
+  {
+    const int32_t n_heads = 16, n_kv = 8, hd = 128, bs = 16, ctx = 4096;
+    const int32_t n_blocks = ctx / bs;
+    const auto k_pool = random_floats(size_t(n_blocks) * bs * n_kv * hd, 5);
+    const auto v_pool = random_floats(size_t(n_blocks) * bs * n_kv * hd, 6);
+    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+    for (int32_t i = 0; i < n_blocks; ++i) table[size_t(i)] = (i * 7919) % n_blocks;  // scattered blocks
+    const auto q = random_floats(size_t(512) * n_heads * hd, 7);
+    std::vector<float> out(size_t(512) * n_heads * hd);
+    cpu::PagedAttentionArgs a{};
+    a.q = q.data();
+    a.out = out.data();
+    a.k_pool = k_pool.data();
+    a.v_pool = v_pool.data();
+    a.block_table = table.data();
+    a.block_size = bs;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv;
+    a.head_dim = hd;
+    a.head_dim_v = hd;
+    a.scale = 0.088f;
+    a.n_q = 1;
+    a.pos0 = ctx - 1;
+    const double t_dec = best_seconds(quick ? 3 : 10, [&] { cpu::paged_attention(pool, a); });
+    const double kv_bytes = 2.0 * double(ctx) * n_kv * hd * sizeof(float);
+    std::printf("  decode, context %d: %8.1f us  KV %6.1f GB/s  ratio %.2f (to streaming read)\n", ctx, t_dec * 1e6,
+                kv_bytes / t_dec / 1e9, kv_bytes / t_dec / 1e9 / bw.read_gbs);
+    a.n_q = 512;
+    a.pos0 = 0;
+    const double t_pre = best_seconds(quick ? 2 : 4, [&] { cpu::paged_attention(pool, a); });
+    const double flops = 4.0 * n_heads * hd * (512.0 * 513.0 / 2.0);
+    std::printf("  prefill, 512 tokens:  %8.1f ms  %6.1f GFLOP/s  ratio %.2f (to strata's best f32 matmul rate)\n",
+                t_pre * 1e3, flops / t_pre / 1e9, flops / t_pre / 1e9 / best_matmul_gflops);
   }
   return 0;
 }

@@ -162,5 +162,29 @@ TEST(BackendBatchInvariance, AttentionChunking) {
   }
 }
 
+TEST(BackendBatchInvariance, AttentionLongContextDecodeMatchesPrefill) {
+  // 700 tokens span three key segments: prefill computes whole queries per task, decode
+  // splits a query's segments across threads and folds them afterwards; bits must agree.
+  const int32_t n_tok = 700, n_heads = 4, n_kv_heads = 2, head_dim = 64;
+  for (auto level : test::simd_levels()) {
+    test::SimdCap cap(level);
+    SCOPED_TRACE(test::level_name(level));
+    for (auto [window, softcap] : {std::pair{0, 0.0f}, std::pair{300, 20.0f}}) {
+      const test::PagedKv kv(n_tok, 16, n_kv_heads, head_dim, head_dim, 70);
+      const auto q = random_floats(size_t(n_tok) * n_heads * head_dim, 71, -2.0f, 2.0f);
+      const size_t n_out = size_t(n_tok) * n_heads * head_dim;
+      ThreadPool pool2(2), pool3(3), pool1(1);
+      std::vector<float> at_once(n_out), pieces(n_out, NAN);
+      attention_chunk(pool2, kv, q, 0, n_tok, n_heads, n_kv_heads, head_dim, window, softcap, at_once);
+      attention_chunk(pool3, kv, q, 0, 650, n_heads, n_kv_heads, head_dim, window, softcap, pieces);
+      attention_chunk(pool2, kv, q, 650, 3, n_heads, n_kv_heads, head_dim, window, softcap, pieces);
+      for (int32_t t = 653; t < n_tok; ++t)
+        attention_chunk(t % 3 == 0 ? pool1 : pool3, kv, q, t, 1, n_heads, n_kv_heads, head_dim, window, softcap,
+                        pieces);
+      EXPECT_TRUE(bitwise_equal(at_once.data(), pieces.data(), n_out)) << "window " << window;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -43,6 +43,13 @@ struct Vec {
     const __m128 e = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
   }
+  // out[i] = sum of the lanes of a_i, four at once (its own fixed tree).
+  static void reduce4(T a0, T a1, T a2, T a3, float* out) {
+    const T s01 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const T s23 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    const T t = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xee));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
   static float reduce_max(T v) {
     const __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 e = _mm_max_ps(q, _mm_movehl_ps(q, q));
@@ -56,7 +63,8 @@ struct Vec {
 
 const SimdKernels& simd_kernels_avx2() {
   static const SimdKernels k = {&rms_norm_impl, &gated_act_impl, &add_impl, &mul_impl, &act_only_impl, &softmax_impl,
-                                    &rope_token_impl, &attention_group_impl};
+                                    &rope_token_impl, &attention_query_impl,
+                                    &attention_part_impl, &attention_merge_impl};
   return k;
 }
 

@@ -46,6 +46,14 @@ struct Vec {
     return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
   }
   static float reduce_max(T v) { return _mm512_reduce_max_ps(v); }
+  // out[i] = sum of the lanes of a_i, four at once (its own fixed tree).
+  static void reduce4(T a0, T a1, T a2, T a3, float* out) {
+    const T s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const T s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const T t = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xee));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
 };
 
 #include "backend/cpu/cpu_simd_body.inc"
@@ -54,7 +62,8 @@ struct Vec {
 
 const SimdKernels& simd_kernels_avx512() {
   static const SimdKernels k = {&rms_norm_impl, &gated_act_impl, &add_impl, &mul_impl, &act_only_impl, &softmax_impl,
-                                    &rope_token_impl, &attention_group_impl};
+                                    &rope_token_impl, &attention_query_impl,
+                                    &attention_part_impl, &attention_merge_impl};
   return k;
 }
 

@@ -24,16 +24,28 @@ struct SimdKernels {
   // (attn_factor already applied).
   void (*rope_token)(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos_v,
                      const float* sin_v);
-  // Attention of query token t for the query heads of kv head kvh. scratch holds at least
-  // attention_scratch_floats(a) floats.
-  void (*attention_group)(const PagedAttentionArgs& a, int32_t t, int32_t kvh, float* scratch);
+  // Paged attention, see cpu_simd_body.inc: a whole query; one key segment of a query into
+  // part [n_heads][head_dim_v + 2]; the fold of a query's parts into its output.
+  void (*attention_query)(const PagedAttentionArgs& a, int32_t t, float* scratch);
+  void (*attention_part)(const PagedAttentionArgs& a, int32_t t, int64_t seg, float* scratch, float* part);
+  void (*attention_merge)(const PagedAttentionArgs& a, int32_t t, const float* parts, int64_t n_seg, float* scratch);
 };
 
-// Floats of scratch attention_group needs for the longest query of `a`.
+// Keys per attention segment: a fixed constant, part of the numerics (see cpu_simd_body.inc).
+constexpr int64_t kAttnSegment = 256;
+
+// Floats of per-thread scratch the attention kernels need for `a`.
 inline int64_t attention_scratch_floats(const PagedAttentionArgs& a) {
-  const int64_t group = a.n_heads / a.n_kv_heads;
-  const int64_t n_keys = int64_t(a.pos0) + a.n_q;
-  return group * (n_keys + 16) + group * (int64_t(a.head_dim_v) + 16);
+  return int64_t(a.n_heads) * (kAttnSegment + 16) + 2 * int64_t(a.n_heads) * (a.head_dim_v + 2);
+}
+
+// Visible keys of query t and their segment count.
+inline int64_t attention_keys(const PagedAttentionArgs& a, int32_t t) {
+  const int64_t qpos = int64_t(a.pos0) + t;
+  return a.window > 0 && qpos + 1 > a.window ? a.window : qpos + 1;
+}
+inline int64_t attention_segments(const PagedAttentionArgs& a, int32_t t) {
+  return (attention_keys(a, t) + kAttnSegment - 1) / kAttnSegment;
 }
 
 const SimdKernels& simd_kernels_avx512();
