@@ -150,6 +150,7 @@ struct ForStmt : Stmt {
   ExprPtr filter;  // `for x in xs if cond`; may be null
   Body body;
   Body else_body;
+  bool uses_loop = true;  // false when the body never names `loop`: no loop object is built
 };
 
 // Assignment target: a name, several names to unpack, or `ns.attr`.

@@ -238,6 +238,7 @@ class Interpreter {
       return;
     }
     if (v.is_undefined()) fail_undefined(v);
+    if (!v.is_list() && !v.is_string() && !v.is_dict()) fail("TypeError: cannot unpack non-iterable " + v.type_name() + " object");
     std::vector<Value> parts = iterate(v);
     if (parts.size() > names.size()) fail("ValueError: too many values to unpack (expected " + std::to_string(names.size()) + ")");
     if (parts.size() < names.size()) {
@@ -278,7 +279,7 @@ class Interpreter {
       count_iteration();
       ScopePtr iter_scope = child(scope);
       bind_targets(st.targets, st.unpack, items[static_cast<size_t>(i)], *iter_scope);
-      iter_scope->vars["loop"] = make_loop(items, i, last_changed);
+      if (st.uses_loop) iter_scope->vars["loop"] = make_loop(items, i, last_changed);
       Flow f = exec_body(st.body, iter_scope, out);
       if (f == Flow::kBreak) break;
     }

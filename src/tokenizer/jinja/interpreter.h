@@ -15,7 +15,7 @@ namespace strata::tokenizer::jinja {
 
 struct RenderLimits {
   size_t max_output_bytes = 64u << 20;
-  int64_t max_loop_iterations = 10'000'000;  // summed over all loops of one render
+  int64_t max_loop_iterations = 1'000'000;  // summed over all loops of one render
   int max_call_depth = 200;                  // macro calls in flight
 };
 

@@ -217,7 +217,9 @@ class Parser {
     if (is_name("recursive")) fail("recursive for loops are not supported", cur().line);
     expect_block_end();
     ++loop_depth_;
+    int loop_names_before = loop_names_;
     s->body = parse_body({"endfor", "else"});
+    s->uses_loop = loop_names_ != loop_names_before;
     --loop_depth_;
     if (next().text == "else") {
       expect_block_end();
@@ -443,6 +445,7 @@ class Parser {
         if (n == "true" || n == "True") return std::make_unique<LiteralExpr>(Value(true), line);
         if (n == "false" || n == "False") return std::make_unique<LiteralExpr>(Value(false), line);
         if (n == "none" || n == "None") return std::make_unique<LiteralExpr>(Value::none(), line);
+        if (n == "loop") ++loop_names_;
         return std::make_unique<NameExpr>(n, line);
       }
       case TokenKind::kString: {
@@ -621,6 +624,7 @@ class Parser {
   size_t pos_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  int loop_names_ = 0;  // NameExprs of `loop` parsed so far
 };
 
 }  // namespace
