@@ -58,6 +58,34 @@ int32_t crossing_bucket(const double* mass, int32_t n_buckets, double target, do
   return last_nonempty;
 }
 
+// A heavier()-order prefix of a row of weights: token i (weight w) is kept iff
+// bits(w) > cut_bits, or bits(w) == cut_bits and i <= cut_id. For non-negative floats the bits
+// order like the values, so this is "heavier than the cut token, or the cut token's weight
+// and an id not past it". cut_bits = -1 keeps the whole row. Integer compares only, so the
+// loops over a row vectorize.
+float kept_weight(float w, int32_t i, int32_t cut_bits, int32_t cut_id) {
+  const int32_t b = std::bit_cast<int32_t>(w);
+  const int32_t keep = static_cast<int32_t>(b > cut_bits) | (static_cast<int32_t>(b == cut_bits) & static_cast<int32_t>(i <= cut_id));
+  return std::bit_cast<float>(b & -keep);
+}
+
+// Sum of the kept weights of w[begin, end), end - begin <= kBlock. The masked copy through a
+// stack buffer is a loop the compiler vectorizes; masking inside the lane sums was not.
+constexpr int32_t kBlock = 256;
+
+double kept_block_sum(const float* w, int32_t begin, int32_t end, int32_t cut_bits, int32_t cut_id) {
+  float buf[kBlock];
+  const int32_t len = end - begin;
+  for (int32_t j = 0; j < len; ++j) buf[j] = kept_weight(w[begin + j], begin + j, cut_bits, cut_id);
+  return sum_weights(buf, len);
+}
+
+double kept_sum(const float* w, int32_t n, int32_t cut_bits, int32_t cut_id) {
+  double total = 0.0;
+  for (int32_t b = 0; b < n; b += kBlock) total += kept_block_sum(w, b, std::min(b + kBlock, n), cut_bits, cut_id);
+  return total;
+}
+
 }  // namespace
 
 Result<Sampler> Sampler::create(const SamplingParams& params, int32_t model_vocab, std::span<const int32_t> prompt) {
@@ -138,55 +166,76 @@ void Sampler::select_nucleus(int32_t n, float m) {
   float* w = work_.data();
   exp_shifted(w, n, m);
   const double total = sum_weights(w, n);
-  double level1[kLevel1Buckets] = {};
-  for (int32_t i = 0; i < n; ++i) level1[weight_key(w[i]) >> 20] += w[i];
+  // Four interleaved histograms: consecutive tokens often share a bucket, and one array would
+  // chain every add through the previous store to the same slot.
+  double hist[4][kLevel1Buckets] = {};
+  int32_t i4 = 0;
+  for (; i4 + 4 <= n; i4 += 4) {
+    for (int k = 0; k < 4; ++k) hist[k][weight_key(w[i4 + k]) >> 20] += w[i4 + k];
+  }
+  for (; i4 < n; ++i4) hist[0][weight_key(w[i4]) >> 20] += w[i4];
+  double level1[kLevel1Buckets];
+  for (int32_t b = 0; b < kLevel1Buckets; ++b) level1[b] = (hist[0][b] + hist[1][b]) + (hist[2][b] + hist[3][b]);
   const double target = static_cast<double>(params_.top_p) * total;
   double before = 0.0;
   const uint32_t b1 = static_cast<uint32_t>(crossing_bucket(level1, kLevel1Buckets, target, &before));
-  edge_.clear();
-  for (int32_t i = 0; i < n; ++i) {
-    const uint32_t b = weight_key(w[i]) >> 20;
-    if (b < b1) {
-      cand_.push_back({w[i], i});
-    } else if (b == b1) {
-      edge_.push_back({w[i], i});
+
+  // Gather the boundary range. When it is a large share of the row, writes are unconditional
+  // and the index advances on a match, so no branch depends on the data (edge_ keeps one slot
+  // of slack for the last write); when it is small, a branch that is rarely taken is cheaper.
+  size_t count = 0;
+  for (int32_t i = 0; i < n; ++i) count += (weight_key(w[i]) >> 20) == b1;
+  if (edge_.size() < count + 1) edge_.resize(count + 1);
+  size_t j = 0;
+  if (count * 64 < static_cast<size_t>(n)) {
+    for (int32_t i = 0; i < n; ++i) {
+      if ((weight_key(w[i]) >> 20) == b1) edge_[j++] = {w[i], i};
+    }
+  } else {
+    for (int32_t i = 0; i < n; ++i) {
+      edge_[j] = {w[i], i};
+      j += (weight_key(w[i]) >> 20) == b1;
     }
   }
-  // Refine the boundary range on the next 10 key bits, then the last 10; tokens of a range
-  // ahead of the crossing are kept, those behind are dropped.
+  // Refine it on the next 10 key bits, then the last 10: ranges ahead of the crossing are
+  // inside the cut and need no further look; ranges behind it are out.
   for (int shift : {10, 0}) {
-    if (edge_.size() <= kEdgeSortSize) break;
+    if (j <= kEdgeSortSize) break;
     double level[kLevelBuckets] = {};
-    for (const auto& e : edge_) level[(weight_key(e.weight) >> shift) & 1023u] += e.weight;
+    for (size_t e = 0; e < j; ++e) level[(weight_key(edge_[e].weight) >> shift) & 1023u] += edge_[e].weight;
     const uint32_t bl = static_cast<uint32_t>(crossing_bucket(level, kLevelBuckets, target, &before));
-    size_t j = 0;
-    for (const auto& e : edge_) {
-      const uint32_t b = (weight_key(e.weight) >> shift) & 1023u;
-      if (b < bl) {
-        cand_.push_back(e);
-      } else if (b == bl) {
-        edge_[j++] = e;  // compaction keeps id order
-      }
+    size_t kept = 0;
+    for (size_t e = 0; e < j; ++e) {
+      const WeightedToken t = edge_[e];
+      edge_[kept] = t;  // compaction keeps id order
+      kept += ((weight_key(t.weight) >> shift) & 1023u) == bl;
     }
-    edge_.resize(j);
+    j = kept;
   }
-  std::sort(edge_.begin(), edge_.end(), heavier);
+  std::sort(edge_.begin(), edge_.begin() + static_cast<std::ptrdiff_t>(j), heavier);
+  // The cut token: the first whose running mass reaches target (the last one if rounding
+  // keeps the sum short).
+  WeightedToken cut = edge_[j - 1];
   double cum = before;
-  for (const auto& e : edge_) {
-    cand_.push_back(e);
-    cum += e.weight;
-    if (cum >= target) break;
-  }
-  // min-p after top-p (HF order): the same weights, relative to the maximum weight 1.
-  if (params_.min_p > 0.0f) {
-    size_t j = 0;
-    for (const auto& c : cand_) {
-      if (c.weight >= params_.min_p) cand_[j++] = c;
+  for (size_t e = 0; e < j; ++e) {
+    cum += edge_[e].weight;
+    if (cum >= target) {
+      cut = edge_[e];
+      break;
     }
-    cand_.resize(j);
   }
-  n_kept_ = static_cast<int32_t>(cand_.size());
-  for (const auto& c : cand_) mass_ += c.weight;
+  cut_bits_ = std::bit_cast<int32_t>(cut.weight);
+  cut_id_ = cut.id;
+  // min-p after top-p (HF order) keeps w >= min_p, itself a heavier()-order prefix: keep the
+  // shorter of the two.
+  if (params_.min_p > 0.0f) {
+    const int32_t min_bits = std::bit_cast<int32_t>(params_.min_p);  // w >= min_p <=> bits(w) >= this
+    if (min_bits > cut_bits_) {
+      cut_bits_ = min_bits;
+      cut_id_ = std::numeric_limits<int32_t>::max();
+    }
+  }
+  mass_ = kept_sum(w, n, cut_bits_, cut_id_);
 }
 
 void Sampler::select(int32_t n, int32_t argmax) {
@@ -198,10 +247,12 @@ void Sampler::select(int32_t n, int32_t argmax) {
   cand_.clear();
   n_kept_ = 0;
   mass_ = 0.0;
+  row_mode_ = true;
+  cut_bits_ = -1;  // the whole row
+  cut_id_ = 0;
 
   if (m == kPosInf) {
     // Degenerate row: the +inf logits share all the mass; filters cannot change that.
-    direct_ = true;
     for (int32_t i = 0; i < n; ++i) {
       w[i] = w[i] == kPosInf ? 1.0f : 0.0f;
       mass_ += w[i];
@@ -212,17 +263,16 @@ void Sampler::select(int32_t n, int32_t argmax) {
   const bool top_k = params_.top_k > 0 && params_.top_k < n;
   const bool top_p = params_.top_p < 1.0f;
   const bool min_p = params_.min_p > 0.0f;
-  direct_ = !top_k && !top_p && !min_p;
-  if (direct_) {
+  if (!top_k && !top_p && !min_p) {
     exp_shifted(w, n, m);
     mass_ = sum_weights(w, n);
     return;
   }
-
   if (!top_k && top_p) {
     select_nucleus(n, m);
     return;
   }
+  row_mode_ = false;
   float gate = top_k ? kth_largest(w, n, params_.top_k) : kNegInf;
   if (min_p && !top_p) {
     // Only a bound (the exact test is on the weight below); the slack covers the rounding of
@@ -268,28 +318,28 @@ int32_t Sampler::draw(int32_t n) {
   const double target = rng_.next_double() * mass_;
   double acc = 0.0;
   int32_t last_positive = -1;
-  if (direct_) {
-    // Skip whole blocks by their (vectorized) sums, then walk the block that crosses target.
-    // If rounding keeps the walk short of target, it carries on into the next block.
-    constexpr int32_t kBlock = 256;
+  if (row_mode_) {
+    // Skip whole blocks by their (vectorized) kept sums, then walk the block that crosses
+    // target. If rounding keeps the walk short of target, it carries on into the next block.
     const float* w = work_.data();
     for (int32_t b = 0; b < n; b += kBlock) {
-      const int32_t len = std::min(kBlock, n - b);
-      const double block = sum_weights(w + b, len);
+      const int32_t end = std::min(b + kBlock, n);
+      const double block = kept_block_sum(w, b, end, cut_bits_, cut_id_);
       if (acc + block <= target) {
         acc += block;
         continue;
       }
-      for (int32_t i = b; i < b + len; ++i) {
-        if (w[i] <= 0.0f) continue;
-        acc += w[i];
+      for (int32_t i = b; i < end; ++i) {
+        const float kw = kept_weight(w[i], i, cut_bits_, cut_id_);
+        if (kw <= 0.0f) continue;
+        acc += kw;
         last_positive = i;
         if (acc > target) return i;
       }
     }
     // Only rounding (target within an ulp of the total) reaches here.
     for (int32_t i = n - 1; i >= 0 && last_positive < 0; --i) {
-      if (w[i] > 0.0f) last_positive = i;
+      if (kept_weight(w[i], i, cut_bits_, cut_id_) > 0.0f) last_positive = i;
     }
   } else {
     for (int32_t j = 0; j < n_kept_; ++j) {
@@ -322,8 +372,10 @@ void Sampler::distribution(const float* logits, int32_t vocab, float* probs) {
     return;
   }
   select(n, argmax);
-  if (direct_) {
-    for (int32_t i = 0; i < n; ++i) probs[i] = static_cast<float>(work_[i] / mass_);
+  if (row_mode_) {
+    for (int32_t i = 0; i < n; ++i) {
+      probs[i] = static_cast<float>(kept_weight(work_[i], i, cut_bits_, cut_id_) / mass_);
+    }
   } else {
     for (int32_t j = 0; j < n_kept_; ++j) probs[cand_[j].id] = static_cast<float>(cand_[j].weight / mass_);
   }

@@ -74,11 +74,13 @@ class Sampler {
   // Copies logits into work_ with NaN -> -inf, applies bias and penalties; returns the argmax
   // (lowest id on ties) of the result over [0, n).
   int32_t prepare(const float* logits, int32_t n);
-  // For a non-greedy request after prepare(): builds the kept set, either direct_ (work_
-  // holds every weight, mass_ their sum) or cand_[0, n_kept_) (sorted by heavier(), except
-  // that the nucleus of select_nucleus() keeps its interior in id order).
+  // For a non-greedy request after prepare(): builds the kept set, either in row mode (work_
+  // holds every weight; the kept tokens are the heavier()-order prefix up to the cut token
+  // (cut_bits_, cut_id_), the whole row when cut_bits_ is -1) or as cand_[0, n_kept_) sorted by
+  // heavier(). mass_ is the sum of the kept weights.
   void select(int32_t n, int32_t argmax);
-  // Top-p without top-k over work_ (scaled logits, maximum m): radix selection, no full sort.
+  // Top-p without top-k over work_ (scaled logits, maximum m): finds the cut token by radix
+  // selection; only the boundary range is gathered and sorted.
   void select_nucleus(int32_t n, float m);
   // The k-th largest of t[0, n) (with multiplicity), by radix counting and nth_element.
   float kth_largest(const float* t, int32_t n, int32_t k);
@@ -100,9 +102,11 @@ class Sampler {
   // Scratch, reused across calls.
   std::vector<float> work_;           // [n] processed logits, then scaled logits or weights
   std::vector<WeightedToken> cand_;   // candidates of the kept set
-  std::vector<WeightedToken> edge_;   // the nucleus boundary range being refined
+  std::vector<WeightedToken> edge_;   // the nucleus boundary range being refined (+1 slack)
   std::vector<float> heap_;           // top-k boundary range
-  bool direct_ = false;
+  bool row_mode_ = false;
+  int32_t cut_bits_ = -1;             // bits of the cut token's weight (row mode)
+  int32_t cut_id_ = 0;                // id of the cut token (row mode)
   int32_t n_kept_ = 0;
   double mass_ = 0.0;                 // sum of the kept weights
 };
