@@ -32,6 +32,9 @@ constexpr size_t kEdgeSortSize = 64;                       // boundary ranges th
 
 uint32_t weight_key(float w) { return kOneBits - std::bit_cast<uint32_t>(w); }  // w in [0, 1]
 
+// heavier() as a lambda, so std::sort inlines it.
+constexpr auto by_heavier = [](const WeightedToken& a, const WeightedToken& b) { return heavier(a, b); };
+
 // Order-preserving key of any non-NaN float (ascending value -> ascending key).
 uint32_t ordered_key(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
@@ -199,10 +202,14 @@ void Sampler::select_nucleus(int32_t n, float m) {
   }
   // Refine it on the next 10 key bits, then the last 10: ranges ahead of the crossing are
   // inside the cut and need no further look; ranges behind it are out.
+  bool one_weight = false;  // after the last level the range holds a single weight, in id order
   for (int shift : {10, 0}) {
     if (j <= kEdgeSortSize) break;
-    double level[kLevelBuckets] = {};
-    for (size_t e = 0; e < j; ++e) level[(weight_key(edge_[e].weight) >> shift) & 1023u] += edge_[e].weight;
+    one_weight = shift == 0;
+    double hist_l[4][kLevelBuckets] = {};  // interleaved, as for level 1
+    for (size_t e = 0; e < j; ++e) hist_l[e & 3][(weight_key(edge_[e].weight) >> shift) & 1023u] += edge_[e].weight;
+    double level[kLevelBuckets];
+    for (int32_t b = 0; b < kLevelBuckets; ++b) level[b] = (hist_l[0][b] + hist_l[1][b]) + (hist_l[2][b] + hist_l[3][b]);
     const uint32_t bl = static_cast<uint32_t>(crossing_bucket(level, kLevelBuckets, target, &before));
     size_t kept = 0;
     for (size_t e = 0; e < j; ++e) {
@@ -212,7 +219,7 @@ void Sampler::select_nucleus(int32_t n, float m) {
     }
     j = kept;
   }
-  std::sort(edge_.begin(), edge_.begin() + static_cast<std::ptrdiff_t>(j), heavier);
+  if (!one_weight) std::sort(edge_.begin(), edge_.begin() + static_cast<std::ptrdiff_t>(j), by_heavier);
   // The cut token: the first whose running mass reaches target (the last one if rounding
   // keeps the sum short).
   WeightedToken cut = edge_[j - 1];
@@ -292,7 +299,7 @@ void Sampler::select(int32_t n, int32_t argmax) {
   }
   const double top_p_total = top_k_mass.total();
 
-  std::sort(cand_.begin(), cand_.end(), heavier);
+  std::sort(cand_.begin(), cand_.end(), by_heavier);
   int32_t keep = static_cast<int32_t>(cand_.size());
   if (top_p) {
     const double target = static_cast<double>(params_.top_p) * top_p_total;

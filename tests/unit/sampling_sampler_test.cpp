@@ -198,6 +198,37 @@ TEST(SamplerSupport, TopPOnALargeVocabularyMatchesTheReferenceSet) {
   }
 }
 
+TEST(SamplerSupport, TopPOverManyEqualWeightsKeepsTheLowestIds) {
+  // 20000 equal logits with a few heavier ones: the boundary range is thousands of tokens of
+  // one weight, which the radix refinement cannot split; ties must go to the lowest ids.
+  const int32_t n = 20000;
+  std::vector<float> l(n, 0.0f);
+  l[123] = l[17000] = 3.0f;
+  l[5] = 1.5f;
+  for (float top_p : {0.3f, 0.5f, 0.77f}) {
+    for (float min_p : {0.0f, 0.04f, 0.5f}) {
+      SamplingParams p;
+      p.top_p = top_p;
+      p.min_p = min_p;
+      std::vector<float> ref = l;
+      apply_top_p(ref.data(), n, top_p);
+      apply_min_p(ref.data(), n, min_p);
+      Sampler s = make(p, n);
+      std::vector<float> probs(n);
+      s.distribution(l.data(), n, probs.data());
+      int32_t kept = 0;
+      for (int32_t i = 0; i < n; ++i) {
+        ASSERT_EQ(probs[i] > 0.0f, ref[i] != kNegInf) << "top_p " << top_p << " min_p " << min_p << " id " << i;
+        kept += probs[i] > 0.0f;
+      }
+      EXPECT_GT(kept, min_p < 0.5f ? 1000 : 1);  // 0.5 keeps only the two logits of 3
+      std::set<int32_t> drawn;
+      for (int d = 0; d < 300; ++d) drawn.insert(s.sample(l.data(), n));
+      for (int32_t t : drawn) EXPECT_NE(ref[t], kNegInf) << t;
+    }
+  }
+}
+
 // Chi-square of draws from one seeded sampler against the softmax at temperature T.
 double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t total) {
   double chi2 = 0.0;
