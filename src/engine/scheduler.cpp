@@ -159,7 +159,7 @@ void Scheduler::commit(const ScheduledSpan& span) {
   if (span.sample) seq->state = SeqState::kDecoding;
   const int32_t bs = kv_.block_size();
   const int32_t n_full = seq->n_computed / bs;
-  if (seq->n_published >= n_full) return;
+  if (!options_.prefix_caching || seq->n_published >= n_full) return;
   extend_block_hashes(seq->block_hashes, options_.prefix_salt,
                       std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
   for (int32_t i = seq->n_published; i < n_full; ++i) kv_.publish(seq->blocks[size_t(i)], seq->block_hashes[size_t(i)]);

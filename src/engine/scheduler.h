@@ -20,7 +20,7 @@ namespace strata {
 struct SchedulerOptions {
   int32_t max_batch_tokens = 2048;  // tokens per step (decodes + prefill chunks)
   int32_t max_num_seqs = 64;        // running sequences at once
-  bool prefix_caching = true;
+  bool prefix_caching = true;       // off: nothing is looked up or published
   uint64_t prefix_salt = 0;         // namespace of the prefix hashes (prefix_namespace_salt)
 };
 

@@ -1,0 +1,410 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache_manager.h"
+#include "kv/prefix_index.h"
+
+namespace strata {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::Active {
+  Active(PendingRequest p) : req(std::move(p.request)), sampler(std::move(p.sampler)),
+                             channel(std::move(p.channel)), submitted(p.submitted) {}
+  GenerationRequest req;
+  Sampler sampler;
+  std::shared_ptr<StreamChannel> channel;
+  Clock::time_point submitted, last_token;
+  Sequence seq;
+  bool in_queue = true;  // counted in the queue depth until first admitted
+  bool prompt_logprobs_sent = false;
+  std::vector<TokenLogprobs> prompt_lp;
+  int32_t n_generated = 0;
+};
+
+struct Engine::Core {
+  Core(Model& model, int32_t n_blocks, const EngineOptions& o, SchedulerOptions so,
+       std::unique_ptr<SchedulingPolicy> policy)
+      : kv(n_blocks, o.block_size), sched(so, kv, std::move(policy)), runner(model, n_blocks, o.block_size) {}
+  KvCacheManager kv;
+  Scheduler sched;
+  ModelRunner runner;
+  std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
+  uint64_t next_id = 1;
+  EngineStats stats;
+};
+
+namespace {
+
+std::string namespace_identity(const Model& model, const EngineOptions& o) {
+  const ModelConfig& c = model.config();
+  return "model=" + o.model_identity + ";type=" + c.model_type + ";layers=" + std::to_string(c.n_layers) +
+         ";hidden=" + std::to_string(c.hidden) + ";heads=" + std::to_string(c.n_heads) + "/" +
+         std::to_string(c.n_kv_heads) + ";vocab=" + std::to_string(c.vocab_size) + ";adapters=;codec=f32;block=" +
+         std::to_string(o.block_size);
+}
+
+}  // namespace
+
+Status Engine::check_model(const Model& model) {
+  const auto kv = model.kv_layout();
+  for (size_t l = 0; l < kv.size(); ++l) {
+    if (kv[l].window > 0) {
+      return make_error(ErrorCode::kUnsupported,
+                        "model type '" + model.config().model_type + "' has a sliding-window layer (layer " +
+                            std::to_string(l) + ", window " + std::to_string(kv[l].window) +
+                            "); the batched engine serves full-attention families only for now");
+    }
+  }
+  const auto st = model.state_layout();
+  for (size_t l = 0; l < st.size(); ++l) {
+    if (st[l].has_state) {
+      return make_error(ErrorCode::kUnsupported,
+                        "model type '" + model.config().model_type + "' keeps recurrent state (layer " +
+                            std::to_string(l) + "); the batched engine serves full-attention families only for now");
+    }
+  }
+  return Status();
+}
+
+Result<int32_t> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
+  if (o.block_size < 1 || o.block_size > 1024) return bad("block_size must be in [1, 1024], got " + std::to_string(o.block_size));
+  if (o.max_batch_tokens < 1) return bad("max_batch_tokens must be >= 1, got " + std::to_string(o.max_batch_tokens));
+  if (o.max_num_seqs < 1) return bad("max_num_seqs must be >= 1, got " + std::to_string(o.max_num_seqs));
+  if (o.max_queued < 1) return bad("max_queued must be >= 1, got " + std::to_string(o.max_queued));
+  if (o.session_ttl_s < 0) return bad("session_ttl must be >= 0, got " + std::to_string(o.session_ttl_s));
+  const int32_t max_pos = model.config().max_position;
+  if (o.max_model_len < 0 || (max_pos > 0 && o.max_model_len > max_pos)) {
+    return bad("max_model_len must be in [1, " + std::to_string(max_pos) + "] (the model's max_position_embeddings), got " +
+               std::to_string(o.max_model_len));
+  }
+  if (o.max_model_len == 0 && max_pos <= 0) return bad("max_model_len must be set: the model config gives no maximum position");
+  if (o.kv_blocks > 0) return o.kv_blocks;
+  const int64_t per_block = KvStorage::bytes_per_token(model.kv_layout()) * o.block_size;
+  if (per_block <= 0) return make_error(ErrorCode::kUnsupported, "the model has no attention KV");
+  const int64_t n = o.kv_cache_bytes / per_block;
+  if (n < 2) {
+    return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " + std::to_string(n) +
+               " KV blocks of " + std::to_string(per_block) + " bytes; at least 2 are needed");
+  }
+  return int32_t(std::min<int64_t>(n, int64_t(1) << 30));
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options) {
+  if (!model) return make_error(ErrorCode::kInvalidArgument, "no model");
+  STRATA_RETURN_IF_ERROR(check_model(*model));
+  STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
+  STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
+  return std::make_unique<Engine>(std::move(model), std::move(options));
+}
+
+Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
+    : model_(std::move(model)), options_(std::move(options)), queue_(std::max(options_.max_queued, 1)), t0_(Clock::now()) {
+  if (!model_) throw std::invalid_argument("no model");
+  if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
+  auto blocks = plan_blocks(*model_, options_);
+  if (!blocks.ok()) throw std::invalid_argument(blocks.error().to_string());
+  auto policy = make_scheduling_policy(options_.scheduling_policy);
+  if (!policy.ok()) throw std::invalid_argument(policy.error().to_string());
+  n_blocks_ = *blocks;
+  max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
+  eos_ids_ = options_.eos_ids.empty() ? model_->config().eos_ids : options_.eos_ids;
+  SchedulerOptions so;
+  so.max_batch_tokens = options_.max_batch_tokens;
+  so.max_num_seqs = options_.max_num_seqs;
+  so.prefix_caching = options_.prefix_caching;
+  so.prefix_salt = prefix_namespace_salt(namespace_identity(*model_, options_));
+  core_ = std::make_unique<Core>(*model_, n_blocks_, options_, so, std::move(policy).value());
+  core_->stats.alive = true;
+  core_->stats.kv = core_->kv.stats(0.0);
+  queue_.publish_stats(core_->stats);
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::start() {
+  if (started_.exchange(true)) return;
+  alive_ = true;
+  thread_ = std::thread([this] { run_loop(); });
+}
+
+void Engine::shutdown() {
+  stop_ = true;
+  queue_.close();
+  if (thread_.joinable()) thread_.join();
+  if (!started_.exchange(true)) fail_all("the engine was shut down", true);  // never started: end what was queued
+  alive_ = false;
+}
+
+bool Engine::cancel(const std::string& id) { return queue_.cancel(id); }
+
+EngineStats Engine::stats() const {
+  EngineStats s = queue_.stats();
+  s.alive = alive_.load();
+  return s;
+}
+
+double Engine::now_s() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
+  const int32_t vocab = model_->config().vocab_size;
+  if (r.id.empty()) return bad("request id must not be empty");
+  if (r.prompt.empty()) return bad("prompt must hold at least one token");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
+      return bad("prompt token " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
+                 " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (r.max_tokens < 1) return bad("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
+  const int64_t n_prompt = int64_t(r.prompt.size());
+  if (n_prompt + r.max_tokens > max_model_len_) {
+    return bad("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
+               ") = " + std::to_string(n_prompt + r.max_tokens) + " exceeds max_model_len " + std::to_string(max_model_len_));
+  }
+  const int64_t blocks = (n_prompt + r.max_tokens + options_.block_size - 1) / options_.block_size;
+  if (blocks > n_blocks_) {
+    return bad("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
+               ") needs " + std::to_string(blocks) + " KV blocks; the pool holds " + std::to_string(n_blocks_));
+  }
+  if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs) {
+    return bad("logprobs must be -1 (none) or in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(r.logprobs));
+  }
+  if (r.vocab_limit < 0 || r.vocab_limit > vocab) {
+    return bad("vocab_limit must be in [0, " + std::to_string(vocab) + "], got " + std::to_string(r.vocab_limit));
+  }
+  for (int32_t id : r.stop_ids) {
+    if (id < 0 || id >= vocab) return bad("stop id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+  if (r.vocab_limit > 0) {
+    r.sampling.vocab_limit = r.sampling.vocab_limit > 0 ? std::min(r.sampling.vocab_limit, r.vocab_limit) : r.vocab_limit;
+  }
+  if (!r.sampling.has_seed) {
+    std::random_device rd;
+    r.sampling.seed = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+    r.sampling.has_seed = true;
+  }
+  auto sampler = Sampler::create(r.sampling, vocab, r.prompt);
+  if (!sampler.ok()) return sampler.error();
+  auto channel = std::make_shared<StreamChannel>();
+  auto stream = std::make_shared<RequestStream>(r.id, channel);
+  PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now()};
+  STRATA_RETURN_IF_ERROR(queue_.push(std::move(p)));
+  return stream;
+}
+
+void Engine::run_loop() {
+  try {
+    loop();
+  } catch (const std::exception& e) {
+    log::error("engine loop died: {}", e.what());
+    alive_ = false;
+    queue_.close();
+    try {
+      fail_all(std::string("the engine stopped: ") + e.what(), true);
+    } catch (...) {
+    }
+    return;
+  }
+  fail_all("the engine was shut down", true);
+}
+
+void Engine::loop() {
+  bool progressed = true;
+  while (!stop_.load()) {
+    const bool idle = core_->active.empty();
+    auto wait = idle ? std::chrono::milliseconds(100) : std::chrono::milliseconds(progressed ? 0 : 2);
+    admit_new(queue_.take(wait));
+    std::vector<Active*> cancelled;
+    for (auto& [id, a] : core_->active) {
+      if (a->channel->cancel_requested()) cancelled.push_back(a.get());
+    }
+    for (Active* a : cancelled) finish(*a, FinishReason::kCancelled, "");
+    progressed = true;
+    if (!core_->active.empty()) {
+      const int64_t before = core_->stats.steps;
+      step();
+      progressed = core_->stats.steps != before;
+    }
+    publish_stats();
+  }
+}
+
+void Engine::admit_new(std::vector<PendingRequest> incoming) {
+  for (auto& p : incoming) {
+    auto a = std::make_unique<Active>(std::move(p));
+    Sequence& s = a->seq;
+    s.id = core_->next_id++;
+    s.arrival = s.id;
+    s.priority = a->req.priority;
+    s.tokens = a->req.prompt;
+    s.n_prompt = int32_t(s.tokens.size());
+    s.prompt_logprobs = a->req.prompt_logprobs;
+    s.reuse_prefix = !a->req.prompt_logprobs;  // the logits of every prompt position are needed
+    Sequence* seq = &a->seq;
+    core_->active.emplace(s.id, std::move(a));
+    core_->sched.add(seq);
+  }
+}
+
+void Engine::step() {
+  const double now = now_s();
+  StepPlan plan;
+  try {
+    plan = core_->sched.schedule(now);
+  } catch (const InvariantError& e) {
+    // The scheduler's state is suspect: end everything it held.
+    log::error("scheduling failed: {}", e.what());
+    fail_all(std::string("scheduling failed: ") + e.what(), false);
+    return;
+  }
+  core_->stats.preemptions = core_->sched.n_preemptions();
+  if (plan.empty()) return;
+  for (const auto& span : plan.spans) {
+    Active& a = *core_->active.at(span.seq->id);
+    if (a.in_queue) {
+      a.in_queue = false;
+      queue_.left_queue();
+    }
+  }
+  ++core_->stats.steps;
+  try {
+    const float* logits = core_->runner.run(plan);
+    commit(plan, logits);
+  } catch (const std::exception& e) {
+    log::error("step failed: {}", e.what());
+    for (const auto& span : plan.spans) {
+      auto it = core_->active.find(span.seq->id);
+      if (it != core_->active.end()) finish(*it->second, FinishReason::kError, std::string("step failed: ") + e.what());
+    }
+  }
+}
+
+void Engine::commit(const StepPlan& plan, const float* logits) {
+  const int32_t vocab = core_->runner.vocab();
+  size_t row = 0;
+  for (const auto& span : plan.spans) {
+    Active& a = *core_->active.at(span.seq->id);
+    Sequence& seq = a.seq;
+    const int32_t lp_from = seq.prompt_logprob_pos;
+    core_->sched.commit(span);
+    const int32_t n_rows = span.logits_all ? span.n_tokens : (span.sample ? 1 : 0);
+    const float* base = logits + row * size_t(vocab);
+    row += size_t(n_rows);
+    if (span.logits_all) {
+      const int32_t top_n = std::max(a.req.logprobs, 0);
+      for (int32_t r = 0; r < span.n_tokens; ++r) {
+        const int32_t p = span.pos0 + r;
+        if (p < lp_from || p >= seq.n_prompt - 1) continue;
+        TokenLogprobs t;
+        const int32_t next = seq.tokens[size_t(p) + 1];
+        if (!a.sampler.logprobs(base + size_t(r) * size_t(vocab), vocab, next, top_n, &t).ok()) {
+          t.chosen = TokenLogprob{next, -std::numeric_limits<float>::infinity()};  // past vocab_limit
+        }
+        a.prompt_lp.push_back(std::move(t));
+      }
+      if (!a.prompt_logprobs_sent && seq.prompt_logprob_pos >= seq.n_prompt - 1) {
+        a.prompt_logprobs_sent = true;
+        StreamEvent e;
+        e.prompt_logprobs = std::move(a.prompt_lp);
+        a.channel->push(std::move(e));
+      }
+    }
+    if (!span.sample) continue;
+    const float* last = base + size_t(n_rows - 1) * size_t(vocab);
+    const int32_t token = a.sampler.sample(last, vocab);
+    a.sampler.accept(token);
+    ++a.n_generated;
+    ++core_->stats.generated_tokens;
+    const auto t = Clock::now();
+    if (a.n_generated == 1) {
+      core_->stats.ttft.add(std::chrono::duration<double, std::milli>(t - a.submitted).count());
+    } else {
+      core_->stats.inter_token.add(std::chrono::duration<double, std::milli>(t - a.last_token).count());
+    }
+    a.last_token = t;
+    const bool is_stop = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), token) != a.req.stop_ids.end() ||
+                         (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end());
+    seq.tokens.push_back(token);
+    if (is_stop) {
+      finish(a, FinishReason::kStop, "", token);
+      continue;
+    }
+    StreamEvent e;
+    e.tokens.push_back(token);
+    if (a.req.logprobs >= 0) {
+      TokenLogprobs lp;
+      STRATA_CHECK(a.sampler.logprobs(last, vocab, token, a.req.logprobs, &lp).ok(), "logprobs of a sampled token");
+      e.logprobs.push_back(std::move(lp));
+    }
+    a.channel->push(std::move(e));
+    if (a.n_generated >= a.req.max_tokens) finish(a, FinishReason::kLength, "");
+  }
+}
+
+void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t stop_token) {
+  const double now = now_s();
+  const double pin = a.req.session_id.empty() ? 0.0 : now + options_.session_ttl_s;
+  core_->sched.finish(&a.seq, now, pin);
+  if (a.in_queue) {
+    a.in_queue = false;
+    queue_.left_queue();
+  }
+  queue_.forget(a.req.id, a.channel.get());
+  StreamEvent e;
+  e.final = true;
+  e.finish_reason = reason;
+  e.message = std::move(message);
+  e.stop_token = stop_token;
+  e.usage.prompt_tokens = a.seq.n_prompt;
+  e.usage.completion_tokens = a.n_generated;
+  e.usage.cached_tokens = std::max(a.seq.cached_tokens, 0);
+  a.channel->push(std::move(e));
+  ++core_->stats.finished[int(reason)];
+  core_->stats.prompt_tokens += a.seq.n_prompt;
+  core_->active.erase(a.seq.id);
+}
+
+void Engine::fail_all(const std::string& message, bool drain_queue) {
+  const FinishReason reason = stop_.load() ? FinishReason::kCancelled : FinishReason::kError;
+  std::vector<Active*> all;
+  for (auto& [id, a] : core_->active) all.push_back(a.get());
+  std::sort(all.begin(), all.end(), [](const Active* x, const Active* y) { return x->seq.id < y->seq.id; });
+  for (Active* a : all) finish(*a, reason, message);
+  // Requests that never reached the engine thread.
+  if (drain_queue) for (auto& p : queue_.take(std::chrono::milliseconds(0))) {
+    queue_.left_queue();
+    queue_.forget(p.request.id, p.channel.get());
+    StreamEvent e;
+    e.final = true;
+    e.finish_reason = reason;
+    e.message = message;
+    e.usage.prompt_tokens = int32_t(p.request.prompt.size());
+    p.channel->push(std::move(e));
+  }
+  publish_stats();
+}
+
+void Engine::publish_stats() {
+  EngineStats& s = core_->stats;
+  s.alive = alive_.load();
+  s.running = int32_t(core_->sched.running().size());
+  s.waiting = int32_t(core_->sched.waiting().size());
+  s.kv = core_->kv.stats(now_s());
+  s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
+  s.preemptions = core_->sched.n_preemptions();
+  queue_.publish_stats(s);
+}
+
+}  // namespace strata

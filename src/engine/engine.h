@@ -1,0 +1,102 @@
+// Engine: the batched generation engine and the only interface the HTTP layer uses.
+// One engine thread owns the model, the KV block pool, the prefix cache and the scheduler;
+// callers submit requests and read their events through RequestStreams (request_queue.h holds
+// all the locking). Each step: take new requests and cancellations, plan (scheduler.h), run
+// one packed forward (model_runner.h), sample, stream tokens, publish full blocks, release
+// finished sequences.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "engine/request_queue.h"
+#include "model/model.h"
+
+namespace strata {
+
+struct EngineOptions {
+  int64_t kv_cache_bytes = int64_t(512) << 20;  // bytes of KV storage; the block count follows
+  int32_t kv_blocks = 0;             // > 0: exactly this many blocks (overrides kv_cache_bytes)
+  int32_t block_size = 16;           // tokens per KV block
+  int32_t max_batch_tokens = 2048;   // token budget of one step
+  int32_t max_num_seqs = 64;         // sequences running at once
+  int32_t max_queued = 256;          // submitted but not yet admitted; past it submit fails
+  int32_t max_model_len = 0;         // prompt + max_tokens at most; 0: the model's max positions
+  std::string scheduling_policy = "fcfs";  // "fcfs" or "priority"
+  bool prefix_caching = true;
+  double session_ttl_s = 600.0;      // pin of a session's blocks after its request ends
+  std::string model_identity;        // prefix-cache namespace (e.g. the model path); with the
+                                     // config, adapter set and KV codec it salts block hashes
+  std::vector<int32_t> eos_ids;      // empty: the model config's EOS ids
+};
+
+class Engine {
+ public:
+  // Refuses (kUnsupported) models with sliding windows or recurrent state, and options that
+  // cannot work (kInvalidArgument) with a message naming the option and its value.
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model, EngineOptions options);
+  // As create(); throws std::invalid_argument with the same message on refusal.
+  Engine(std::unique_ptr<Model> model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts the engine thread. Requests submitted before wait for it.
+  void start();
+  // Validates and queues a request. kInvalidArgument names the field and value (an over-long
+  // request names prompt length, max_tokens and max_model_len); kResourceExhausted when
+  // max_queued requests are waiting already.
+  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request);
+  // Cancels a live request by id; its blocks are freed within one step. False if unknown.
+  bool cancel(const std::string& id);
+  EngineStats stats() const;
+  // Stops the thread; requests still live end with finish reason cancelled. Idempotent.
+  void shutdown();
+  // False once the engine thread has died (or was shut down).
+  bool alive() const { return alive_.load(); }
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  int32_t max_model_len() const { return max_model_len_; }
+  int32_t n_kv_blocks() const { return n_blocks_; }
+  int32_t block_size() const { return options_.block_size; }
+
+ private:
+  struct Active;
+  static Status check_model(const Model& model);
+  static Result<int32_t> plan_blocks(const Model& model, const EngineOptions& options);
+  void loop();
+  void run_loop();
+  void admit_new(std::vector<PendingRequest> incoming);
+  void step();
+  void commit(const struct StepPlan& plan, const float* logits);
+  void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
+  void fail_all(const std::string& message, bool drain_queue);
+  void publish_stats();
+  double now_s() const;
+
+  std::unique_ptr<Model> model_;
+  EngineOptions options_;
+  int32_t n_blocks_ = 0;
+  int32_t max_model_len_ = 0;
+  std::vector<int32_t> eos_ids_;
+  RequestQueue queue_;
+  std::chrono::steady_clock::time_point t0_;
+
+  // Engine-thread state.
+  struct Core;
+  std::unique_ptr<Core> core_;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> alive_{false};
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace strata

@@ -1,0 +1,81 @@
+// The data the engine API exchanges with its callers: a generation request, the events of its
+// stream, and the engine's statistics. Plain values, no locking (request_queue.h holds that).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "sampling/logprobs.h"
+#include "sampling/sampling_params.h"
+
+namespace strata {
+
+struct GenerationRequest {
+  std::string id;                // unique among live requests (cancel(id) names it)
+  std::vector<int32_t> prompt;   // token ids, at least one
+  SamplingParams sampling;       // temperature 0: greedy; has_seed false: the engine draws a seed
+  int32_t max_tokens = 16;       // generated tokens at most, >= 1
+  std::vector<int32_t> stop_ids; // tokens that end the generation (besides EOS)
+  bool ignore_eos = false;       // do not stop at the model's EOS ids
+  int32_t logprobs = -1;         // -1: none; else chosen token logprob and top-N, N in [0, 20]
+  bool prompt_logprobs = false;  // logprobs of the prompt tokens (echo); disables prefix reuse
+  int32_t priority = 0;          // lower first under the priority policy
+  std::string session_id;        // non-empty: the conversation's blocks stay pinned for the TTL
+  int32_t vocab_limit = 0;       // ids >= it are never sampled; 0: the model's vocabulary
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError };
+inline constexpr int kNumFinishReasons = 4;
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // every sampled token, the stop token included
+  int32_t cached_tokens = 0;      // prompt tokens served by the prefix cache
+};
+
+// One event of a request's stream: tokens as they are sampled, then exactly one final event.
+struct StreamEvent {
+  std::vector<int32_t> tokens;          // new generated tokens (never the stop token)
+  std::vector<TokenLogprobs> logprobs;  // one per token when the request asked for logprobs
+  // Sent once, before any token, when prompt_logprobs was asked: entry i scores prompt token
+  // i + 1 (the first prompt token has no logprob), top-N as for generated tokens.
+  std::vector<TokenLogprobs> prompt_logprobs;
+
+  bool final = false;
+  FinishReason finish_reason = FinishReason::kStop;  // final events only
+  std::string message;     // kError: what failed
+  int32_t stop_token = -1; // kStop by a stop id or EOS: that id
+  Usage usage;             // final events only
+};
+
+// Fixed buckets (ms, upper bounds), cumulative since the engine started; Prometheus style.
+struct LatencyHistogram {
+  std::vector<double> bounds_ms;
+  std::vector<int64_t> counts;  // [bounds_ms.size() + 1], the last one past every bound
+  double sum_ms = 0.0;
+  int64_t count = 0;
+
+  static LatencyHistogram with_default_bounds();
+  void add(double ms);
+};
+
+struct EngineStats {
+  bool alive = false;
+  int32_t queue_depth = 0;   // submitted, never admitted yet
+  int32_t running = 0;       // holding KV blocks
+  int32_t waiting = 0;       // queued in the scheduler, preempted ones included
+  KvCacheStats kv;           // blocks used / free / cached (pinned)
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;      // of finished requests
+  int64_t generated_tokens = 0;   // sampled, all requests
+  int64_t prefix_hit_tokens = 0;  // tokens admission took from the prefix cache (recompute too)
+  int64_t preemptions = 0;
+  int64_t finished[kNumFinishReasons] = {};  // by FinishReason
+  LatencyHistogram ttft = LatencyHistogram::with_default_bounds();         // submit -> first token
+  LatencyHistogram inter_token = LatencyHistogram::with_default_bounds();  // between tokens
+};
+
+}  // namespace strata
