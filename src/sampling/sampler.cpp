@@ -248,9 +248,6 @@ void Sampler::select_nucleus(int32_t n, float m) {
 void Sampler::select(int32_t n, int32_t argmax) {
   float* w = work_.data();
   const float temperature = params_.temperature;
-  for (int32_t i = 0; i < n; ++i) w[i] /= temperature;
-  // Division by a positive number is monotone after rounding, so the argmax is unchanged.
-  const float m = w[argmax];
   cand_.clear();
   n_kept_ = 0;
   mass_ = 0.0;
@@ -258,14 +255,20 @@ void Sampler::select(int32_t n, int32_t argmax) {
   cut_bits_ = -1;  // the whole row
   cut_id_ = 0;
 
-  if (m == kPosInf) {
-    // Degenerate row: the +inf logits share all the mass; filters cannot change that.
+  const float raw_max = w[argmax];
+  if (std::isinf(raw_max / temperature)) {
+    // A +inf logit, or a temperature so small that the maximum overflows: the limit of the
+    // softmax puts all the mass, in equal parts, on the tokens tied at the maximum (filters
+    // cannot change that). Dividing would give inf - inf = NaN instead.
     for (int32_t i = 0; i < n; ++i) {
-      w[i] = w[i] == kPosInf ? 1.0f : 0.0f;
+      w[i] = w[i] == raw_max ? 1.0f : 0.0f;
       mass_ += w[i];
     }
     return;
   }
+  for (int32_t i = 0; i < n; ++i) w[i] /= temperature;
+  // Division by a positive number is monotone after rounding, so the argmax is unchanged.
+  const float m = w[argmax];
 
   const bool top_k = params_.top_k > 0 && params_.top_k < n;
   const bool top_p = params_.top_p < 1.0f;

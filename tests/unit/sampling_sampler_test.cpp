@@ -382,6 +382,15 @@ TEST(SamplerRobustness, PlusInfinityLogitsShareAllTheMass) {
   EXPECT_EQ(probs, (std::vector<float>{0.0f, 0.5f, 0.0f, 0.5f}));
 }
 
+TEST(SamplerRobustness, ATemperatureThatOverflowsTheLogitsKeepsOnlyTheMaximum) {
+  SamplingParams p;
+  p.temperature = 1e-37f;  // 40 / 1e-37 and 50 / 1e-37 both overflow float (max 3.4e38)
+  EXPECT_EQ(support(p, {1.0f, 50.0f, 40.0f, 50.0f}), (std::set<int32_t>{1, 3}));
+  EXPECT_EQ(support(p, {1.0f, 50.0f, 49.9f, -5.0f}), (std::set<int32_t>{1}));
+  p.temperature = 1e-30f;  // no overflow: the softmax itself is one-hot
+  EXPECT_EQ(support(p, {1.0f, 50.0f, 49.9f, -5.0f}), (std::set<int32_t>{1}));
+}
+
 TEST(SamplerRobustness, ARowWithoutAnyFiniteLogitIsAnInvariantError) {
   const std::vector<float> l(4, kNegInf);
   Sampler s = make(SamplingParams{}, 4);
