@@ -68,7 +68,9 @@ int32_t crossing_bucket(const double* mass, int32_t n_buckets, double target, do
 // loops over a row vectorize.
 float kept_weight(float w, int32_t i, int32_t cut_bits, int32_t cut_id) {
   const int32_t b = std::bit_cast<int32_t>(w);
-  const int32_t keep = static_cast<int32_t>(b > cut_bits) | (static_cast<int32_t>(b == cut_bits) & static_cast<int32_t>(i <= cut_id));
+  const int32_t heavier_than_cut = b > cut_bits;
+  const int32_t tied_not_past = static_cast<int32_t>(b == cut_bits) & static_cast<int32_t>(i <= cut_id);
+  const int32_t keep = heavier_than_cut | tied_not_past;
   return std::bit_cast<float>(b & -keep);
 }
 
@@ -209,7 +211,9 @@ void Sampler::select_nucleus(int32_t n, float m) {
     double hist_l[4][kLevelBuckets] = {};  // interleaved, as for level 1
     for (size_t e = 0; e < j; ++e) hist_l[e & 3][(weight_key(edge_[e].weight) >> shift) & 1023u] += edge_[e].weight;
     double level[kLevelBuckets];
-    for (int32_t b = 0; b < kLevelBuckets; ++b) level[b] = (hist_l[0][b] + hist_l[1][b]) + (hist_l[2][b] + hist_l[3][b]);
+    for (int32_t b = 0; b < kLevelBuckets; ++b) {
+      level[b] = (hist_l[0][b] + hist_l[1][b]) + (hist_l[2][b] + hist_l[3][b]);
+    }
     const uint32_t bl = static_cast<uint32_t>(crossing_bucket(level, kLevelBuckets, target, &before));
     size_t kept = 0;
     for (size_t e = 0; e < j; ++e) {

@@ -129,7 +129,9 @@ Result<Sampler> Sampler::restore(std::string_view bytes) {
   if (!r.match(kMagic, sizeof(kMagic))) return corrupt("bad magic (not a sampler state)");
   uint32_t version = 0;
   if (!r.u32(&version)) return corrupt("truncated before the version");
-  if (version != kVersion) return corrupt("version " + std::to_string(version) + ", expected " + std::to_string(kVersion));
+  if (version != kVersion) {
+    return corrupt("version " + std::to_string(version) + ", expected " + std::to_string(kVersion));
+  }
 
   SamplingParams p;
   uint8_t has_seed = 0;
@@ -185,7 +187,9 @@ Result<Sampler> Sampler::restore(std::string_view bytes) {
     if (id < 0 || count <= 0) {
       return corrupt("token count entry (" + std::to_string(id) + ", " + std::to_string(count) + ")");
     }
-    if (!s.count_index_.emplace(id, s.counts_.size()).second) return corrupt("duplicate counted id " + std::to_string(id));
+    if (!s.count_index_.emplace(id, s.counts_.size()).second) {
+      return corrupt("duplicate counted id " + std::to_string(id));
+    }
     s.counts_.emplace_back(id, count);
     total += static_cast<uint64_t>(count);
   }
