@@ -16,6 +16,7 @@
 // GCC 12 reports the deliberately undefined pass-through operand inside its own AVX-512
 // intrinsics (_mm512_undefined_epi32) as maybe-uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace strata::cpu::detail {
 

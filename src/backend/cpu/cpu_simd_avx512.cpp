@@ -8,7 +8,10 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 and _mm512_undefined_*
+// GCC 12 reports the deliberately undefined pass-through operands inside its own AVX-512
+// intrinsics (_mm512_undefined_*) as uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace strata::cpu::detail {
 namespace {
