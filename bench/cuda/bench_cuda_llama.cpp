@@ -1,0 +1,235 @@
+// Llama-3.1-8B-shaped model on the GPU with random bf16 weights drawn on the device. Measures,
+// in one run: the device copy bandwidth (cudaMemcpy device to device, bytes read + written),
+// the bf16 GEMM rate (cuBLASLt, 8192^3, fp32 accumulate), decode at batch 1 after a
+// 512-token prompt (tok/s and its ratio to the bandwidth ceiling = bandwidth / bytes read per
+// token), and prefill of one 4096-token prompt (tok/s and the ratio of its model FLOP rate
+// to the measured GEMM rate). Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+
+using namespace strata;
+using namespace strata::cuda;
+
+namespace {
+
+float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0.0f;
+  STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device-to-device copy of 4 GiB: bytes read + written per second.
+double copy_bandwidth(cudaStream_t st) {
+  const size_t bytes = size_t(4) << 30;
+  void *a = nullptr, *b = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(&a, bytes));
+  STRATA_CUDA_CHECK(cudaMalloc(&b, bytes));
+  launch_fill_random_bf16(static_cast<uint16_t*>(a), int64_t(bytes / 2), 7, 1.0f, st);
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (i >= 3) t.push_back(elapsed_ms(e0, e1));
+  }
+  cudaFree(a);
+  cudaFree(b);
+  const double ms = median(t);
+  std::printf("copy D2D: %zu bytes in %.3f ms (median of %zu) -> %.1f GB/s read+write\n", bytes, ms, t.size(),
+              2.0 * double(bytes) / ms * 1e-6);
+  return 2.0 * double(bytes) / (ms * 1e-3);
+}
+
+// cuBLASLt bf16 8192^3 on random data: FLOP/s.
+double gemm_rate(cudaStream_t st) {
+  const int64_t n = 8192;
+  uint16_t *a = nullptr, *b = nullptr, *c = nullptr;
+  void* ws = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&a), size_t(n * n) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&b), size_t(n * n) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c), size_t(n * n) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(&ws, size_t(32) << 20));
+  launch_fill_random_bf16(a, n * n, 11, 1.0f, st);
+  launch_fill_random_bf16(b, n * n, 12, 1.0f, st);
+  auto g = Gemm::create(ws, size_t(32) << 20);
+  if (!g.ok()) {
+    std::fprintf(stderr, "%s\n", g.error().to_string().c_str());
+    std::exit(1);
+  }
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 13; ++i) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    (*g)->run(st, a, b, c, GemmOut::kBF16, n, n, n);
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (i >= 3) t.push_back(elapsed_ms(e0, e1));
+  }
+  g->reset();
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cudaFree(ws);
+  const double ms = median(t);
+  const double flops = 2.0 * double(n) * n * n;
+  std::printf("GEMM bf16 8192^3 (cuBLASLt): %.3f ms (median of %zu) -> %.1f TFLOP/s\n", ms, t.size(), flops / ms * 1e-9);
+  return flops / (ms * 1e-3);
+}
+
+ModelConfig llama8b() {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.vocab_size = 128256;
+  c.hidden = 4096;
+  c.n_layers = 32;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.head_dim = 128;
+  c.intermediate = 14336;
+  c.max_position = 131072;
+  c.rms_eps = 1e-5f;
+  c.tie_embeddings = false;
+  c.rope.type = "llama3";
+  c.rope.theta = 500000.0;
+  c.rope.factor = 8.0;
+  c.rope.low_freq_factor = 1.0;
+  c.rope.high_freq_factor = 4.0;
+  c.rope.original_max_position = 8192;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int decode_steps = argc > 1 ? std::atoi(argv[1]) : 128;
+  const int prefill_reps = argc > 2 ? std::atoi(argv[2]) : 3;
+  cudaDeviceProp prop{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
+  cudaStream_t st;
+  STRATA_CUDA_CHECK(cudaStreamCreate(&st));
+  const double bw = copy_bandwidth(st);
+  const double gemm = gemm_rate(st);
+
+  const ModelConfig cfg = llama8b();
+  CudaModelOptions opt;
+  opt.kv_cache_bytes = int64_t(4) << 30;
+  opt.block_size = 16;
+  opt.max_tokens = 4096;
+  opt.max_seqs = 8;
+  opt.max_blocks_per_seq = 4096 / 16 + 64;
+  opt.max_logit_rows = 8;
+  auto mr = CudaDecoder::random(cfg, opt, 1234, 0.02f);
+  if (!mr.ok()) {
+    std::fprintf(stderr, "%s\n", mr.error().to_string().c_str());
+    return 1;
+  }
+  CudaDecoder& m = **mr;
+  std::printf("model: Llama-3.1-8B shape, %.2f GB of bf16 weights (+ scratch), KV blocks %d\n", double(m.weight_bytes()) * 1e-9,
+              m.n_kv_blocks());
+
+  const int64_t H = cfg.hidden, V = cfg.vocab_size, L = cfg.n_layers, I = cfg.intermediate;
+  const int64_t nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim;
+  const int64_t layer_params = (nh + 2 * nkv) * hd * H + H * nh * hd + 3 * I * H;
+  const int64_t matmul_params = L * layer_params + V * H;  // + lm_head
+
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<int32_t> am(8);
+
+  // Decode: 512-token prompt, then batch-1 greedy steps, each synchronizing on its token.
+  {
+    const int32_t prompt = 512;
+    StepBatch b;
+    SeqSpan sp;
+    for (int32_t i = 0; i < (prompt + decode_steps + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
+    sp.n_tokens = prompt;
+    for (int32_t i = 0; i < prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
+    b.seqs = {sp};
+    if (auto s = m.forward(b, am.data()); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+      return 1;
+    }
+    b.seqs[0].pos0 = prompt;
+    b.seqs[0].n_tokens = 1;
+    b.tokens = {am[0]};
+    std::vector<double> step_ms;
+    for (int i = 0; i < decode_steps + 5; ++i) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+      if (auto s = m.forward(b, am.data()); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+        return 1;
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (i >= 5) step_ms.push_back(elapsed_ms(e0, e1));  // device time of the step
+      b.seqs[0].pos0 += 1;
+      b.tokens = {am[0]};
+    }
+    // Wall time of the whole decode loop too (host launch overhead included).
+    const int64_t ctx = prompt + decode_steps / 2;
+    const double kv_bytes = double(L) * 2 * nkv * hd * 2 * double(ctx);
+    const double bytes_per_token = double(matmul_params) * 2 + double(H) * 2 + kv_bytes;
+    const double ms = median(step_ms);
+    double mean = 0;
+    for (double x : step_ms) mean += x;
+    mean /= double(step_ms.size());
+    const double ceiling = bw / bytes_per_token;
+    std::printf("decode b=1 after 512: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n", ms, mean,
+                step_ms.size(), 1000.0 / ms);
+    std::printf("  bytes read per token %.3f GB -> bandwidth ceiling %.1f tok/s; ratio %.3f\n", bytes_per_token * 1e-9,
+                ceiling, (1000.0 / ms) / ceiling);
+  }
+
+  // Prefill: one fresh 4096-token prompt (logits of the last token only).
+  {
+    const int32_t n = 4096;
+    StepBatch b;
+    SeqSpan sp;
+    for (int32_t i = 0; i < n / 16; ++i) sp.block_table.push_back(i);
+    sp.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) b.tokens.push_back((i * 104729) % int32_t(V));
+    b.seqs = {sp};
+    std::vector<double> t;
+    for (int i = 0; i < prefill_reps + 1; ++i) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+      if (auto s = m.forward(b, am.data()); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+        return 1;
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (i >= 1) t.push_back(elapsed_ms(e0, e1));
+    }
+    const double ms = median(t);
+    const double linear_flops = 2.0 * double(L * layer_params) * n + 2.0 * double(V * H);
+    const double attn_flops = double(L) * 4.0 * double(nh) * double(hd) * (double(n) * (n + 1) / 2.0);
+    const double flops = linear_flops + attn_flops;
+    std::printf("prefill 4096: %.1f ms (median of %zu) -> %.0f tok/s; model FLOPs %.2f T (attention %.2f T) -> %.1f TFLOP/s\n",
+                ms, t.size(), n / (ms * 1e-3), flops * 1e-12, attn_flops * 1e-12, flops / ms * 1e-9);
+    std::printf("  ratio to measured GEMM rate %.3f\n", (flops / (ms * 1e-3)) / gemm);
+  }
+  std::printf("SUMMARY bw_GBps=%.1f gemm_TFLOPs=%.1f\n", bw * 1e-9, gemm * 1e-12);
+  return 0;
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, with .device/bin carried (see package.sh):
+# the GPU tests, then the Llama-8B-shaped benchmark. Logs go to $OUT (or /tmp/strata-gpu).
+# Usage: bash scripts/device/run_gpu.sh [decode_steps] [prefill_reps]
+set -u
+out=${OUT:-/tmp/strata-gpu}
+mkdir -p "$out"
+export STRATA_SOURCE_DIR=$PWD
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+bin=.device/bin
+if ldd $bin/bench_cuda_llama | grep -q "not found"; then
+  extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
+fi
+ldd $bin/bench_cuda_llama | grep -E "cuda|cublas|not found"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+status=0
+for t in gpu_kernels_test gpu_attention_test gpu_golden_test; do
+  timeout 300 $bin/$t --gtest_brief=1 >"$out/$t.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|error|Expected|Which is|actual|seed|failed" "$out/$t.log" | head -40
+  echo "$t rc=$rc"
+  [ $rc -eq 0 ] || status=1
+done
+timeout 400 $bin/bench_cuda_llama "${1:-128}" "${2:-3}" 2>&1 | tee "$out/bench.log"
+echo "bench rc=${PIPESTATUS[0]}"
+exit $status

@@ -1,0 +1,641 @@
+#include "backend/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "model/decoder.h"
+#include "model/registry.h"
+#include "model/rope.h"
+#include "model/safetensors.h"
+#include "model/weight_loader.h"
+#include "tensor/dtype.h"
+
+namespace strata::cuda {
+
+namespace {
+constexpr int32_t kMaxSplits = 16;
+constexpr size_t kGemmWorkspace = size_t(32) << 20;
+}  // namespace
+
+struct CudaDecoder::Layer {
+  uint16_t* qkv = nullptr;      // [(n_heads + 2 n_kv_heads) head_dim, hidden]
+  uint16_t* o = nullptr;        // [hidden, n_heads head_dim]
+  uint16_t* gate_up = nullptr;  // [2 inter, hidden]: gate rows then up rows
+  uint16_t* down = nullptr;     // [hidden, inter]
+  float* in_norm = nullptr;     // [hidden]
+  float* post_norm = nullptr;   // [hidden]
+  float* qkv_bias = nullptr;    // [(n_heads + 2 n_kv_heads) head_dim] or null
+  float* o_bias = nullptr;      // [hidden] or null
+  float* q_norm = nullptr;      // [head_dim] or null
+  float* k_norm = nullptr;      // [head_dim] or null
+  int32_t rope = 0;             // index into Buffers::rope_*
+  int32_t window = 0;
+};
+
+struct CudaDecoder::Buffers {
+  uint16_t* embed = nullptr;     // [vocab, hidden]
+  uint16_t* lm_head = nullptr;   // [vocab, hidden] (== embed when tied)
+  float* final_norm = nullptr;   // [hidden]
+  std::vector<float*> rope_inv_freq;  // per distinct layer type: [rot_dim / 2]
+  std::vector<int32_t> rope_rot_dim;
+  std::vector<float> rope_attn_factor;
+
+  float* x = nullptr;            // [T, hidden] residual stream
+  uint16_t* h = nullptr;         // [T, hidden] normalized
+  float* qkv = nullptr;          // [T, qkv_rows]
+  uint16_t* q = nullptr;         // [T, n_heads head_dim]
+  uint16_t* attn = nullptr;      // [T, n_heads head_dim]
+  float* branch = nullptr;       // [T, hidden]
+  uint16_t* gate_up = nullptr;   // [T, 2 inter]
+  uint16_t* act = nullptr;       // [T, inter]
+  uint16_t* rows_h = nullptr;    // [R, hidden]
+  float* logits = nullptr;       // [R, vocab]
+  int32_t* argmax = nullptr;     // [R]
+  float* partial_out = nullptr;  // [kMaxSplits, S, n_heads, head_dim]
+  float* partial_ml = nullptr;   // [kMaxSplits, S, n_heads, 2]
+
+  // Step metadata: one pinned host block mirrored by one device block, same offsets.
+  char* meta_host = nullptr;
+  char* meta_dev = nullptr;
+  size_t meta_bytes = 0;
+  size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_tables = 0, off_q_start = 0, off_pos0 = 0,
+         off_tile_seq = 0, off_tile_q0 = 0, off_row_map = 0;
+  cudaEvent_t meta_copied = nullptr;
+  bool meta_pending = false;
+
+  template <class T>
+  T* host(size_t off) const { return reinterpret_cast<T*>(meta_host + off); }
+  template <class T>
+  T* dev(size_t off) const { return reinterpret_cast<T*>(meta_dev + off); }
+};
+
+CudaDecoder::~CudaDecoder() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (buf_) {
+    if (buf_->meta_host != nullptr) cudaFreeHost(buf_->meta_host);
+    if (buf_->meta_copied != nullptr) cudaEventDestroy(buf_->meta_copied);
+  }
+  gemm_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+int32_t CudaDecoder::n_kv_blocks() const { return kv_->n_blocks(); }
+
+namespace {
+
+struct Dims {
+  int64_t H, V, nh, nkv, hd, I, L, qkv_rows;
+};
+
+Dims dims_of(const ModelConfig& c) {
+  Dims d{};
+  d.H = c.hidden;
+  d.V = c.vocab_size;
+  d.nh = c.n_heads;
+  d.nkv = c.n_kv_heads;
+  d.hd = c.head_dim;
+  d.I = c.intermediate;
+  d.L = c.n_layers;
+  d.qkv_rows = (d.nh + 2 * d.nkv) * d.hd;
+  return d;
+}
+
+size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+// Bytes the arena needs: weights (bf16 matrices, f32 vectors) and step scratch.
+size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_rope_types) {
+  size_t b = 0;
+  auto add = [&](size_t bytes) { b += align256(bytes); };
+  add(2 * d.V * d.H);
+  if (!tied) add(2 * d.V * d.H);
+  add(4 * d.H);
+  for (int i = 0; i < n_rope_types; ++i) add(4 * d.hd);
+  for (int64_t l = 0; l < d.L; ++l) {
+    add(2 * d.qkv_rows * d.H);
+    add(2 * d.H * d.nh * d.hd);
+    add(2 * 2 * d.I * d.H);
+    add(2 * d.H * d.I);
+    add(4 * d.H);
+    add(4 * d.H);
+    add(4 * d.qkv_rows);
+    add(4 * d.H);
+    add(4 * d.hd);
+    add(4 * d.hd);
+  }
+  const size_t T = size_t(o.max_tokens), R = size_t(o.max_logit_rows), S = size_t(o.max_seqs);
+  add(4 * T * d.H);
+  add(2 * T * d.H);
+  add(4 * T * d.qkv_rows);
+  add(2 * T * d.nh * d.hd);
+  add(2 * T * d.nh * d.hd);
+  add(4 * T * d.H);
+  add(2 * T * 2 * d.I);
+  add(2 * T * d.I);
+  add(2 * R * d.H);
+  add(4 * R * d.V);
+  add(4 * R);
+  add(4 * kMaxSplits * S * d.nh * d.hd);
+  add(4 * kMaxSplits * S * d.nh * 2);
+  add(kGemmWorkspace);
+  add(1 << 20);  // step metadata (sized exactly in init_common; checked there)
+  return b;
+}
+
+}  // namespace
+
+Status CudaDecoder::init_common(const CudaModelOptions& options) {
+  opt_ = options;
+  const Dims d = dims_of(cfg_);
+  if (d.hd % 8 != 0 || d.hd > 256) {
+    return make_error(ErrorCode::kUnsupported, "head_dim " + std::to_string(d.hd) + " (the CUDA attention needs a multiple of 8, at most 256)");
+  }
+  if (d.nkv <= 0 || d.nh % d.nkv != 0) return make_error(ErrorCode::kInvalidArgument, "num_attention_heads must be a multiple of num_key_value_heads");
+  if (d.nh / d.nkv > attention_max_rows()) return make_error(ErrorCode::kUnsupported, "GQA group larger than " + std::to_string(attention_max_rows()));
+  if (opt_.max_tokens <= 0 || opt_.max_seqs <= 0 || opt_.max_blocks_per_seq <= 0 || opt_.max_logit_rows <= 0 || opt_.block_size <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "CUDA model options must be positive");
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  buf_ = std::make_unique<Buffers>();
+  KvPoolLayout kl;
+  kl.n_layers = int32_t(d.L);
+  kl.n_kv_heads = int32_t(d.nkv);
+  kl.head_dim = int32_t(d.hd);
+  kl.block_size = opt_.block_size;
+  auto kv = KvBlockPool::create(kl, opt_.kv_cache_bytes);
+  if (!kv.ok()) return kv.error();
+  kv_ = std::move(*kv);
+  return Status();
+}
+
+namespace {
+
+// Takes arena pieces for the step scratch and metadata.
+Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o, CudaDecoder::Buffers* b, void** workspace) {
+  const int64_t T = o.max_tokens, R = o.max_logit_rows, S = o.max_seqs;
+#define TAKE(field, type, n)                                        \
+  do {                                                              \
+    auto r_ = arena.take_array<type>(size_t(n), #field);            \
+    if (!r_.ok()) return r_.error();                                \
+    b->field = *r_;                                                 \
+  } while (0)
+  TAKE(x, float, T * d.H);
+  TAKE(h, uint16_t, T * d.H);
+  TAKE(qkv, float, T * d.qkv_rows);
+  TAKE(q, uint16_t, T * d.nh * d.hd);
+  TAKE(attn, uint16_t, T * d.nh * d.hd);
+  TAKE(branch, float, T * d.H);
+  TAKE(gate_up, uint16_t, T * 2 * d.I);
+  TAKE(act, uint16_t, T * d.I);
+  TAKE(rows_h, uint16_t, R * d.H);
+  TAKE(logits, float, R * d.V);
+  TAKE(argmax, int32_t, R);
+  TAKE(partial_out, float, int64_t(kMaxSplits) * S * d.nh * d.hd);
+  TAKE(partial_ml, float, int64_t(kMaxSplits) * S * d.nh * 2);
+#undef TAKE
+  auto ws = arena.take(kGemmWorkspace, "GEMM workspace");
+  if (!ws.ok()) return ws.error();
+  *workspace = *ws;
+
+  size_t off = 0;
+  auto place = [&](size_t bytes) {
+    const size_t at = off;
+    off = (off + bytes + 15) & ~size_t(15);
+    return at;
+  };
+  b->off_tokens = place(4 * T);
+  b->off_positions = place(4 * T);
+  b->off_slots = place(8 * T);
+  b->off_tables = place(4 * S * o.max_blocks_per_seq);
+  b->off_q_start = place(4 * (S + 1));
+  b->off_pos0 = place(4 * S);
+  b->off_tile_seq = place(4 * (T + S));
+  b->off_tile_q0 = place(4 * (T + S));
+  b->off_row_map = place(4 * R);
+  b->meta_bytes = off;
+  auto md = arena.take(off, "step metadata");
+  if (!md.ok()) return md.error();
+  b->meta_dev = static_cast<char*>(*md);
+  void* mh = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMallocHost(&mh, off));
+  b->meta_host = static_cast<char*>(mh);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->meta_copied, cudaEventDisableTiming));
+  return Status();
+}
+
+struct FamilyFlags {
+  bool qk_norm = false, qkv_bias = false, o_bias = false;
+};
+
+Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
+  FamilyFlags f;
+  if (cfg.model_type == "llama" || cfg.model_type == "mistral") {
+    f.qkv_bias = f.o_bias = cfg.attention_bias;
+  } else if (cfg.model_type == "qwen2") {
+    f.qkv_bias = true;
+  } else if (cfg.model_type == "qwen3") {
+    f.qk_norm = true;
+    f.qkv_bias = f.o_bias = cfg.attention_bias;
+  } else {
+    return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type +
+                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3)");
+  }
+  if (cfg.mlp_bias) return make_error(ErrorCode::kUnsupported, "mlp_bias is not supported by the CUDA forward");
+  if (cfg.final_softcap != 0.0f || cfg.attn_softcap != 0.0f) {
+    return make_error(ErrorCode::kUnsupported, "logit soft-capping is not wired into the CUDA forward of " + cfg.model_type);
+  }
+  return f;
+}
+
+// Distinct layer types in order, and each layer's index into them.
+std::vector<std::string> rope_types(const ModelConfig& cfg, std::vector<int32_t>* index) {
+  std::vector<std::string> types;
+  index->clear();
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const std::string t = cfg.layer_types.empty() ? std::string("full_attention") : cfg.layer_types[size_t(l)];
+    auto it = std::find(types.begin(), types.end(), t);
+    if (it == types.end()) {
+      types.push_back(t);
+      it = types.end() - 1;
+    }
+    index->push_back(int32_t(it - types.begin()));
+  }
+  return types;
+}
+
+Result<uint16_t*> upload_bf16(DeviceArena& arena, const std::vector<float>& v, const std::string& what) {
+  std::vector<bf16_t> tmp(v.size());
+  for (size_t i = 0; i < v.size(); ++i) tmp[i] = f32_to_bf16(v[i]);
+  auto p = arena.take_array<uint16_t>(v.size(), what);
+  if (!p.ok()) return p.error();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
+  return *p;
+}
+
+Result<float*> upload_f32(DeviceArena& arena, const std::vector<float>& v, const std::string& what) {
+  auto p = arena.take_array<float>(v.size(), what);
+  if (!p.ok()) return p.error();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return *p;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& options) {
+  auto cfg = load_model_config(dir);
+  if (!cfg.ok()) return cfg.error();
+  auto flags = family_flags(*cfg);
+  if (!flags.ok()) return flags.error();
+  auto archive = SafetensorsArchive::open_dir(dir);
+  if (!archive.ok()) return archive.error();
+  STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
+  auto act = activation_from_name(cfg->hidden_act);
+  if (!act.ok()) return act.error();
+
+  std::unique_ptr<CudaDecoder> m(new CudaDecoder());
+  m->cfg_ = *cfg;
+  m->qk_norm_ = flags->qk_norm;
+  m->qkv_bias_ = flags->qkv_bias;
+  m->o_bias_ = flags->o_bias;
+  m->act_ = *act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
+  STRATA_RETURN_IF_ERROR(m->init_common(options));
+  const Dims d = dims_of(m->cfg_);
+  m->attn_scale_ = float(1.0 / std::sqrt(double(d.hd)));
+  std::vector<int32_t> rope_index;
+  const auto types = rope_types(m->cfg_, &rope_index);
+  const bool tied = m->cfg_.lm_head_name.empty();
+  auto arena = DeviceArena::create(arena_bytes(d, options, tied, int(types.size())), "model weights and scratch");
+  if (!arena.ok()) return arena.error();
+  m->arena_ = std::move(*arena);
+  DeviceArena& A = *m->arena_;
+  Buffers& B = *m->buf_;
+  const WeightLoader w(*archive, m->cfg_.weight_prefix);
+
+#define LOAD(dst, expr, upload, what)          \
+  do {                                         \
+    auto v_ = (expr);                          \
+    if (!v_.ok()) return v_.error();           \
+    auto p_ = upload(A, *v_, what);            \
+    if (!p_.ok()) return p_.error();           \
+    dst = *p_;                                 \
+  } while (0)
+
+  LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_bf16, "embedding");
+  if (tied) {
+    B.lm_head = B.embed;
+  } else {
+    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_bf16, "lm_head");
+  }
+  LOAD(B.final_norm, w.vector("norm.weight", d.H), upload_f32, "final norm");
+  for (const auto& t : types) {
+    if (t != "full_attention" && t != "sliding_attention") {
+      return make_error(ErrorCode::kUnsupported, "layer type '" + t + "' has no CUDA forward");
+    }
+    const RopeConfig& rc = m->cfg_.rope_for(t);
+    if (rc.type == "dynamic") return make_error(ErrorCode::kUnsupported, "dynamic RoPE has no CUDA forward yet");
+    auto tab = compute_rope(rc, int32_t(d.hd), m->cfg_.max_position);
+    if (!tab.ok()) return tab.error();
+    float* f = nullptr;
+    LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
+    B.rope_inv_freq.push_back(f);
+    B.rope_rot_dim.push_back(tab->rot_dim);
+    B.rope_attn_factor.push_back(tab->attn_factor);
+  }
+  m->layers_.resize(size_t(d.L));
+  for (int64_t l = 0; l < d.L; ++l) {
+    Layer& L = m->layers_[size_t(l)];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    {
+      std::vector<float> qkv;
+      for (const auto& [name, rows] : {std::pair<std::string, int64_t>{"q_proj", d.nh * d.hd}, {"k_proj", d.nkv * d.hd},
+                                       {"v_proj", d.nkv * d.hd}}) {
+        auto t = w.f32(a + name + ".weight", {rows, d.H});
+        if (!t.ok()) return t.error();
+        qkv.insert(qkv.end(), t->begin(), t->end());
+      }
+      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_bf16, "qkv");
+    }
+    LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_bf16, "o_proj");
+    {
+      auto g = w.f32(p + "mlp.gate_proj.weight", {d.I, d.H});
+      if (!g.ok()) return g.error();
+      auto u = w.f32(p + "mlp.up_proj.weight", {d.I, d.H});
+      if (!u.ok()) return u.error();
+      g->insert(g->end(), u->begin(), u->end());
+      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_bf16, "gate_up");
+    }
+    LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_bf16, "down_proj");
+    LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
+    LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+    if (m->qkv_bias_) {
+      std::vector<float> bias;
+      for (const auto& [name, rows] : {std::pair<std::string, int64_t>{"q_proj", d.nh * d.hd}, {"k_proj", d.nkv * d.hd},
+                                       {"v_proj", d.nkv * d.hd}}) {
+        auto t = w.vector(a + name + ".bias", rows);
+        if (!t.ok()) return t.error();
+        bias.insert(bias.end(), t->begin(), t->end());
+      }
+      LOAD(L.qkv_bias, Result<std::vector<float>>(std::move(bias)), upload_f32, "qkv bias");
+    }
+    if (m->o_bias_) LOAD(L.o_bias, w.vector(a + "o_proj.bias", d.H), upload_f32, "o_proj bias");
+    if (m->qk_norm_) {
+      LOAD(L.q_norm, w.vector(a + "q_norm.weight", d.hd), upload_f32, "q_norm");
+      LOAD(L.k_norm, w.vector(a + "k_norm.weight", d.hd), upload_f32, "k_norm");
+    }
+    L.rope = rope_index[size_t(l)];
+    L.window = m->cfg_.is_sliding(int(l)) ? m->cfg_.sliding_window : 0;
+  }
+#undef LOAD
+  m->weight_bytes_ = int64_t(A.used());
+  void* ws = nullptr;
+  STRATA_RETURN_IF_ERROR(take_scratch(A, d, options, &B, &ws));
+  auto g = Gemm::create(ws, kGemmWorkspace);
+  if (!g.ok()) return g.error();
+  m->gemm_ = std::move(*g);
+  return m;
+}
+
+Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg, const CudaModelOptions& options,
+                                                         uint64_t seed, float scale) {
+  auto flags = family_flags(cfg);
+  if (!flags.ok()) return flags.error();
+  std::unique_ptr<CudaDecoder> m(new CudaDecoder());
+  m->cfg_ = cfg;
+  m->qk_norm_ = flags->qk_norm;
+  STRATA_RETURN_IF_ERROR(m->init_common(options));
+  const Dims d = dims_of(cfg);
+  m->attn_scale_ = float(1.0 / std::sqrt(double(d.hd)));
+  std::vector<int32_t> rope_index;
+  const auto types = rope_types(cfg, &rope_index);
+  const bool tied = cfg.tie_embeddings;
+  auto arena = DeviceArena::create(arena_bytes(d, options, tied, int(types.size())), "model weights and scratch");
+  if (!arena.ok()) return arena.error();
+  m->arena_ = std::move(*arena);
+  DeviceArena& A = *m->arena_;
+  Buffers& B = *m->buf_;
+  uint64_t s = seed;
+  auto rnd = [&](uint16_t** dst, int64_t n, const char* what) -> Status {
+    auto p = A.take_array<uint16_t>(size_t(n), what);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    launch_fill_random_bf16(*dst, n, ++s, scale, m->stream_);
+    return Status();
+  };
+  auto ones = [&](float** dst, int64_t n, const char* what) -> Status {
+    auto p = A.take_array<float>(size_t(n), what);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    launch_fill_f32(*dst, n, 1.0f, m->stream_);
+    return Status();
+  };
+  STRATA_RETURN_IF_ERROR(rnd(&B.embed, d.V * d.H, "embedding"));
+  if (tied) {
+    B.lm_head = B.embed;
+  } else {
+    STRATA_RETURN_IF_ERROR(rnd(&B.lm_head, d.V * d.H, "lm_head"));
+  }
+  STRATA_RETURN_IF_ERROR(ones(&B.final_norm, d.H, "final norm"));
+  for (const auto& t : types) {
+    auto tab = compute_rope(cfg.rope_for(t), int32_t(d.hd), cfg.max_position);
+    if (!tab.ok()) return tab.error();
+    auto f = upload_f32(A, tab->inv_freq, "RoPE table");
+    if (!f.ok()) return f.error();
+    B.rope_inv_freq.push_back(*f);
+    B.rope_rot_dim.push_back(tab->rot_dim);
+    B.rope_attn_factor.push_back(tab->attn_factor);
+  }
+  m->layers_.resize(size_t(d.L));
+  for (int64_t l = 0; l < d.L; ++l) {
+    Layer& L = m->layers_[size_t(l)];
+    STRATA_RETURN_IF_ERROR(rnd(&L.qkv, d.qkv_rows * d.H, "qkv"));
+    STRATA_RETURN_IF_ERROR(rnd(&L.o, d.H * d.nh * d.hd, "o_proj"));
+    STRATA_RETURN_IF_ERROR(rnd(&L.gate_up, 2 * d.I * d.H, "gate_up"));
+    STRATA_RETURN_IF_ERROR(rnd(&L.down, d.H * d.I, "down_proj"));
+    STRATA_RETURN_IF_ERROR(ones(&L.in_norm, d.H, "input norm"));
+    STRATA_RETURN_IF_ERROR(ones(&L.post_norm, d.H, "post-attention norm"));
+    if (m->qk_norm_) {
+      STRATA_RETURN_IF_ERROR(ones(&L.q_norm, d.hd, "q_norm"));
+      STRATA_RETURN_IF_ERROR(ones(&L.k_norm, d.hd, "k_norm"));
+    }
+    L.rope = rope_index[size_t(l)];
+    L.window = cfg.is_sliding(int(l)) ? cfg.sliding_window : 0;
+  }
+  m->weight_bytes_ = int64_t(A.used());
+  void* ws = nullptr;
+  STRATA_RETURN_IF_ERROR(take_scratch(A, d, options, &B, &ws));
+  auto g = Gemm::create(ws, kGemmWorkspace);
+  if (!g.ok()) return g.error();
+  m->gemm_ = std::move(*g);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m->stream_));
+  return m;
+}
+
+Status CudaDecoder::enqueue(const StepBatch& batch) {
+  const Dims d = dims_of(cfg_);
+  Buffers& B = *buf_;
+  const int64_t n = batch.n_tokens();
+  const int64_t n_seqs = int64_t(batch.seqs.size());
+  const int64_t n_rows = batch.n_logit_rows();
+  if (n == 0) return Status();
+  if (n > opt_.max_tokens) return make_error(ErrorCode::kOutOfRange, "step has " + std::to_string(n) + " tokens, more than max_tokens " + std::to_string(opt_.max_tokens));
+  if (n_seqs > opt_.max_seqs) return make_error(ErrorCode::kOutOfRange, "step has " + std::to_string(n_seqs) + " sequences, more than max_seqs " + std::to_string(opt_.max_seqs));
+  if (n_rows > opt_.max_logit_rows) return make_error(ErrorCode::kOutOfRange, "step asks for " + std::to_string(n_rows) + " logit rows, more than " + std::to_string(opt_.max_logit_rows));
+
+  // The previous step's metadata copy must have left the pinned buffer before it is rewritten.
+  if (B.meta_pending) STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(B.meta_copied));
+  int32_t* tokens = B.host<int32_t>(B.off_tokens);
+  int32_t* positions = B.host<int32_t>(B.off_positions);
+  int64_t* slots = B.host<int64_t>(B.off_slots);
+  int32_t* tables = B.host<int32_t>(B.off_tables);
+  int32_t* q_start = B.host<int32_t>(B.off_q_start);
+  int32_t* pos0 = B.host<int32_t>(B.off_pos0);
+  int32_t* tile_seq = B.host<int32_t>(B.off_tile_seq);
+  int32_t* tile_q0 = B.host<int32_t>(B.off_tile_q0);
+  int32_t* row_map = B.host<int32_t>(B.off_row_map);
+  const int32_t group = int32_t(d.nh / d.nkv);
+  const int32_t tpt = std::max(1, attention_max_rows() / group);
+  const int32_t bs = opt_.block_size;
+  int64_t t = 0, n_tiles = 0, r = 0;
+  int32_t max_kv = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const SeqSpan& sp = batch.seqs[size_t(s)];
+    const int64_t end = int64_t(sp.pos0) + sp.n_tokens;
+    const int64_t need = (end + bs - 1) / bs;
+    if (sp.pos0 < 0 || sp.n_tokens < 0) return make_error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(s) + " has a negative position or length");
+    if (int64_t(sp.block_table.size()) < need) {
+      return make_error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(s) + ": block table of " + std::to_string(sp.block_table.size()) +
+                                                         " blocks does not cover " + std::to_string(end) + " positions");
+    }
+    if (need > opt_.max_blocks_per_seq) return make_error(ErrorCode::kOutOfRange, "sequence " + std::to_string(s) + " needs " + std::to_string(need) + " blocks, more than max_blocks_per_seq");
+    for (int64_t b = 0; b < need; ++b) {
+      const int32_t id = sp.block_table[size_t(b)];
+      if (id < 0 || id >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "block id " + std::to_string(id) + " outside the KV pool of " + std::to_string(kv_->n_blocks()));
+      tables[s * opt_.max_blocks_per_seq + b] = id;
+    }
+    q_start[s] = int32_t(t);
+    pos0[s] = sp.pos0;
+    max_kv = std::max(max_kv, int32_t(end));
+    for (int32_t i = 0; i < sp.n_tokens; ++i, ++t) {
+      const int32_t id = batch.tokens[size_t(t)];
+      if (id < 0 || id >= d.V) return make_error(ErrorCode::kOutOfRange, "token id " + std::to_string(id) + " outside the vocabulary of " + std::to_string(d.V));
+      const int32_t pos = sp.pos0 + i;
+      tokens[t] = id;
+      positions[t] = pos;
+      slots[t] = int64_t(sp.block_table[size_t(pos / bs)]) * bs + pos % bs;
+    }
+    for (int32_t q0 = 0; q0 < sp.n_tokens; q0 += tpt) {
+      tile_seq[n_tiles] = int32_t(s);
+      tile_q0[n_tiles] = q0;
+      ++n_tiles;
+    }
+    if (sp.logits_all) {
+      for (int32_t i = 0; i < sp.n_tokens; ++i) row_map[r++] = q_start[s] + i;
+    } else if (sp.logits_last && sp.n_tokens > 0) {
+      row_map[r++] = q_start[s] + sp.n_tokens - 1;
+    }
+  }
+  if (t != n) return make_error(ErrorCode::kInvalidArgument, "spans cover " + std::to_string(t) + " tokens of " + std::to_string(n));
+  q_start[n_seqs] = int32_t(t);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, stream_));
+  STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, stream_));
+  B.meta_pending = true;
+  n_logit_rows_ = n_rows;
+
+  // Split-KV when the tiles alone would leave most multiprocessors idle (decode).
+  int32_t n_splits = 1;
+  const int64_t blocks = n_tiles * d.nkv;
+  if (n <= opt_.max_seqs && blocks < 264) {
+    n_splits = int32_t(std::min<int64_t>({kMaxSplits, (264 + blocks - 1) / blocks, (max_kv + 63) / 64}));
+    n_splits = std::max(1, n_splits);
+  }
+
+  cudaStream_t st = stream_;
+  launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f}, st);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const bool first = l == 0;
+    // x += previous layer's MLP output; h = norm_in(x).
+    launch_add_rms_norm({B.x, first ? nullptr : B.branch, nullptr, L.in_norm, nullptr, B.h, int32_t(n), int32_t(d.H),
+                         cfg_.rms_eps, 0},
+                        st);
+    gemm_->run(st, B.h, L.qkv, B.qkv, GemmOut::kF32, n, d.qkv_rows, d.H);
+    QkvPostArgs qa{};
+    qa.qkv = B.qkv;
+    qa.bias = L.qkv_bias;
+    qa.q_norm = L.q_norm;
+    qa.k_norm = L.k_norm;
+    qa.positions = B.dev<int32_t>(B.off_positions);
+    qa.inv_freq = B.rope_inv_freq[size_t(L.rope)];
+    qa.slot_mapping = B.dev<int64_t>(B.off_slots);
+    qa.q_out = B.q;
+    qa.k_pool = kv_->k(int(l));
+    qa.v_pool = kv_->v(int(l));
+    qa.n = int32_t(n);
+    qa.n_heads = int32_t(d.nh);
+    qa.n_kv_heads = int32_t(d.nkv);
+    qa.head_dim = int32_t(d.hd);
+    qa.rot_dim = B.rope_rot_dim[size_t(L.rope)];
+    qa.attn_factor = B.rope_attn_factor[size_t(L.rope)];
+    qa.norm_eps = cfg_.rms_eps;
+    qa.norm_one_plus_w = 0;
+    launch_qkv_post(qa, st);
+    PagedAttentionArgs pa{};
+    pa.q = B.q;
+    pa.out = B.attn;
+    pa.k_pool = kv_->k(int(l));
+    pa.v_pool = kv_->v(int(l));
+    pa.block_tables = B.dev<int32_t>(B.off_tables);
+    pa.seq_q_start = B.dev<int32_t>(B.off_q_start);
+    pa.seq_pos0 = B.dev<int32_t>(B.off_pos0);
+    pa.tile_seq = B.dev<int32_t>(B.off_tile_seq);
+    pa.tile_q0 = B.dev<int32_t>(B.off_tile_q0);
+    pa.partial_out = B.partial_out;
+    pa.partial_ml = B.partial_ml;
+    pa.n_tokens = int32_t(n);
+    pa.n_tiles = int32_t(n_tiles);
+    pa.tokens_per_tile = tpt;
+    pa.n_splits = n_splits;
+    pa.max_blocks_per_seq = opt_.max_blocks_per_seq;
+    pa.block_size = bs;
+    pa.n_heads = int32_t(d.nh);
+    pa.n_kv_heads = int32_t(d.nkv);
+    pa.head_dim = int32_t(d.hd);
+    pa.window = L.window;
+    pa.scale = attn_scale_;
+    pa.softcap = 0.0f;
+    launch_paged_attention(pa, st);
+    launch_attention_combine(pa, st);
+    gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, d.H, d.nh * d.hd);
+    launch_add_rms_norm({B.x, B.branch, L.o_bias, L.post_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, 0}, st);
+    gemm_->run(st, B.h, L.gate_up, B.gate_up, GemmOut::kBF16, n, 2 * d.I, d.H);
+    launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(d.I), Act(act_)}, st);
+    gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, d.H, d.I);
+  }
+  if (n_rows == 0) return Status();
+  // x += last MLP output (h is scratch here), then the final norm of the logit rows only.
+  launch_add_rms_norm({B.x, B.branch, nullptr, buf_->final_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, 0}, st);
+  launch_add_rms_norm({B.x, nullptr, nullptr, buf_->final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, int32_t(n_rows),
+                       int32_t(d.H), cfg_.rms_eps, 0},
+                      st);
+  gemm_->run(st, B.rows_h, B.lm_head, B.logits, GemmOut::kF32, n_rows, d.V, d.H);
+  launch_argmax({B.logits, B.argmax, int32_t(n_rows), int32_t(d.V)}, st);
+  return Status();
+}
+
+Status CudaDecoder::forward(const StepBatch& batch, int32_t* argmax, float* logits) {
+  STRATA_RETURN_IF_ERROR(enqueue(batch));
+  const int64_t rows = n_logit_rows_;
+  if (batch.n_tokens() > 0 && rows > 0) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(argmax, buf_->argmax, size_t(rows) * 4, cudaMemcpyDeviceToHost, stream_));
+    if (logits != nullptr) {
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(logits, buf_->logits, size_t(rows * cfg_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,86 @@
+// CudaDecoder: the GPU forward of the plain pre-norm decoder families (llama, mistral, qwen2,
+// qwen3) in bf16 weights with an f32 residual stream. It reads the shared ModelConfig and
+// the checkpoint through model/ (config parsing, weight names, RoPE tables are not forked),
+// keeps every weight in one DeviceArena and the KV cache in one KvBlockPool, and allocates
+// nothing once created: a step only copies its metadata (tokens, positions, block tables)
+// to the device in one transfer.
+//
+// Layer: x += o(attn(rope(norm_q/k(qkv(norm_in(x)))))); x += down(act(gate(h)) * up(h)),
+// h = norm_post(x), with the residual adds fused into the next RMSNorm.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/gemm.h"
+#include "core/status.h"
+#include "model/model_config.h"
+#include "model/step_batch.h"
+
+namespace strata::cuda {
+
+struct CudaModelOptions {
+  int64_t kv_cache_bytes = int64_t(1) << 30;  // size of the KV block pool
+  int32_t block_size = 16;                    // tokens per KV block
+  int32_t max_tokens = 4096;                  // tokens of one step, over all sequences
+  int32_t max_seqs = 64;                      // sequences of one step
+  int32_t max_blocks_per_seq = 512;           // block-table width: context <= this * block_size
+  int32_t max_logit_rows = 64;                // rows of logits one step may ask for
+};
+
+class CudaDecoder {
+ public:
+  ~CudaDecoder();
+  CudaDecoder(const CudaDecoder&) = delete;
+  CudaDecoder& operator=(const CudaDecoder&) = delete;
+
+  // A Hugging Face directory of a supported family; weights converted to bf16 on upload.
+  static Result<std::unique_ptr<CudaDecoder>> load(const std::string& dir, const CudaModelOptions& options);
+  // The same architecture with weights uniform in [-scale, scale], drawn on the device
+  // (benchmarks of models whose weights would not travel). Norm weights are 1.
+  static Result<std::unique_ptr<CudaDecoder>> random(const ModelConfig& cfg, const CudaModelOptions& options,
+                                                     uint64_t seed, float scale);
+
+  const ModelConfig& config() const { return cfg_; }
+  int32_t n_kv_blocks() const;
+  cudaStream_t stream() const { return stream_; }
+  // Bytes of all weights on the device.
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // One step over a packed batch (every span's block table must cover its positions, ids in
+  // the vocabulary). Writes the greedy token of each logit row to `argmax` [n_logit_rows] and,
+  // when `logits` is given, the f32 logits [n_logit_rows, vocab]. Synchronizes the stream.
+  Status forward(const StepBatch& batch, int32_t* argmax, float* logits = nullptr);
+  // Enqueues the step without waiting; results land in device buffers (for timing).
+  Status enqueue(const StepBatch& batch);
+
+  struct Layer;
+  struct Buffers;
+
+ private:
+  CudaDecoder() = default;
+  Status init_common(const CudaModelOptions& options);
+
+  ModelConfig cfg_;
+  CudaModelOptions opt_;
+  bool qk_norm_ = false;
+  bool qkv_bias_ = false;
+  bool o_bias_ = false;
+  int32_t act_ = 0;  // Act
+  float attn_scale_ = 1.0f;
+  int64_t weight_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceArena> arena_;
+  std::unique_ptr<KvBlockPool> kv_;
+  std::unique_ptr<Gemm> gemm_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Buffers> buf_;
+  int64_t n_logit_rows_ = 0;  // of the last enqueued step
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,70 @@
+#include "backend/cuda/device_memory.h"
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+DeviceArena::~DeviceArena() {
+  if (base_ != nullptr) cudaFree(base_);
+}
+
+Result<std::unique_ptr<DeviceArena>> DeviceArena::create(size_t bytes, const std::string& what) {
+  auto a = std::make_unique<DeviceArena>();
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(err == cudaErrorMemoryAllocation ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                      "cannot allocate " + std::to_string(bytes) + " bytes of device memory for " + what + ": " +
+                          cudaGetErrorString(err));
+  }
+  a->base_ = static_cast<char*>(p);
+  a->capacity_ = bytes;
+  return a;
+}
+
+Result<void*> DeviceArena::take(size_t bytes, const std::string& what) {
+  const size_t start = (used_ + 255) & ~size_t(255);
+  if (start + bytes > capacity_) {
+    return make_error(ErrorCode::kResourceExhausted, "device arena full: " + what + " needs " + std::to_string(bytes) +
+                                                         " bytes, " + std::to_string(capacity_ - std::min(capacity_, start)) +
+                                                         " of " + std::to_string(capacity_) + " left");
+  }
+  used_ = start + bytes;
+  return static_cast<void*>(base_ + start);
+}
+
+KvBlockPool::~KvBlockPool() {
+  if (base_ != nullptr) cudaFree(base_);
+}
+
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& layout, int64_t bytes) {
+  const int64_t per_block = layout.bytes_per_block();
+  if (per_block <= 0) return make_error(ErrorCode::kInvalidArgument, "KV pool layout has no bytes per block");
+  const int64_t n_blocks = bytes / per_block;
+  if (n_blocks < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) +
+                                                       " hold no block (one block takes " + std::to_string(per_block) + ")");
+  }
+  if (n_blocks > INT32_MAX) return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) + " give too many blocks");
+  auto pool = std::make_unique<KvBlockPool>();
+  pool->layout_ = layout;
+  pool->n_blocks_ = int32_t(n_blocks);
+  pool->layer_elems_ = size_t(n_blocks) * layout.block_size * layout.n_kv_heads * layout.head_dim;
+  void* p = nullptr;
+  const size_t total = pool->layer_elems_ * 2 * size_t(layout.n_layers) * sizeof(uint16_t);
+  const cudaError_t err = cudaMalloc(&p, total);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(ErrorCode::kResourceExhausted, "cannot allocate the KV block pool (" + std::to_string(total) +
+                                                         " bytes): " + cudaGetErrorString(err));
+  }
+  pool->base_ = static_cast<uint16_t*>(p);
+  return pool;
+}
+
+}  // namespace strata::cuda

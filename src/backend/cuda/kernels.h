@@ -1,0 +1,129 @@
+// CUDA kernels of the decoder forward. Each takes one plain argument struct (no classes, no
+// owning pointers: what a launch needs, by value) and a stream, and is checked against
+// backend/reference on random data in tests/gpu.
+//
+// Conventions: bf16 tensors are passed as their raw bits (uint16_t); the residual stream and
+// the GEMM outputs that feed normalizations are f32. Shapes are row-major, written next to
+// each field.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+enum class Act : int32_t { kSilu = 0, kGeluTanh = 1 };
+
+// out[t, :] = table[ids[t], :] * scale. The caller guarantees 0 <= ids[t] < vocab.
+struct EmbedArgs {
+  const uint16_t* table;  // [vocab, hidden] bf16
+  const int32_t* ids;     // [n]
+  float* out;             // [n, hidden]
+  int32_t n;
+  int32_t hidden;
+  float scale;
+};
+void launch_embed(const EmbedArgs& a, cudaStream_t stream);
+
+// Residual add fused with RMSNorm. Without row_map: x[r] += branch[r] (+ branch_bias) when
+// branch is given, then out[r] = x[r] / rms(x[r]) * (w or 1 + w). With row_map (branch must
+// be null): out[r] = norm(x[row_map[r]]), x untouched (the final norm of the logit rows).
+struct AddRmsNormArgs {
+  float* x;                  // [rows_x, dim] residual stream, updated in place
+  const float* branch;       // [rows, dim] or null
+  const float* branch_bias;  // [dim] or null (the bias of the projection that made branch)
+  const float* w;            // [dim]
+  const int32_t* row_map;    // [rows] or null
+  uint16_t* out;             // [rows, dim] bf16
+  int32_t rows;
+  int32_t dim;
+  float eps;
+  int32_t one_plus_w;
+};
+void launch_add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream);
+
+// After the fused QKV projection, per token: bias, per-head RMSNorm of q and k (Qwen3), RoPE
+// on q and k (half-split pairs (i, i + rot_dim/2) of the first rot_dim dims), q to `q_out`,
+// k and v into the paged pools at slot_mapping[t] (block * block_size + position % block_size).
+struct QkvPostArgs {
+  const float* qkv;          // [n, (n_heads + 2 * n_kv_heads) * head_dim]: q heads, k heads, v heads
+  const float* bias;         // [(n_heads + 2 * n_kv_heads) * head_dim] or null
+  const float* q_norm;       // [head_dim] or null
+  const float* k_norm;       // [head_dim] or null
+  const int32_t* positions;  // [n]
+  const float* inv_freq;     // [rot_dim / 2]
+  const int64_t* slot_mapping;  // [n]; < 0: do not store this token's k/v
+  uint16_t* q_out;           // [n, n_heads, head_dim] bf16
+  uint16_t* k_pool;          // [n_blocks * block_size, n_kv_heads, head_dim] bf16
+  uint16_t* v_pool;          // same shape
+  int32_t n;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;          // <= 256
+  int32_t rot_dim;           // even, <= head_dim; 0: no RoPE
+  float attn_factor;         // multiplies cos and sin
+  float norm_eps;
+  int32_t norm_one_plus_w;
+};
+void launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream);
+
+// out[t, i] = act(gate_up[t, i]) * gate_up[t, inter + i].
+struct GatedActArgs {
+  const uint16_t* gate_up;  // [n, 2 * inter] bf16: gate then up
+  uint16_t* out;            // [n, inter] bf16
+  int32_t n;
+  int32_t inter;
+  Act act;
+};
+void launch_gated_act(const GatedActArgs& a, cudaStream_t stream);
+
+// out[r] = argmax over logits[r, :] (lowest index wins ties; NaN never wins).
+struct ArgmaxArgs {
+  const float* logits;  // [rows, vocab]
+  int32_t* out;         // [rows]
+  int32_t rows;
+  int32_t vocab;
+};
+void launch_argmax(const ArgmaxArgs& a, cudaStream_t stream);
+
+// Paged attention over a packed batch of sequences (ragged: each has its own query count and
+// cached prefix). Query token t of sequence s sits at position pos0[s] + t and sees the keys
+// at positions p <= its own and, with a window, pos - p < window. Work is cut into query
+// tiles (tile_seq / tile_q0, built on the host) x KV heads x KV splits; with n_splits > 1 each
+// split writes partial results that launch_attention_combine merges (decode: split-KV).
+struct PagedAttentionArgs {
+  const uint16_t* q;            // [n_tokens, n_heads, head_dim] bf16
+  uint16_t* out;                // [n_tokens, n_heads, head_dim] bf16 (n_splits == 1)
+  const uint16_t* k_pool;       // [n_blocks * block_size, n_kv_heads, head_dim] bf16
+  const uint16_t* v_pool;       // same shape
+  const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]
+  const int32_t* seq_q_start;   // [n_seqs + 1] first token of each sequence in the packed batch
+  const int32_t* seq_pos0;      // [n_seqs] cached tokens before this step
+  const int32_t* tile_seq;      // [n_tiles]
+  const int32_t* tile_q0;       // [n_tiles] first query (within its sequence) of the tile
+  float* partial_out;           // [n_splits, n_tokens, n_heads, head_dim] (n_splits > 1)
+  float* partial_ml;            // [n_splits, n_tokens, n_heads, 2]: running max, sum (n_splits > 1)
+  int32_t n_tokens;
+  int32_t n_tiles;
+  int32_t tokens_per_tile;      // tokens_per_tile * (n_heads / n_kv_heads) <= attention_max_rows()
+  int32_t n_splits;
+  int32_t max_blocks_per_seq;
+  int32_t block_size;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;             // <= 256, multiple of 8
+  int32_t window;               // 0: full causal
+  float scale;                  // multiplies q.k
+  float softcap;                // 0: none
+};
+int32_t attention_max_rows();  // query rows (token x head of one KV group) one tile holds
+void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream);
+void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream);
+
+// Fills n bf16 values uniformly in [-scale, scale] from a counter hash of (seed, index):
+// weights for benchmarks, made on the device.
+void launch_fill_random_bf16(uint16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+void launch_fill_f32(float* out, int64_t n, float value, cudaStream_t stream);
+
+}  // namespace strata::cuda

@@ -1,0 +1,271 @@
+// Every CUDA kernel against backend/reference on fresh random data: max-norm relative error
+// <= 1e-2 where the output is bf16, <= 1e-5 where it is f32. Needs a GPU.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/reference/reference_ops.h"
+#include "gpu_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using namespace strata::gpu_test;
+
+constexpr double kBf16Tol = 1e-2;
+constexpr double kF32Tol = 1e-5;
+
+class GpuKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    rng_.seed(fresh_seed());
+  }
+  std::mt19937 rng_;
+};
+
+TEST_F(GpuKernels, GemmBf16MatchesReference) {
+  auto ws = DeviceArena::create(32 << 20, "workspace");
+  ASSERT_TRUE(ws.ok()) << ws.error().to_string();
+  auto wsp = (*ws)->take(32 << 20, "workspace");
+  ASSERT_TRUE(wsp.ok());
+  auto gemm = Gemm::create(*wsp, 32 << 20);
+  ASSERT_TRUE(gemm.ok()) << gemm.error().to_string();
+  struct Shape { int64_t m, n, k; };
+  for (const Shape s : {Shape{1, 1000, 512}, Shape{7, 384, 256}, Shape{130, 520, 1024}, Shape{512, 256, 64}}) {
+    const Bf16Data x = random_bf16(rng_, size_t(s.m * s.k), 1.0f);
+    const Bf16Data w = random_bf16(rng_, size_t(s.n * s.k), 0.1f);
+    std::vector<float> ref(size_t(s.m * s.n));
+    reference::matmul(x.f.data(), s.m, s.k, DType::kBF16, w.bits.data(), s.n, nullptr, ref.data());
+    DeviceBuffer<uint16_t> dx(x.bits.size()), dw(w.bits.size()), dy16(ref.size());
+    DeviceBuffer<float> dy32(ref.size());
+    dx.upload(x.bits);
+    dw.upload(w.bits);
+    dy16.poison();
+    dy32.poison();
+    (*gemm)->run(nullptr, dx.p, dw.p, dy32.p, GemmOut::kF32, s.m, s.n, s.k);
+    (*gemm)->run(nullptr, dx.p, dw.p, dy16.p, GemmOut::kBF16, s.m, s.n, s.k);
+    EXPECT_LE(max_norm_rel(dy32.download(), ref), kF32Tol) << s.m << "x" << s.n << "x" << s.k << " f32 out";
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dy16.download()), ref), kBf16Tol) << s.m << "x" << s.n << "x" << s.k << " bf16 out";
+  }
+}
+
+TEST_F(GpuKernels, EmbeddingGather) {
+  const int32_t vocab = 1000, hidden = 320, n = 17;
+  const Bf16Data table = random_bf16(rng_, size_t(vocab) * hidden, 1.0f);
+  std::vector<int32_t> ids(n);
+  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+  for (auto& id : ids) id = pick(rng_);
+  const float scale = 1.7f;
+  std::vector<float> ref(size_t(n) * hidden);
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < hidden; ++c) ref[size_t(t) * hidden + c] = table.f[size_t(ids[t]) * hidden + c] * scale;
+  DeviceBuffer<uint16_t> dt(table.bits.size());
+  DeviceBuffer<int32_t> di(ids.size());
+  DeviceBuffer<float> dout(ref.size());
+  dt.upload(table.bits);
+  di.upload(ids);
+  dout.poison();
+  launch_embed({dt.p, di.p, dout.p, n, hidden, scale}, nullptr);
+  EXPECT_LE(max_norm_rel(dout.download(), ref), kF32Tol);
+}
+
+TEST_F(GpuKernels, AddRmsNormFusedAndRowMapped) {
+  for (const int32_t dim : {64, 1000, 4096}) {
+    for (const int one_plus_w : {0, 1}) {
+      const int32_t rows = 9;
+      auto x = random_f32(rng_, size_t(rows) * dim, -2.0f, 2.0f);
+      auto br = random_f32(rng_, x.size(), -1.0f, 1.0f);
+      auto bias = random_f32(rng_, size_t(dim), -0.5f, 0.5f);
+      auto w = random_f32(rng_, size_t(dim), 0.5f, 1.5f);
+      std::vector<float> sum(x.size()), ref(x.size());
+      for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + (br[i] + bias[i % size_t(dim)]);
+      reference::rms_norm(sum.data(), w.data(), ref.data(), rows, dim, 1e-6f, one_plus_w != 0);
+      DeviceBuffer<float> dx(x.size()), dbr(br.size()), dbias(bias.size()), dw(w.size());
+      DeviceBuffer<uint16_t> dout(x.size());
+      dx.upload(x);
+      dbr.upload(br);
+      dbias.upload(bias);
+      dw.upload(w);
+      dout.poison();
+      launch_add_rms_norm({dx.p, dbr.p, dbias.p, dw.p, nullptr, dout.p, rows, dim, 1e-6f, one_plus_w}, nullptr);
+      EXPECT_LE(max_norm_rel(dx.download(), sum), kF32Tol) << "residual, dim " << dim;
+      EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), ref), kBf16Tol) << "norm, dim " << dim;
+
+      // Row-mapped: rows 8, 0, 3 of the updated x, x untouched.
+      const std::vector<int32_t> map = {8, 0, 3};
+      std::vector<float> ref_m;
+      for (int32_t r : map) ref_m.insert(ref_m.end(), ref.begin() + r * dim, ref.begin() + (r + 1) * dim);
+      DeviceBuffer<int32_t> dmap(map.size());
+      DeviceBuffer<uint16_t> dout_m(ref_m.size());
+      dmap.upload(map);
+      dout_m.poison();
+      launch_add_rms_norm({dx.p, nullptr, nullptr, dw.p, dmap.p, dout_m.p, 3, dim, 1e-6f, one_plus_w}, nullptr);
+      EXPECT_LE(max_norm_rel(bf16_to_floats(dout_m.download()), ref_m), kBf16Tol) << "row map, dim " << dim;
+      EXPECT_LE(max_norm_rel(dx.download(), sum), 0.0) << "row-mapped norm must not write x";
+    }
+  }
+}
+
+// RoPE alone (full and partial rotary), then with bias and q/k norm, plus the KV pool writes.
+TEST_F(GpuKernels, QkvPostRopeNormAndKvWrite) {
+  struct Case { int32_t hd, rot, nh, nkv; bool bias, norm; float attn_factor; };
+  for (const Case c : {Case{64, 64, 4, 2, false, false, 1.0f}, Case{128, 32, 8, 2, false, false, 1.0f},
+                       Case{128, 128, 6, 3, true, true, 1.3f}, Case{256, 64, 2, 1, true, false, 1.0f}}) {
+    const int32_t n = 11, bs = 4, n_blocks = 8;
+    const int32_t rows = (c.nh + 2 * c.nkv) * c.hd;
+    auto qkv = random_f32(rng_, size_t(n) * rows, -2.0f, 2.0f);
+    auto bias = random_f32(rng_, size_t(rows), -0.5f, 0.5f);
+    auto qn = random_f32(rng_, size_t(c.hd), 0.5f, 1.5f);
+    auto kn = random_f32(rng_, size_t(c.hd), 0.5f, 1.5f);
+    std::vector<float> inv_freq(size_t(c.rot / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = float(std::pow(10000.0, -2.0 * double(i) / c.rot));
+    std::vector<int32_t> pos(n);
+    std::uniform_int_distribution<int32_t> pp(0, 30000);
+    for (auto& p : pos) p = pp(rng_);
+    std::vector<int64_t> slots(n);
+    std::vector<int32_t> perm(n_blocks * bs);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    for (int t = 0; t < n; ++t) slots[t] = perm[size_t(t)];
+    slots[3] = -1;  // not stored
+
+    // Reference: bias, norm per head, rope on q and k.
+    std::vector<float> q(size_t(n) * c.nh * c.hd), k(size_t(n) * c.nkv * c.hd), v(k.size());
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < rows; ++j) {
+        const float val = qkv[size_t(t) * rows + j] + (c.bias ? bias[size_t(j)] : 0.0f);
+        if (j < c.nh * c.hd) q[size_t(t) * c.nh * c.hd + j] = val;
+        else if (j < (c.nh + c.nkv) * c.hd) k[size_t(t) * c.nkv * c.hd + j - c.nh * c.hd] = val;
+        else v[size_t(t) * c.nkv * c.hd + j - (c.nh + c.nkv) * c.hd] = val;
+      }
+    }
+    if (c.norm) {
+      reference::rms_norm(q.data(), qn.data(), q.data(), int64_t(n) * c.nh, c.hd, 1e-6f, false);
+      reference::rms_norm(k.data(), kn.data(), k.data(), int64_t(n) * c.nkv, c.hd, 1e-6f, false);
+    }
+    reference::rope(q.data(), n, c.nh, c.hd, c.rot, pos.data(), inv_freq.data(), c.attn_factor);
+    reference::rope(k.data(), n, c.nkv, c.hd, c.rot, pos.data(), inv_freq.data(), c.attn_factor);
+
+    DeviceBuffer<float> dqkv(qkv.size()), dbias(bias.size()), dqn(qn.size()), dkn(kn.size()), dfreq(inv_freq.size());
+    DeviceBuffer<int32_t> dpos(pos.size());
+    DeviceBuffer<int64_t> dslots(slots.size());
+    const size_t pool = size_t(n_blocks) * bs * c.nkv * c.hd;
+    DeviceBuffer<uint16_t> dq(q.size()), dk(pool), dv(pool);
+    dqkv.upload(qkv);
+    dbias.upload(bias);
+    dqn.upload(qn);
+    dkn.upload(kn);
+    dfreq.upload(inv_freq);
+    dpos.upload(pos);
+    dslots.upload(slots);
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    QkvPostArgs a{};
+    a.qkv = dqkv.p;
+    a.bias = c.bias ? dbias.p : nullptr;
+    a.q_norm = c.norm ? dqn.p : nullptr;
+    a.k_norm = c.norm ? dkn.p : nullptr;
+    a.positions = dpos.p;
+    a.inv_freq = dfreq.p;
+    a.slot_mapping = dslots.p;
+    a.q_out = dq.p;
+    a.k_pool = dk.p;
+    a.v_pool = dv.p;
+    a.n = n;
+    a.n_heads = c.nh;
+    a.n_kv_heads = c.nkv;
+    a.head_dim = c.hd;
+    a.rot_dim = c.rot;
+    a.attn_factor = c.attn_factor;
+    a.norm_eps = 1e-6f;
+    launch_qkv_post(a, nullptr);
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dq.download()), q), kBf16Tol) << "q, head_dim " << c.hd << " rot " << c.rot;
+    const auto kp = bf16_to_floats(dk.download()), vp = bf16_to_floats(dv.download());
+    std::vector<float> got_k, got_v, ref_k, ref_v;
+    const size_t row = size_t(c.nkv) * c.hd;
+    for (int t = 0; t < n; ++t) {
+      if (slots[t] < 0) continue;
+      got_k.insert(got_k.end(), kp.begin() + slots[t] * row, kp.begin() + (slots[t] + 1) * row);
+      got_v.insert(got_v.end(), vp.begin() + slots[t] * row, vp.begin() + (slots[t] + 1) * row);
+      ref_k.insert(ref_k.end(), k.begin() + t * row, k.begin() + (t + 1) * row);
+      ref_v.insert(ref_v.end(), v.begin() + t * row, v.begin() + (t + 1) * row);
+    }
+    EXPECT_LE(max_norm_rel(got_k, ref_k), kBf16Tol) << "k, head_dim " << c.hd;
+    EXPECT_LE(max_norm_rel(got_v, ref_v), kBf16Tol) << "v, head_dim " << c.hd;
+    // The skipped token's slot stays poisoned.
+    const size_t skipped = size_t(perm[3]) * row;
+    EXPECT_TRUE(std::isnan(kp[skipped])) << "slot of a token with slot -1 was written";
+  }
+}
+
+TEST_F(GpuKernels, GatedActivation) {
+  for (const Act act : {Act::kSilu, Act::kGeluTanh}) {
+    const int32_t n = 13, inter = 700;
+    const Bf16Data gu = random_bf16(rng_, size_t(n) * 2 * inter, 4.0f);
+    std::vector<float> g(size_t(n) * inter), u(g.size()), ref(g.size());
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < inter; ++i) {
+        g[size_t(t) * inter + i] = gu.f[size_t(t) * 2 * inter + i];
+        u[size_t(t) * inter + i] = gu.f[size_t(t) * 2 * inter + inter + i];
+      }
+    reference::gated_act(g.data(), u.data(), ref.data(), int64_t(g.size()),
+                         act == Act::kSilu ? cpu::Activation::kSilu : cpu::Activation::kGeluTanh);
+    DeviceBuffer<uint16_t> dgu(gu.bits.size()), dout(ref.size());
+    dgu.upload(gu.bits);
+    dout.poison();
+    launch_gated_act({dgu.p, dout.p, n, inter, act}, nullptr);
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), ref), kBf16Tol) << (act == Act::kSilu ? "silu" : "gelu_tanh");
+  }
+}
+
+TEST_F(GpuKernels, ArgmaxLowestIndexWinsAndNanNeverWins) {
+  const int32_t rows = 5, vocab = 128256;
+  auto logits = random_f32(rng_, size_t(rows) * vocab, -10.0f, 10.0f);
+  logits[size_t(1) * vocab + 77] = 50.0f;  // tie: the lower index must win
+  logits[size_t(1) * vocab + 90000] = 50.0f;
+  logits[size_t(2) * vocab + 5] = NAN;
+  logits[size_t(3) * vocab + vocab - 1] = 99.0f;
+  std::vector<int32_t> ref(rows);
+  for (int r = 0; r < rows; ++r) {
+    int32_t best = -1;
+    for (int32_t c = 0; c < vocab; ++c) {
+      const float v = logits[size_t(r) * vocab + c];
+      if (!std::isnan(v) && (best < 0 || v > logits[size_t(r) * vocab + best])) best = c;
+    }
+    ref[size_t(r)] = best;
+  }
+  DeviceBuffer<float> dl(logits.size());
+  DeviceBuffer<int32_t> dout(rows);
+  dl.upload(logits);
+  dout.poison();
+  launch_argmax({dl.p, dout.p, rows, vocab}, nullptr);
+  EXPECT_EQ(dout.download(), ref);
+  EXPECT_EQ(ref[1], 77);
+}
+
+TEST_F(GpuKernels, DeviceMemoryFailuresAreErrors) {
+  auto huge = DeviceArena::create(size_t(1) << 50, "test");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.error().code, ErrorCode::kResourceExhausted);
+  auto arena = DeviceArena::create(4096, "test");
+  ASSERT_TRUE(arena.ok());
+  EXPECT_TRUE((*arena)->take(1000, "a").ok());
+  auto over = (*arena)->take(4000, "b");
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.error().message.find("b needs 4000"), std::string::npos) << over.error().message;
+  KvPoolLayout kl{2, 2, 64, 16};
+  auto none = KvBlockPool::create(kl, kl.bytes_per_block() - 1);
+  EXPECT_FALSE(none.ok());
+  auto pool = KvBlockPool::create(kl, kl.bytes_per_block() * 10 + 5);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->n_blocks(), 10);
+}
+
+}  // namespace
+}  // namespace strata::cuda
