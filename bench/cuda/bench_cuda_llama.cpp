@@ -3,7 +3,9 @@
 // the bf16 GEMM rate (cuBLASLt, 8192^3, fp32 accumulate), decode at batch 1 after a
 // 512-token prompt (tok/s and its ratio to the bandwidth ceiling = bandwidth / bytes read per
 // token), and prefill of one 4096-token prompt (tok/s and the ratio of its model FLOP rate
-// to the measured GEMM rate). Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3]
+// to the measured GEMM rate). Two breakdowns come first: the decode step's GEMMs alone at
+// m = 1, and one layer's prefill attention alone.
+// Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -96,6 +98,128 @@ double gemm_rate(cudaStream_t st) {
   return flops / (ms * 1e-3);
 }
 
+
+// The decode step's GEMMs alone (m = 1, the Llama-8B weight shapes, fresh weights), back to
+// back on one stream: how close cuBLASLt's GEMV path comes to the copy bandwidth, apart from
+// every other kernel and the host.
+void gemm_only_decode(cudaStream_t st, double bw) {
+  const int64_t H = 4096, I = 14336, L = 32, V = 128256, qkv = (32 + 16) * 128;
+  struct Shape { int64_t n, k; };
+  std::vector<Shape> shapes;
+  for (int64_t l = 0; l < L; ++l) {
+    shapes.push_back({qkv, H});
+    shapes.push_back({H, H});
+    shapes.push_back({2 * I, H});
+    shapes.push_back({H, I});
+  }
+  shapes.push_back({V, H});
+  int64_t elems = 0;
+  for (const auto& s : shapes) elems += s.n * s.k;
+  uint16_t *w = nullptr, *x = nullptr;
+  float* y = nullptr;
+  void* ws = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), size_t(elems) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), size_t(2 * I) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&y), size_t(V) * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(&ws, size_t(32) << 20));
+  launch_fill_random_bf16(w, elems, 21, 0.02f, st);
+  launch_fill_random_bf16(x, 2 * I, 22, 1.0f, st);
+  auto g = Gemm::create(ws, size_t(32) << 20);
+  if (!g.ok()) std::exit(1);
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int rep = 0; rep < 13; ++rep) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    int64_t off = 0;
+    for (const auto& s : shapes) {
+      (*g)->run(st, x, w + off, y, GemmOut::kF32, 1, s.n, s.k);
+      off += s.n * s.k;
+    }
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
+  }
+  const double ms = median(t);
+  std::printf("decode GEMMs only (m=1, %zu launches, %.3f GB): %.3f ms -> %.1f%% of copy bandwidth\n", shapes.size(),
+              double(elems) * 2e-9, ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
+  g->reset();
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(ws);
+}
+
+// One layer's paged attention for a fresh 4096-token prompt (32/8 heads, head_dim 128).
+void prefill_attention_only(cudaStream_t st) {
+  const int32_t n = 4096, nh = 32, nkv = 8, hd = 128, bs = 16, group = nh / nkv;
+  const int32_t tpt = std::max(1, attention_max_rows() / group);
+  uint16_t *q = nullptr, *o = nullptr, *k = nullptr, *v = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&q), size_t(n) * nh * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&o), size_t(n) * nh * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&k), size_t(n) * nkv * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&v), size_t(n) * nkv * hd * 2));
+  launch_fill_random_bf16(q, int64_t(n) * nh * hd, 31, 1.0f, st);
+  launch_fill_random_bf16(k, int64_t(n) * nkv * hd, 32, 1.0f, st);
+  launch_fill_random_bf16(v, int64_t(n) * nkv * hd, 33, 1.0f, st);
+  std::vector<int32_t> table(n / bs), q_start = {0, n}, pos0 = {0}, tile_seq, tile_q0;
+  for (int32_t i = 0; i < n / bs; ++i) table[size_t(i)] = i;
+  for (int32_t q0 = 0; q0 < n; q0 += tpt) {
+    tile_seq.push_back(0);
+    tile_q0.push_back(q0);
+  }
+  int32_t *dt = nullptr, *dqs = nullptr, *dp = nullptr, *dts = nullptr, *dtq = nullptr;
+  auto up = [&](int32_t** d, const std::vector<int32_t>& h) {
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(d), h.size() * 4));
+    STRATA_CUDA_CHECK(cudaMemcpy(*d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  };
+  up(&dt, table);
+  up(&dqs, q_start);
+  up(&dp, pos0);
+  up(&dts, tile_seq);
+  up(&dtq, tile_q0);
+  PagedAttentionArgs a{};
+  a.q = q;
+  a.out = o;
+  a.k_pool = k;
+  a.v_pool = v;
+  a.block_tables = dt;
+  a.seq_q_start = dqs;
+  a.seq_pos0 = dp;
+  a.tile_seq = dts;
+  a.tile_q0 = dtq;
+  a.n_tokens = n;
+  a.n_tiles = int32_t(tile_seq.size());
+  a.tokens_per_tile = tpt;
+  a.n_splits = 1;
+  a.max_blocks_per_seq = n / bs;
+  a.block_size = bs;
+  a.n_heads = nh;
+  a.n_kv_heads = nkv;
+  a.head_dim = hd;
+  a.scale = 0.0883883f;
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int rep = 0; rep < 6; ++rep) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    launch_paged_attention(a, st);
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
+  }
+  const double ms = median(t);
+  const double flops = 4.0 * nh * hd * (double(n) * (n + 1) / 2.0);
+  std::printf("prefill attention alone, one layer of 4096 tokens: %.2f ms (x32 layers = %.0f ms) -> %.1f TFLOP/s\n", ms,
+              32 * ms, flops / ms * 1e-9);
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
+                  static_cast<void*>(dt), static_cast<void*>(dqs), static_cast<void*>(dp), static_cast<void*>(dts),
+                  static_cast<void*>(dtq)})
+    cudaFree(p);
+}
+
 ModelConfig llama8b() {
   ModelConfig c;
   c.model_type = "llama";
@@ -130,6 +254,8 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaStreamCreate(&st));
   const double bw = copy_bandwidth(st);
   const double gemm = gemm_rate(st);
+  gemm_only_decode(st, bw);
+  prefill_attention_only(st);
 
   const ModelConfig cfg = llama8b();
   CudaModelOptions opt;
