@@ -12,5 +12,7 @@ int& exit_code();
 void register_generate(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_serve(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace strata::cli

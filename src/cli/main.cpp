@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   strata::cli::register_generate(app);
   strata::cli::register_inspect(app);
   strata::cli::register_tokenize(app);
+  strata::cli::register_serve(app);
+  strata::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

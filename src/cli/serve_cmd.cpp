@@ -1,0 +1,205 @@
+// strata serve: loads a model, starts the batched engine and serves the OpenAI- and
+// Anthropic-compatible HTTP API until SIGINT/SIGTERM. With no --model it serves the
+// repository's models/strata-demo (found from $STRATA_MODEL, else relative to the binary).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "engine/engine.h"
+#include "model/registry.h"
+#include "server/http_server.h"
+#include "server/request_mapping.h"
+
+namespace strata::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string served_model_name;
+  int64_t kv_cache_bytes = int64_t(512) << 20;
+  int32_t max_batch_tokens = 2048;
+  int32_t max_num_seqs = 64;
+  int32_t max_model_len = 0;
+  int32_t max_queued = 256;
+  double session_ttl = 600.0;
+  std::string api_key;
+  std::string api_key_file;
+  int64_t max_body_bytes = int64_t(32) << 20;
+  int threads = 0;
+  int http_threads = 0;
+  std::string scheduling_policy = "fcfs";
+  bool no_prefix_caching = false;
+  std::string tool_parser = "auto";
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k, max_tokens;
+};
+
+// The repository's demo model: $STRATA_MODEL, else models/strata-demo in a directory above
+// the executable (build/strata -> ../models/strata-demo).
+std::string default_model_dir() {
+  if (const char* env = std::getenv("STRATA_MODEL"); env && *env) return env;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "models/strata-demo";
+  for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    const fs::path candidate = dir / "models" / "strata-demo";
+    if (fs::exists(candidate / "config.json", ec)) return candidate.string();
+    if (dir == dir.root_path()) break;
+  }
+  return "models/strata-demo";
+}
+
+Result<std::string> read_key_file(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return make_error(ErrorCode::kIo, "--api-key-file: cannot read '" + path + "'");
+  std::string s;
+  char buf[256];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "--api-key-file '" + path + "' is empty");
+  return s;
+}
+
+int fail(const Error& e) {
+  log::error("{}", e.to_string());
+  return e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kUnsupported ? 2 : 1;
+}
+
+int run_serve(ServeArgs a) {
+  if (a.model_dir.empty()) a.model_dir = default_model_dir();
+  if (!a.api_key_file.empty()) {
+    auto key = read_key_file(a.api_key_file);
+    if (!key.ok()) return fail(key.error());
+    a.api_key = *key;
+  }
+  if (a.max_body_bytes < 1024) return fail(make_error(ErrorCode::kInvalidArgument, "--max-body-bytes must be >= 1024, got " + std::to_string(a.max_body_bytes)));
+  if (a.port < 0 || a.port > 65535) return fail(make_error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535], got " + std::to_string(a.port)));
+
+  // SIGINT/SIGTERM go to one waiting thread; block them before any other thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a dead server
+
+  ThreadPool pool(a.threads);
+  auto model = load_model(a.model_dir, pool);
+  if (!model.ok()) return fail(model.error());
+  const ModelConfig cfg = (*model)->config();
+  std::string name = a.served_model_name;
+  if (name.empty()) name = fs::path(a.model_dir).lexically_normal().filename().string();
+  if (name.empty()) name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
+
+  EngineOptions eo;
+  eo.kv_cache_bytes = a.kv_cache_bytes;
+  eo.max_batch_tokens = a.max_batch_tokens;
+  eo.max_num_seqs = a.max_num_seqs;
+  eo.max_model_len = a.max_model_len;
+  eo.max_queued = a.max_queued;
+  eo.session_ttl_s = a.session_ttl;
+  eo.scheduling_policy = a.scheduling_policy;
+  eo.prefix_caching = !a.no_prefix_caching;
+  eo.model_identity = fs::absolute(a.model_dir).lexically_normal().string();
+
+  // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
+  const int32_t max_len_guess = a.max_model_len > 0 ? a.max_model_len : cfg.max_position;
+  auto served = server::load_served_model(a.model_dir, name, cfg, max_len_guess, a.tool_parser);
+  if (!served.ok()) return fail(served.error());
+  eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
+
+  auto engine = Engine::create(std::move(model).value(), eo);
+  if (!engine.ok()) {
+    Error e = engine.error();
+    if (e.code == ErrorCode::kUnsupported) e.message = "strata serve cannot serve " + a.model_dir + ": " + e.message;
+    return fail(e);
+  }
+  served->max_model_len = (*engine)->max_model_len();
+  served->cli.temperature = a.temperature;
+  served->cli.top_p = a.top_p;
+  served->cli.top_k = a.top_k;
+  served->cli.min_p = a.min_p;
+  served->cli.repetition_penalty = a.repetition_penalty;
+  served->cli.max_tokens = a.max_tokens;
+  (*engine)->start();
+
+  server::HttpOptions ho;
+  ho.host = a.host;
+  ho.port = a.port;
+  ho.api_key = a.api_key;
+  ho.max_body_bytes = size_t(a.max_body_bytes);
+  ho.http_threads = a.http_threads;
+  ho.max_num_seqs = a.max_num_seqs;
+  server::HttpServer http(**engine, *served, ho);
+  auto port = http.bind();
+  if (!port.ok()) return fail(port.error());
+
+  std::thread waiter([&http, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log::info("signal {}: shutting down", sig);
+    http.stop();
+  });
+  log::info("serving {} ({}, {} KV blocks of {} tokens, max_model_len {}, tool calls: {}{})", name, cfg.model_type,
+            (*engine)->n_kv_blocks(), (*engine)->block_size(), served->max_model_len,
+            server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
+  std::printf("strata serve: listening on http://%s:%d\n", a.host.c_str(), *port);
+  std::fflush(stdout);
+  const bool ok = http.run();
+  (*engine)->shutdown();
+  // Wake the signal thread if the listener ended on its own.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI and Anthropic HTTP APIs");
+  cmd->add_option("--model", a->model_dir, "Model directory (default: $STRATA_MODEL, else the repository's models/strata-demo)");
+  cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->port, "Port (0: any free port, printed on stdout)")->capture_default_str();
+  cmd->add_option("--served-model-name", a->served_model_name, "Name clients use in 'model' (default: the directory name)");
+  cmd->add_option("--kv-cache-bytes", a->kv_cache_bytes, "Bytes of KV cache")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one engine step")->capture_default_str();
+  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences (and streams) running at once")->capture_default_str();
+  cmd->add_option("--max-model-len", a->max_model_len, "Prompt + generated tokens at most (0: the model's maximum)");
+  cmd->add_option("--max-queued", a->max_queued, "Requests waiting for admission; past it: 429")->capture_default_str();
+  cmd->add_option("--session-ttl", a->session_ttl, "Seconds a session's idle KV blocks stay pinned")->capture_default_str();
+  cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY (or x-api-key) on every endpoint but /health");
+  cmd->add_option("--api-key-file", a->api_key_file, "Read the API key from a file");
+  cmd->add_option("--max-body-bytes", a->max_body_bytes, "Largest request body; larger ones answer 413")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Compute threads (0: one per hardware thread)");
+  cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads (0: max-num-seqs + 8)");
+  cmd->add_option("--scheduling-policy", a->scheduling_policy, "fcfs or priority")->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek or none")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "Default temperature (request > flag > generation_config.json)");
+  cmd->add_option("--top-p", a->top_p, "Default top_p");
+  cmd->add_option("--top-k", a->top_k, "Default top_k");
+  cmd->add_option("--min-p", a->min_p, "Default min_p");
+  cmd->add_option("--repetition-penalty", a->repetition_penalty, "Default repetition_penalty");
+  cmd->add_option("--max-tokens", a->max_tokens, "Default max_tokens (default: the rest of the context)");
+  cmd->callback([a] { exit_code() = run_serve(*a); });
+}
+
+}  // namespace strata::cli

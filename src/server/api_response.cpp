@@ -1,0 +1,410 @@
+#include "server/api_response.h"
+
+#include <cmath>
+#include <random>
+
+namespace strata::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+double finite_logprob(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0; }
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+// A token's text for logprobs; a token that is part of a multi-byte character shows its
+// bytes as "bytes:\xNN" (as vLLM does), since alone it decodes to U+FFFD.
+std::string token_text(const tokenizer::Tokenizer& tok, int32_t id) {
+  std::string s = tok.decode(&id, 1, false);
+  if (s.find("\xEF\xBF\xBD") != std::string::npos) {
+    const std::string piece = tok.id_to_piece(id);
+    if (piece.size() == 6 && piece.rfind("<0x", 0) == 0) return "bytes:\\x" + piece.substr(3, 2);
+  }
+  return s;
+}
+
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+class OpenAiBase : public ResponseBuilder {
+ public:
+  OpenAiBase(ResponseContext c, const tokenizer::Tokenizer& t) : c_(std::move(c)), tok_(t) {}
+
+  std::string stream_error(const ApiError& e) const override {
+    return sse_data(openai_error_body(e)) + "data: [DONE]\n\n";
+  }
+
+ protected:
+  json chunk_base(const char* object) const {
+    json j = {{"id", c_.id}, {"object", object}, {"created", c_.created}, {"model", c_.model}};
+    return j;
+  }
+  std::string usage_chunk(const char* object, const Usage& u) const {
+    if (!c_.include_usage) return "";
+    json j = chunk_base(object);
+    j["choices"] = json::array();
+    j["usage"] = usage_json(u);
+    return sse_data(j);
+  }
+  void add_usage_null(json& j) const {
+    if (c_.include_usage) j["usage"] = nullptr;
+  }
+
+  ResponseContext c_;
+  const tokenizer::Tokenizer& tok_;
+};
+
+class ChatBuilder : public OpenAiBase {
+ public:
+  using OpenAiBase::OpenAiBase;
+
+  std::string start() override { return chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr); }
+
+  std::string delta(const OutputDelta& d) override {
+    content_ += d.content;
+    reasoning_ += d.reasoning;
+    json lp = logprob_entries(d.logprobs);
+    for (auto& e : lp) logprobs_.push_back(e);
+    if (d.content.empty() && d.reasoning.empty()) return "";
+    json delta = json::object();
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    return chunk(delta, c_.logprobs >= 0 ? json{{"content", lp}} : json(nullptr), nullptr);
+  }
+
+  std::string finish(const OutputDelta& last, const std::vector<ToolCall>& calls, const FinishState& f) override {
+    std::string out = delta(last);
+    if (!last.logprobs.empty() && last.content.empty() && last.reasoning.empty() && c_.logprobs >= 0) {
+      out += chunk(json::object(), json{{"content", logprob_entries(last.logprobs)}}, nullptr);
+    }
+    for (size_t i = 0; i < calls.size(); ++i) {
+      json call = {{"id", random_id("call_")},
+                   {"type", "function"},
+                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+      calls_.push_back(call);
+      call["index"] = int(i);
+      out += chunk(json{{"tool_calls", json::array({call})}}, nullptr, nullptr);
+    }
+    finish_reason_ = openai_finish_reason(f, !calls.empty());
+    usage_ = f.usage;
+    out += chunk(json::object(), nullptr, finish_reason_);
+    out += usage_chunk("chat.completion.chunk", f.usage);
+    out += "data: [DONE]\n\n";
+    return out;
+  }
+
+  json body() const override {
+    json msg = {{"role", "assistant"}};
+    msg["content"] = content_.empty() && !calls_.empty() ? json(nullptr) : json(content_);
+    if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    if (!calls_.empty()) msg["tool_calls"] = calls_;
+    json choice = {{"index", 0}, {"message", msg}};
+    choice["logprobs"] = c_.logprobs >= 0 ? json{{"content", logprobs_}} : json(nullptr);
+    choice["finish_reason"] = finish_reason_;
+    json j = {{"id", c_.id}, {"object", "chat.completion"}, {"created", c_.created}, {"model", c_.model}};
+    j["choices"] = json::array({choice});
+    j["usage"] = usage_json(usage_);
+    return j;
+  }
+
+ private:
+  std::string chunk(const json& delta, const json& logprobs, const json& finish_reason) const {
+    json j = chunk_base("chat.completion.chunk");
+    json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+    j["choices"] = json::array({choice});
+    add_usage_null(j);
+    return sse_data(j);
+  }
+
+  json logprob_entries(const std::vector<TokenLogprobs>& lps) const {
+    json out = json::array();
+    if (c_.logprobs < 0) return out;
+    for (const auto& lp : lps) {
+      const std::string t = token_text(tok_, lp.chosen.token);
+      json top = json::array();
+      for (const auto& alt : lp.top) {
+        const std::string at = token_text(tok_, alt.token);
+        top.push_back({{"token", at}, {"logprob", finite_logprob(alt.logprob)}, {"bytes", bytes_of(at)}});
+      }
+      out.push_back({{"token", t}, {"logprob", finite_logprob(lp.chosen.logprob)}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
+    }
+    return out;
+  }
+
+  std::string content_, reasoning_;
+  json logprobs_ = json::array();
+  json calls_ = json::array();
+  std::string finish_reason_;
+  Usage usage_;
+};
+
+class CompletionBuilder : public OpenAiBase {
+ public:
+  using OpenAiBase::OpenAiBase;
+
+  std::string start() override {
+    if (!c_.echo) return "";
+    pending_echo_ = true;
+    return "";
+  }
+
+  void prompt_logprobs(const std::vector<TokenLogprobs>& lps) override { prompt_lps_ = lps; }
+
+  std::string delta(const OutputDelta& d) override {
+    std::string text;
+    json lp = nullptr;
+    if (pending_echo_) {
+      pending_echo_ = false;
+      text = c_.prompt_text;
+      if (c_.logprobs >= 0) lp = echo_logprobs();
+    }
+    text += d.content;
+    if (c_.logprobs >= 0) {
+      if (lp.is_null()) lp = empty_logprobs();
+      append_logprobs(lp, d.logprobs);
+    }
+    text_ += text;
+    if (c_.logprobs >= 0) merge(lp);
+    if (text.empty() && (lp.is_null() || lp["tokens"].empty())) return "";
+    return chunk(text, lp, nullptr);
+  }
+
+  std::string finish(const OutputDelta& last, const std::vector<ToolCall>&, const FinishState& f) override {
+    std::string out = delta(last);
+    finish_reason_ = openai_finish_reason(f, false);
+    usage_ = f.usage;
+    out += chunk("", nullptr, finish_reason_);
+    out += usage_chunk("text_completion", f.usage);
+    out += "data: [DONE]\n\n";
+    return out;
+  }
+
+  json body() const override {
+    json choice = {{"index", 0}, {"text", text_}};
+    choice["logprobs"] = c_.logprobs >= 0 ? all_lp_ : json(nullptr);
+    choice["finish_reason"] = finish_reason_;
+    json j = {{"id", c_.id}, {"object", "text_completion"}, {"created", c_.created}, {"model", c_.model}};
+    j["choices"] = json::array({choice});
+    j["usage"] = usage_json(usage_);
+    return j;
+  }
+
+ private:
+  static json empty_logprobs() {
+    return {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+  }
+
+  void push_token(json& lp, int32_t id, const json& logprob, const json& top) {
+    const std::string t = token_text(tok_, id);
+    lp["tokens"].push_back(t);
+    lp["token_logprobs"].push_back(logprob);
+    lp["top_logprobs"].push_back(top);
+    lp["text_offset"].push_back(offset_);
+    offset_ += int64_t(t.size());
+  }
+
+  json top_map(const TokenLogprobs& lp) const {
+    json top = json::object();
+    for (const auto& alt : lp.top) top[token_text(tok_, alt.token)] = finite_logprob(alt.logprob);
+    return top;
+  }
+
+  json echo_logprobs() {
+    json lp = empty_logprobs();
+    for (size_t i = 0; i < c_.prompt_ids.size(); ++i) {
+      if (i == 0 || i - 1 >= prompt_lps_.size()) {
+        push_token(lp, c_.prompt_ids[i], nullptr, nullptr);
+      } else {
+        const auto& e = prompt_lps_[i - 1];
+        push_token(lp, c_.prompt_ids[i], finite_logprob(e.chosen.logprob), top_map(e));
+      }
+    }
+    return lp;
+  }
+
+  void append_logprobs(json& lp, const std::vector<TokenLogprobs>& lps) {
+    for (const auto& e : lps) push_token(lp, e.chosen.token, finite_logprob(e.chosen.logprob), top_map(e));
+  }
+
+  void merge(const json& lp) {
+    if (all_lp_.is_null()) all_lp_ = empty_logprobs();
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (const auto& v : lp[k]) all_lp_[k].push_back(v);
+    }
+  }
+
+  std::string chunk(const std::string& text, const json& logprobs, const json& finish_reason) const {
+    json j = chunk_base("text_completion");
+    json choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+    j["choices"] = json::array({choice});
+    add_usage_null(j);
+    return sse_data(j);
+  }
+
+  bool pending_echo_ = false;
+  std::vector<TokenLogprobs> prompt_lps_;
+  std::string text_;
+  json all_lp_ = nullptr;
+  int64_t offset_ = 0;
+  std::string finish_reason_;
+  Usage usage_;
+};
+
+class MessagesBuilder : public ResponseBuilder {
+ public:
+  MessagesBuilder(ResponseContext c) : c_(std::move(c)) {}
+
+  std::string start() override {
+    json msg = message_shell();
+    msg["usage"] = {{"input_tokens", int(c_.prompt_ids.size())}, {"output_tokens", 0}};
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}}) + sse_event("ping", {{"type", "ping"}});
+  }
+
+  std::string delta(const OutputDelta& d) override {
+    std::string out;
+    if (!d.reasoning.empty()) {
+      out += open_block("thinking");
+      thinking_ += d.reasoning;
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                               {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+    }
+    if (!d.content.empty()) {
+      out += open_block("text");
+      text_ += d.content;
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                               {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
+    }
+    return out;
+  }
+
+  std::string finish(const OutputDelta& last, const std::vector<ToolCall>& calls, const FinishState& f) override {
+    std::string out = delta(last);
+    out += close_block();
+    for (const auto& call : calls) {
+      json input = json::object();
+      try {
+        input = json::parse(call.arguments);
+      } catch (const std::exception&) {
+      }
+      json block = {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", input}};
+      tool_blocks_.push_back(block);
+      ++index_;
+      json start_block = block;
+      start_block["input"] = json::object();
+      out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", start_block}});
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                               {"delta", {{"type", "input_json_delta"}, {"partial_json", call.arguments}}}});
+      out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+    }
+    stop_reason_ = anthropic_stop_reason(f, !calls.empty());
+    stop_sequence_ = f.stop_string ? json(f.stop_sequence) : json(nullptr);
+    usage_ = f.usage;
+    out += sse_event("message_delta", {{"type", "message_delta"},
+                                       {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
+                                       {"usage", {{"output_tokens", f.usage.completion_tokens}}}});
+    out += sse_event("message_stop", {{"type", "message_stop"}});
+    return out;
+  }
+
+  json body() const override {
+    json msg = message_shell();
+    json content = json::array();
+    if (!thinking_.empty()) content.push_back({{"type", "thinking"}, {"thinking", thinking_}, {"signature", ""}});
+    if (!text_.empty() || tool_blocks_.empty()) content.push_back({{"type", "text"}, {"text", text_}});
+    for (const auto& b : tool_blocks_) content.push_back(b);
+    msg["content"] = content;
+    msg["stop_reason"] = stop_reason_;
+    msg["stop_sequence"] = stop_sequence_;
+    msg["usage"] = {{"input_tokens", usage_.prompt_tokens - usage_.cached_tokens},
+                    {"output_tokens", usage_.completion_tokens},
+                    {"cache_read_input_tokens", usage_.cached_tokens},
+                    {"cache_creation_input_tokens", 0}};
+    return msg;
+  }
+
+  std::string stream_error(const ApiError& e) const override { return sse_event("error", anthropic_error_body(e)); }
+
+ private:
+  json message_shell() const {
+    return {{"id", c_.id}, {"type", "message"}, {"role", "assistant"}, {"model", c_.model}, {"content", json::array()},
+            {"stop_reason", nullptr}, {"stop_sequence", nullptr}};
+  }
+
+  std::string open_block(const std::string& type) {
+    if (open_ == type) return "";
+    std::string out = close_block();
+    ++index_;
+    open_ = type;
+    json block = type == "text" ? json{{"type", "text"}, {"text", ""}} : json{{"type", "thinking"}, {"thinking", ""}};
+    return out + sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+  }
+
+  std::string close_block() {
+    if (open_.empty()) return "";
+    open_.clear();
+    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+  }
+
+  ResponseContext c_;
+  int index_ = -1;
+  std::string open_;
+  std::string text_, thinking_;
+  json tool_blocks_ = json::array();
+  std::string stop_reason_;
+  json stop_sequence_ = nullptr;
+  Usage usage_;
+};
+
+}  // namespace
+
+std::string openai_finish_reason(const FinishState& f, bool has_tool_calls) {
+  if (has_tool_calls) return "tool_calls";
+  if (f.stop_string) return "stop";
+  switch (f.reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "abort";
+    default: return "error";
+  }
+}
+
+std::string anthropic_stop_reason(const FinishState& f, bool has_tool_calls) {
+  if (has_tool_calls) return "tool_use";
+  if (f.stop_string) return "stop_sequence";
+  if (f.reason == FinishReason::kLength) return "max_tokens";
+  return "end_turn";
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+std::string sse_data(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+std::string sse_event(const std::string& name, const json& j) { return "event: " + name + "\ndata: " + dump(j) + "\n\n"; }
+
+std::string random_id(const std::string& prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string s = prefix;
+  for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
+  return s;
+}
+
+std::unique_ptr<ResponseBuilder> make_response_builder(ApiKind kind, ResponseContext c, const tokenizer::Tokenizer& t) {
+  switch (kind) {
+    case ApiKind::kChat: return std::make_unique<ChatBuilder>(std::move(c), t);
+    case ApiKind::kCompletion: return std::make_unique<CompletionBuilder>(std::move(c), t);
+    default: return std::make_unique<MessagesBuilder>(std::move(c));
+  }
+}
+
+}  // namespace strata::server

@@ -1,0 +1,382 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "core/log.h"
+#include "server/api_response.h"
+#include "server/connection_watch.h"
+#include "server/output_assembler.h"
+
+namespace strata::server {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::system_clock;
+
+constexpr auto kPoll = std::chrono::milliseconds(100);
+
+bool is_anthropic_path(const std::string& path) { return path == "/v1/messages"; }
+
+void write_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  const json body = is_anthropic_path(req.path) ? anthropic_error_body(e) : openai_error_body(e);
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void write_json(httplib::Response& res, const json& j) {
+  res.status = 200;
+  res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// Parses a request body: UTF-8 first (so the message names the offset), then JSON.
+std::optional<ApiError> parse_body(const std::string& body, json* out) {
+  if (auto bad = find_invalid_utf8(body)) {
+    return bad_field("body", "request body is not valid UTF-8 (byte offset " + std::to_string(*bad) + ")");
+  }
+  try {
+    *out = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return bad_field("body", std::string("request body is not valid JSON: ") + e.what());
+  }
+  return std::nullopt;
+}
+
+std::string id_prefix(ApiKind k) {
+  switch (k) {
+    case ApiKind::kChat: return "chatcmpl-";
+    case ApiKind::kCompletion: return "cmpl-";
+    default: return "msg_";
+  }
+}
+
+// One generation in flight: the engine stream and everything that shapes its answer.
+struct Generation {
+  std::shared_ptr<RequestStream> stream;
+  std::unique_ptr<OutputAssembler> assembler;
+  std::unique_ptr<ResponseBuilder> builder;
+  int fd = -1;  // the client's socket, for noticing that it went away
+  bool cancel_sent = false;
+  bool stop_string = false;
+
+  // Feeds one event; returns its SSE text. Sets *final on the last event.
+  std::string feed(const StreamEvent& ev, bool* final, FinishState* fin) {
+    std::string out;
+    if (!ev.prompt_logprobs.empty()) builder->prompt_logprobs(ev.prompt_logprobs);
+    if (!ev.tokens.empty()) {
+      OutputDelta d = assembler->push(ev.tokens, ev.logprobs);
+      out += builder->delta(d);
+      if (assembler->stopped() && !cancel_sent) {
+        stop_string = true;
+        cancel_sent = true;
+        stream->cancel();  // the stop string ended it: free the sequence now
+      }
+    }
+    if (ev.final) {
+      *final = true;
+      fin->reason = ev.finish_reason;
+      fin->stop_string = stop_string;
+      fin->usage = ev.usage;
+      fin->stop_token = ev.stop_token;
+      fin->error = ev.message;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions options)
+    : engine_(engine), model_(model), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  install_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+Result<int> HttpServer::bind() {
+  int port = options_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(options_.host);
+    if (port < 0) return make_error(ErrorCode::kIo, "cannot listen on " + options_.host + " (any port)");
+  } else if (!http_->bind_to_port(options_.host, port)) {
+    return make_error(ErrorCode::kIo, "cannot listen on " + options_.host + ":" + std::to_string(port) + " (in use, or no permission)");
+  }
+  return port;
+}
+
+bool HttpServer::run() { return http_->listen_after_bind(); }
+
+void HttpServer::stop() {
+  if (http_) http_->stop();
+}
+
+void HttpServer::install_routes() {
+  httplib::Server& s = *http_;
+  const int threads = options_.http_threads > 0 ? options_.http_threads : options_.max_num_seqs + 8;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(std::max(threads, 4))); };
+  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_keep_alive_max_count(10000);
+  s.set_read_timeout(30, 0);
+  s.set_write_timeout(30, 0);
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string bearer = req.get_header_value("Authorization");
+    const std::string x_key = req.get_header_value("x-api-key");
+    if (bearer == "Bearer " + options_.api_key || x_key == options_.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.status = 401;
+    e.code = "invalid_api_key";
+    e.message = bearer.empty() && x_key.empty() ? "missing API key: send Authorization: Bearer <key>"
+                                                : "invalid API key";
+    write_error(req, res, e);
+    metrics_.count_request(req.path, 401);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.status = res.status;
+    if (res.status == 413) {
+      e.message = "request body is larger than --max-body-bytes (" + std::to_string(options_.max_body_bytes) + " bytes)";
+      e.param = "body";
+    } else if (res.status == 404) {
+      e.message = "no route for " + req.method + " " + req.path;
+    } else {
+      e.message = "HTTP error " + std::to_string(res.status);
+    }
+    write_error(req, res, e);
+    metrics_.count_request(res.status == 404 ? "other" : req.path, res.status);
+  });
+
+  s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    log::error("{} {}: {}", req.method, req.path, what);
+    ApiError e;
+    e.status = 500;
+    e.message = "internal error: " + what;
+    write_error(req, res, e);
+    metrics_.count_request(req.path, 500);
+  });
+
+  s.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+    if (engine_.alive()) {
+      write_json(res, {{"status", "ok"}});
+    } else {
+      res.status = 503;
+      res.set_content(json{{"status", "error"}, {"message", "the engine loop is not running"}}.dump(), "application/json");
+    }
+  });
+
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(render_metrics(metrics_.snapshot(), engine_.stats(), model_.name), "text/plain; version=0.0.4");
+  });
+
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    json card = {{"id", model_.name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
+                 {"max_model_len", model_.max_model_len}, {"vocab_size", model_.tokenizer.vocab_size()}};
+    write_json(res, {{"object", "list"}, {"data", json::array({card})}});
+    metrics_.count_request(req.path, 200);
+  });
+
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    json body;
+    ParseLimits limits{{model_.name}};
+    auto fail = [&](const ApiError& e) {
+      write_error(req, res, e);
+      metrics_.count_request(req.path, e.status);
+    };
+    if (auto e = parse_body(req.body, &body)) return fail(*e);
+    if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      ApiRequest r;
+      if (auto e = parse_chat_request(body, limits, &r)) return fail(*e);
+      std::string text;
+      if (auto e = render_chat_prompt(r, model_, &text)) return fail(*e);
+      auto enc = model_.tokenizer.encode(text, false);
+      if (!enc.ok()) return fail(bad_field("messages", enc.error().message));
+      ids = std::move(enc).value();
+    } else {
+      auto p = body.find("prompt");
+      if (p == body.end() || !p->is_string()) return fail(bad_field("prompt", "prompt must be a string (or send messages)"));
+      bool add_special = true;
+      if (auto a = body.find("add_special_tokens"); a != body.end()) {
+        if (!a->is_boolean()) return fail(bad_field("add_special_tokens", "add_special_tokens must be a boolean"));
+        add_special = a->get<bool>();
+      }
+      auto enc = model_.tokenizer.encode(p->get<std::string>(), add_special);
+      if (!enc.ok()) return fail(bad_field("prompt", enc.error().message));
+      ids = std::move(enc).value();
+    }
+    write_json(res, {{"count", ids.size()}, {"max_model_len", model_.max_model_len}, {"tokens", ids}});
+    metrics_.count_request(req.path, 200);
+  });
+
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    json body;
+    auto fail = [&](const ApiError& e) {
+      write_error(req, res, e);
+      metrics_.count_request(req.path, e.status);
+    };
+    if (auto e = parse_body(req.body, &body)) return fail(*e);
+    if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
+    auto t = body.find("tokens");
+    if (t == body.end() || !t->is_array()) return fail(bad_field("tokens", "tokens must be an array of token ids"));
+    std::vector<int32_t> ids;
+    const int32_t vocab = model_.tokenizer.vocab_size();
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& v = (*t)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+        return fail(bad_field("tokens", "tokens[" + std::to_string(i) + "] must be a token id in [0, " + std::to_string(vocab) +
+                                            "), got " + json_excerpt(v)));
+      }
+      ids.push_back(v.get<int32_t>());
+    }
+    write_json(res, {{"prompt", model_.tokenizer.decode(ids, false)}});
+    metrics_.count_request(req.path, 200);
+  });
+
+  auto generate = [this](ApiKind kind) {
+    return [this, kind](const httplib::Request& req, httplib::Response& res) {
+      auto fail = [&](const ApiError& e) {
+        write_error(req, res, e);
+        metrics_.count_request(req.path, e.status);
+      };
+      json body;
+      if (auto e = parse_body(req.body, &body)) return fail(*e);
+      ApiRequest r;
+      const ParseLimits limits{{model_.name}};
+      std::optional<ApiError> perr = kind == ApiKind::kChat         ? parse_chat_request(body, limits, &r)
+                                     : kind == ApiKind::kCompletion ? parse_completion_request(body, limits, &r)
+                                                                    : parse_messages_request(body, limits, &r);
+      if (perr) return fail(*perr);
+      if (r.session_id.empty()) r.session_id = req.get_header_value("X-Session-Id");
+      PreparedRequest p;
+      if (auto e = prepare_request(r, model_, &p)) return fail(*e);
+      if (!engine_.alive()) {
+        ApiError e;
+        e.status = 503;
+        e.message = "the engine loop is not running";
+        return fail(e);
+      }
+      ResponseContext ctx;
+      ctx.id = random_id(id_prefix(kind));
+      ctx.model = model_.name;
+      ctx.created = std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+      ctx.include_usage = r.include_usage;
+      ctx.logprobs = r.logprobs;
+      ctx.echo = r.echo;
+      ctx.prompt_text = p.prompt_text;
+      ctx.prompt_ids = p.generation.prompt;
+      p.generation.id = ctx.id;
+      auto submitted = engine_.submit(std::move(p.generation));
+      if (!submitted.ok()) {
+        ApiError e = api_error_from(submitted.error());
+        if (submitted.error().code == ErrorCode::kUnsupported) e.status = 503;
+        if (e.status == 429) e.message = "the request queue is full (" + submitted.error().message + "); retry later";
+        return fail(e);
+      }
+      auto gen = std::make_shared<Generation>();
+      gen->stream = std::move(submitted).value();
+      gen->assembler = std::make_unique<OutputAssembler>(model_.tokenizer, p.output);
+      gen->builder = make_response_builder(kind, std::move(ctx), model_.tokenizer);
+      gen->fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
+      metrics_.count_request(req.path, 200);
+
+      if (!r.stream) {
+        FinishState fin;
+        bool final = false;
+        while (!final) {
+          auto ev = gen->stream->next(kPoll);
+          if (!ev) {
+            if (!gen->cancel_sent && peer_closed(gen->fd)) {
+              gen->cancel_sent = true;
+              gen->stream->cancel();
+              metrics_.count_disconnect();
+            }
+            continue;
+          }
+          gen->feed(*ev, &final, &fin);
+        }
+        metrics_.count_usage(fin.usage);
+        std::vector<ToolCall> calls;
+        OutputDelta last = gen->assembler->finish(&calls);
+        gen->builder->finish(last, calls, fin);
+        if (fin.reason == FinishReason::kError && !fin.stop_string) {
+          ApiError e;
+          e.status = 500;
+          e.message = "generation failed: " + fin.error;
+          write_error(req, res, e);
+          return;
+        }
+        write_json(res, gen->builder->body());
+        return;
+      }
+
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, gen](size_t, httplib::DataSink& sink) {
+            auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+            auto vanish = [&] {
+              if (!gen->cancel_sent) {
+                gen->cancel_sent = true;
+                gen->stream->cancel();
+                metrics_.count_disconnect();
+              }
+              return false;
+            };
+            if (!write(gen->builder->start())) return vanish();
+            FinishState fin;
+            bool final = false;
+            while (!final) {
+              auto ev = gen->stream->next(kPoll);
+              if (!ev) {
+                if (peer_closed(gen->fd)) return vanish();
+                continue;
+              }
+              const std::string text = gen->feed(*ev, &final, &fin);
+              if (!write(text)) return vanish();
+            }
+            metrics_.count_usage(fin.usage);
+            std::vector<ToolCall> calls;
+            OutputDelta last = gen->assembler->finish(&calls);
+            std::string tail;
+            if (fin.reason == FinishReason::kError && !fin.stop_string) {
+              ApiError e;
+              e.status = 500;
+              e.message = "generation failed: " + fin.error;
+              tail = gen->builder->stream_error(e);
+            } else {
+              tail = gen->builder->finish(last, calls, fin);
+            }
+            write(tail);
+            sink.done();
+            return true;
+          },
+          [gen](bool) {
+            // The response ended (or the connection broke): dropping the stream cancels a
+            // generation still running.
+            if (!gen->stream->done() && !gen->cancel_sent) gen->stream->cancel();
+          });
+    };
+  };
+  s.Post("/v1/chat/completions", generate(ApiKind::kChat));
+  s.Post("/v1/completions", generate(ApiKind::kCompletion));
+  s.Post("/v1/messages", generate(ApiKind::kMessages));
+}
+
+}  // namespace strata::server

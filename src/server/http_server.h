@@ -1,0 +1,55 @@
+// HttpServer: the OpenAI- and Anthropic-compatible HTTP front of an Engine (cpp-httplib).
+// Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize, /detokenize;
+// GET /v1/models, /health, /metrics. HTTP threads only parse, tokenize, submit and stream;
+// the engine thread does the rest (engine.h). The thread pool is sized so that max_num_seqs
+// streams run at once with room for short requests beside them.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+#include "server/request_mapping.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace strata::server {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                      // 0: any free port
+  std::string api_key;                  // "": no authentication
+  size_t max_body_bytes = size_t(32) << 20;  // bytes
+  int http_threads = 0;                 // 0: max_num_seqs + 8
+  int max_num_seqs = 64;
+};
+
+class HttpServer {
+ public:
+  HttpServer(Engine& engine, const ServedModel& model, HttpOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket; returns the port (the chosen one when options.port is 0).
+  Result<int> bind();
+  // Serves until stop(); returns false if the listener failed.
+  bool run();
+  void stop();
+
+ private:
+  void install_routes();
+
+  Engine& engine_;
+  const ServedModel& model_;
+  HttpOptions options_;
+  ServerMetrics metrics_;
+  std::unique_ptr<httplib::Server> http_;
+};
+
+}  // namespace strata::server

@@ -1,0 +1,105 @@
+#include "server/metrics.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace strata::server {
+
+void ServerMetrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++s_.requests[{endpoint, status}];
+}
+
+void ServerMetrics::count_usage(const Usage& u) {
+  std::lock_guard<std::mutex> l(mu_);
+  s_.prompt_tokens += u.prompt_tokens;
+  s_.completion_tokens += u.completion_tokens;
+  s_.cached_tokens += u.cached_tokens;
+}
+
+ServerMetrics::Snapshot ServerMetrics::snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Snapshot s = s_;
+  s.disconnects = disconnects_;
+  return s;
+}
+
+namespace {
+
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+void header(std::ostringstream& os, const char* name, const char* type, const char* help) {
+  os << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+}
+
+// Engine histograms count milliseconds; Prometheus convention is seconds.
+void histogram(std::ostringstream& os, const char* name, const char* help, const LatencyHistogram& h, const std::string& labels) {
+  header(os, name, "histogram", help);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds_ms.size(); ++i) {
+    cumulative += i < h.counts.size() ? h.counts[i] : 0;
+    os << name << "_bucket{" << labels << ",le=\"" << num(h.bounds_ms[i] / 1000.0) << "\"} " << cumulative << '\n';
+  }
+  os << name << "_bucket{" << labels << ",le=\"+Inf\"} " << h.count << '\n';
+  os << name << "_sum{" << labels << "} " << num(h.sum_ms / 1000.0) << '\n';
+  os << name << "_count{" << labels << "} " << h.count << '\n';
+}
+
+}  // namespace
+
+std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& e, const std::string& model_name) {
+  std::ostringstream os;
+  const std::string m = "model_name=\"" + model_name + "\"";
+  header(os, "strata_requests_total", "counter", "HTTP requests by endpoint and status code.");
+  for (const auto& [key, n] : s.requests) {
+    os << "strata_requests_total{" << m << ",endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n << '\n';
+  }
+  header(os, "strata_requests_finished_total", "counter", "Generation requests the engine finished, by reason.");
+  for (int r = 0; r < kNumFinishReasons; ++r) {
+    os << "strata_requests_finished_total{" << m << ",reason=\"" << finish_reason_name(FinishReason(r)) << "\"} " << e.finished[r] << '\n';
+  }
+  header(os, "strata_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+  os << "strata_prompt_tokens_total{" << m << "} " << s.prompt_tokens << '\n';
+  header(os, "strata_generation_tokens_total", "counter", "Generated tokens of finished requests.");
+  os << "strata_generation_tokens_total{" << m << "} " << s.completion_tokens << '\n';
+  header(os, "strata_cached_prompt_tokens_total", "counter", "Prompt tokens served by the prefix cache.");
+  os << "strata_cached_prompt_tokens_total{" << m << "} " << s.cached_tokens << '\n';
+  header(os, "strata_prefix_cache_hit_rate", "gauge", "Cached prompt tokens over prompt tokens, since start.");
+  os << "strata_prefix_cache_hit_rate{" << m << "} " << num(s.prompt_tokens > 0 ? double(s.cached_tokens) / double(s.prompt_tokens) : 0.0) << '\n';
+  header(os, "strata_client_disconnects_total", "counter", "Requests cancelled because the client went away.");
+  os << "strata_client_disconnects_total{" << m << "} " << s.disconnects << '\n';
+  header(os, "strata_engine_alive", "gauge", "1 while the engine loop runs.");
+  os << "strata_engine_alive{" << m << "} " << (e.alive ? 1 : 0) << '\n';
+  header(os, "strata_queue_depth", "gauge", "Requests submitted and not yet admitted.");
+  os << "strata_queue_depth{" << m << "} " << e.queue_depth << '\n';
+  header(os, "strata_num_requests_running", "gauge", "Sequences holding KV blocks.");
+  os << "strata_num_requests_running{" << m << "} " << e.running << '\n';
+  header(os, "strata_num_requests_waiting", "gauge", "Sequences waiting in the scheduler (preempted ones included).");
+  os << "strata_num_requests_waiting{" << m << "} " << e.waiting << '\n';
+  header(os, "strata_kv_blocks", "gauge", "KV blocks by state: used (referenced), cached (idle, reusable), free, pinned (cached under a session).");
+  os << "strata_kv_blocks{" << m << ",state=\"used\"} " << e.kv.used << '\n';
+  os << "strata_kv_blocks{" << m << ",state=\"cached\"} " << e.kv.cached << '\n';
+  os << "strata_kv_blocks{" << m << ",state=\"free\"} " << e.kv.free << '\n';
+  os << "strata_kv_blocks{" << m << ",state=\"pinned\"} " << e.kv.pinned << '\n';
+  header(os, "strata_kv_blocks_total", "gauge", "KV blocks in the pool.");
+  os << "strata_kv_blocks_total{" << m << "} " << e.kv.n_blocks << '\n';
+  header(os, "strata_kv_evictions_total", "counter", "Cached KV blocks given to another use.");
+  os << "strata_kv_evictions_total{" << m << "} " << e.kv.evictions << '\n';
+  header(os, "strata_engine_steps_total", "counter", "Engine steps (packed forwards).");
+  os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';
+  header(os, "strata_engine_prefix_hit_tokens_total", "counter", "Tokens admission took from the prefix cache (recomputations included).");
+  os << "strata_engine_prefix_hit_tokens_total{" << m << "} " << e.prefix_hit_tokens << '\n';
+  header(os, "strata_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
+  os << "strata_preemptions_total{" << m << "} " << e.preemptions << '\n';
+  histogram(os, "strata_time_to_first_token_seconds", "Submission to first generated token.", e.ttft, m);
+  histogram(os, "strata_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", e.inter_token, m);
+  return os.str();
+}
+
+}  // namespace strata::server

@@ -1,0 +1,64 @@
+#include "server/output_assembler.h"
+
+namespace strata::server {
+
+OutputAssembler::OutputAssembler(const tokenizer::Tokenizer& tokenizer, OutputOptions options)
+    : options_(std::move(options)),
+      decoder_(tokenizer, options_.skip_special),
+      stop_(options_.stop),
+      tools_(options_.tools) {
+  if (options_.reasoning) reasoning_.emplace(options_.reasoning_starts_inside);
+}
+
+OutputDelta OutputAssembler::route(const std::string& text, bool final) {
+  OutputDelta d;
+  ReasoningDelta r;
+  if (reasoning_) {
+    r = reasoning_->push(text);
+    if (final) {
+      ReasoningDelta f = reasoning_->finish();
+      r.reasoning += f.reasoning;
+      r.content += f.content;
+    }
+  } else {
+    r.content = text;
+  }
+  d.reasoning = std::move(r.reasoning);
+  d.content = tools_.push(r.content);
+  return d;
+}
+
+OutputDelta OutputAssembler::push(const std::vector<int32_t>& tokens, const std::vector<TokenLogprobs>& logprobs) {
+  std::string text;
+  if (!stop_.stopped()) {
+    for (int32_t t : tokens) text += decoder_.push(t);
+  }
+  pending_tokens_.insert(pending_tokens_.end(), tokens.begin(), tokens.end());
+  pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
+  const std::string safe = stop_.push(text);
+  OutputDelta d = route(safe, false);
+  if (!d.content.empty() || !d.reasoning.empty() || stop_.stopped()) {
+    d.tokens = std::move(pending_tokens_);
+    d.logprobs = std::move(pending_logprobs_);
+    pending_tokens_.clear();
+    pending_logprobs_.clear();
+  }
+  return d;
+}
+
+OutputDelta OutputAssembler::finish(std::vector<ToolCall>* calls) {
+  std::string text;
+  if (!stop_.stopped()) text = stop_.push(decoder_.finish());
+  text += stop_.flush();
+  OutputDelta d = route(text, true);
+  ToolParse t = tools_.finish();
+  d.content += t.content;
+  if (calls) *calls = std::move(t.calls);
+  d.tokens = std::move(pending_tokens_);
+  d.logprobs = std::move(pending_logprobs_);
+  pending_tokens_.clear();
+  pending_logprobs_.clear();
+  return d;
+}
+
+}  // namespace strata::server

@@ -1,0 +1,61 @@
+// OutputAssembler: turns a request's generated token ids into what the API returns, in
+// order: incremental detokenization (StreamDecoder), stop strings (StopMatcher), reasoning
+// split (ReasoningSplitter), tool calls (ToolCallFilter). Streaming and non-streaming answers
+// run the same code: a non-streaming answer is the concatenation of the deltas.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sampling/logprobs.h"
+#include "server/reasoning_parser.h"
+#include "server/stop_matcher.h"
+#include "server/tool_parser.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace strata::server {
+
+struct OutputOptions {
+  bool skip_special = true;
+  std::vector<std::string> stop;
+  bool reasoning = false;               // split <think>...</think> off
+  bool reasoning_starts_inside = false; // the prompt opened <think> already
+  ToolCallFormat tools = ToolCallFormat::kNone;  // kNone: no tool parsing
+};
+
+struct OutputDelta {
+  std::string content;
+  std::string reasoning;
+  std::vector<int32_t> tokens;               // ids whose text is in this delta or before
+  std::vector<TokenLogprobs> logprobs;       // theirs, when the request asked for logprobs
+  bool empty() const { return content.empty() && reasoning.empty() && tokens.empty(); }
+};
+
+class OutputAssembler {
+ public:
+  OutputAssembler(const tokenizer::Tokenizer& tokenizer, OutputOptions options);
+
+  // New tokens (and their logprobs, one per token, or none). Text held back (partial
+  // characters, possible stop strings or tags) keeps its tokens pending.
+  OutputDelta push(const std::vector<int32_t>& tokens, const std::vector<TokenLogprobs>& logprobs);
+  // True once a stop string matched: the caller stops the generation.
+  bool stopped() const { return stop_.stopped(); }
+
+  // The end of the generation: everything held back, and the tool calls found.
+  OutputDelta finish(std::vector<ToolCall>* calls);
+
+ private:
+  OutputDelta route(const std::string& text, bool final);
+
+  OutputOptions options_;
+  tokenizer::StreamDecoder decoder_;
+  StopMatcher stop_;
+  std::optional<ReasoningSplitter> reasoning_;
+  ToolCallFilter tools_;
+  std::vector<int32_t> pending_tokens_;
+  std::vector<TokenLogprobs> pending_logprobs_;
+};
+
+}  // namespace strata::server

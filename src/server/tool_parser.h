@@ -1,0 +1,53 @@
+// Tool calls in a model's output text, one parser per output format:
+//   kHermes   Qwen 2.5/3, Hermes, many fine-tunes: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+//   kLlama3   Llama 3.1+ JSON: {"name": ..., "parameters": {...}} (optionally after <|python_tag|>,
+//             several separated by ';'), the whole output being the call
+//   kDeepSeek DeepSeek V3 / R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//             ```json ARGS ```<｜tool▁call▁end｜>...; V3.1 writes NAME<｜tool▁sep｜>ARGS
+// Output that does not parse as calls stays content, unchanged. ToolCallFilter does the same
+// over streamed text: content before a call streams through, the call itself is held back and
+// parsed when the generation ends.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata::server {
+
+enum class ToolCallFormat { kNone, kHermes, kLlama3, kDeepSeek };
+
+// "hermes", "llama3", "deepseek", "none"; false for anything else.
+bool parse_tool_call_format(const std::string& name, ToolCallFormat* out);
+const char* tool_call_format_name(ToolCallFormat f);
+// The format a chat template writes calls in (kNone when it shows none).
+ToolCallFormat detect_tool_call_format(std::string_view chat_template);
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object, as text
+};
+
+struct ToolParse {
+  std::string content;          // the text that is not a call
+  std::vector<ToolCall> calls;  // empty: no (valid) call
+};
+
+ToolParse parse_tool_calls(ToolCallFormat format, std::string_view text);
+
+class ToolCallFilter {
+ public:
+  explicit ToolCallFilter(ToolCallFormat format) : format_(format) {}
+  // Content that is safe to stream now.
+  std::string push(std::string_view text);
+  // The end: held-back content and the parsed calls.
+  ToolParse finish();
+
+ private:
+  ToolCallFormat format_;
+  std::string held_;
+  bool capturing_ = false;
+  bool passed_any_ = false;  // kLlama3: content started, so no call can follow
+};
+
+}  // namespace strata::server

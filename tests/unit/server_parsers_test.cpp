@@ -1,0 +1,199 @@
+// Stop strings, reasoning split and tool-call parsing over the output formats of each family,
+// fed whole and in every two-piece split (streaming must give what one piece gives).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/reasoning_parser.h"
+#include "server/stop_matcher.h"
+#include "server/tool_parser.h"
+
+namespace strata::server {
+namespace {
+
+std::string run_stop(const std::vector<std::string>& stops, const std::vector<std::string>& pieces, bool* stopped) {
+  StopMatcher m(stops);
+  std::string out;
+  for (const auto& p : pieces) out += m.push(p);
+  out += m.flush();
+  *stopped = m.stopped();
+  return out;
+}
+
+TEST(StopMatcher, CutsAtTheFirstStopInEverySplit) {
+  const std::string text = "Hello world. The END is near END";
+  for (size_t i = 0; i <= text.size(); ++i) {
+    for (size_t j = i; j <= text.size(); ++j) {
+      bool stopped = false;
+      const std::string out = run_stop({"END", "xyz"}, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}, &stopped);
+      ASSERT_TRUE(stopped);
+      ASSERT_EQ(out, "Hello world. The ") << i << "," << j;
+    }
+  }
+}
+
+TEST(StopMatcher, NeverEmitsAPartialStop) {
+  StopMatcher m({"</answer>"});
+  EXPECT_EQ(m.push("abc</an"), "abc");
+  EXPECT_EQ(m.push("swer"), "");
+  EXPECT_EQ(m.push("!"), "</answer!");  // not the stop after all: released whole
+  EXPECT_EQ(m.push("</answer> tail"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "</answer>");
+}
+
+TEST(StopMatcher, FlushReleasesAHeldPrefixWhenNoStopCame) {
+  bool stopped = true;
+  EXPECT_EQ(run_stop({"STOP"}, {"abc ST"}, &stopped), "abc ST");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(run_stop({}, {"a", "b"}, &stopped), "ab");
+}
+
+TEST(StopMatcher, EarliestStopWinsAcrossStrings) {
+  bool stopped = false;
+  EXPECT_EQ(run_stop({"world", "lo w"}, {"hello world"}, &stopped), "hel");
+}
+
+ReasoningDelta split_all(const std::string& text, size_t cut, bool inside = false) {
+  ReasoningSplitter s(inside);
+  ReasoningDelta a = s.push(text.substr(0, cut));
+  ReasoningDelta b = s.push(text.substr(cut));
+  ReasoningDelta c = s.finish();
+  return {a.reasoning + b.reasoning + c.reasoning, a.content + b.content + c.content};
+}
+
+TEST(ReasoningSplitter, Qwen3ThinkingOutputInEverySplit) {
+  const std::string text = "<think>\nThe user greets me. I should answer.\n</think>\n\nHello! How can I help?";
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    const ReasoningDelta d = split_all(text, cut);
+    ASSERT_EQ(d.reasoning, "The user greets me. I should answer.") << cut;
+    ASSERT_EQ(d.content, "Hello! How can I help?") << cut;
+  }
+}
+
+TEST(ReasoningSplitter, DeepSeekR1PromptOpensTheTag) {
+  EXPECT_TRUE(prompt_opens_reasoning("<｜User｜>hi<｜Assistant｜><think>\n"));
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  const std::string text = "Okay, let me think.\n</think>\n\nThe answer is 4.";
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    const ReasoningDelta d = split_all(text, cut, true);
+    ASSERT_EQ(d.reasoning, "Okay, let me think.") << cut;
+    ASSERT_EQ(d.content, "The answer is 4.") << cut;
+  }
+}
+
+TEST(ReasoningSplitter, OutputWithoutTagsIsContentUnchanged) {
+  const std::string text = "  plain <thin answer";
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    const ReasoningDelta d = split_all(text, cut);
+    ASSERT_EQ(d.reasoning, "");
+    ASSERT_EQ(d.content, text) << cut;
+  }
+}
+
+TEST(ReasoningSplitter, UnclosedReasoningStaysReasoning) {
+  const ReasoningDelta d = split_all("<think>still thinking when the tokens ran out", 9);
+  EXPECT_EQ(d.reasoning, "still thinking when the tokens ran out");
+  EXPECT_EQ(d.content, "");
+}
+
+void expect_call(const ToolCall& c, const std::string& name, const nlohmann::json& args) {
+  EXPECT_EQ(c.name, name);
+  EXPECT_EQ(nlohmann::json::parse(c.arguments), args);
+}
+
+TEST(ToolParser, HermesQwenFormat) {
+  const std::string text =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>";
+  const ToolParse p = parse_tool_calls(ToolCallFormat::kHermes, text);
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Paris"}, {"unit", "celsius"}});
+  expect_call(p.calls[1], "get_time", {{"tz", "CET"}});
+  EXPECT_EQ(p.content, "Let me check.");
+}
+
+TEST(ToolParser, HermesInvalidJsonStaysContent) {
+  const std::string text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call>";
+  const ToolParse p = parse_tool_calls(ToolCallFormat::kHermes, text);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, text);
+}
+
+TEST(ToolParser, Llama3JsonFormat) {
+  ToolParse p = parse_tool_calls(ToolCallFormat::kLlama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Paris"}});
+  EXPECT_EQ(p.content, "");
+  p = parse_tool_calls(ToolCallFormat::kLlama3,
+                       "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": \"}{\"}}; {\"name\": \"b\", \"parameters\": {}}");
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "a", {{"x", "}{"}});
+  expect_call(p.calls[1], "b", nlohmann::json::object());
+  p = parse_tool_calls(ToolCallFormat::kLlama3, "The weather is {\"name\": \"x\"}");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "The weather is {\"name\": \"x\"}");
+}
+
+TEST(ToolParser, DeepSeekV3AndV31Formats) {
+  const std::string v3 =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+      "<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ToolParse p = parse_tool_calls(ToolCallFormat::kDeepSeek, v3);
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Paris"}});
+  expect_call(p.calls[1], "get_time", nlohmann::json::object());
+  const std::string v31 =
+      "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  p = parse_tool_calls(ToolCallFormat::kDeepSeek, v31);
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Rome"}});
+  EXPECT_EQ(p.content, "Sure.");
+}
+
+TEST(ToolParser, DetectsTheFormatFromTheTemplate) {
+  EXPECT_EQ(detect_tool_call_format("{{- '<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(detect_tool_call_format("'<｜tool▁calls▁begin｜>'"), ToolCallFormat::kDeepSeek);
+  EXPECT_EQ(detect_tool_call_format("{\"name\": function name, \"parameters\": ...}<|eot_id|>"), ToolCallFormat::kLlama3);
+  EXPECT_EQ(detect_tool_call_format("{{ messages }}"), ToolCallFormat::kNone);
+}
+
+// Streaming through the filter gives the same content and calls as parsing the whole text.
+void check_filter(ToolCallFormat f, const std::string& text) {
+  const ToolParse whole = parse_tool_calls(f, text);
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    ToolCallFilter filter(f);
+    std::string content = filter.push(text.substr(0, cut));
+    content += filter.push(text.substr(cut));
+    ToolParse end = filter.finish();
+    content += end.content;
+    ASSERT_EQ(end.calls.size(), whole.calls.size()) << cut;
+    for (size_t i = 0; i < whole.calls.size(); ++i) {
+      ASSERT_EQ(end.calls[i].name, whole.calls[i].name);
+      ASSERT_EQ(end.calls[i].arguments, whole.calls[i].arguments);
+    }
+    if (whole.calls.empty()) ASSERT_EQ(content, text) << cut;
+  }
+}
+
+TEST(ToolCallFilter, StreamingMatchesWholeParsing) {
+  check_filter(ToolCallFormat::kHermes, "I will call.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>");
+  check_filter(ToolCallFormat::kHermes, "no call here, just <tool text");
+  check_filter(ToolCallFormat::kLlama3, "  {\"name\": \"f\", \"parameters\": {\"a\": [1, 2]}}");
+  check_filter(ToolCallFormat::kLlama3, "Plain answer {not a call}");
+  check_filter(ToolCallFormat::kDeepSeek,
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+}
+
+TEST(ToolCallFilter, ContentBeforeACallStreamsAtOnce) {
+  ToolCallFilter f(ToolCallFormat::kHermes);
+  EXPECT_EQ(f.push("Checking the weather"), "Checking the weather");
+  EXPECT_EQ(f.push(" now <tool"), " now ");
+  EXPECT_EQ(f.push("_call>{\"name\": \"w\", \"arguments\": {}}"), "");
+  const ToolParse p = f.finish();
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].name, "w");
+}
+
+}  // namespace
+}  // namespace strata::server
