@@ -163,7 +163,7 @@ TEST(BackendBatchInvariance, AttentionChunking) {
 }
 
 TEST(BackendBatchInvariance, AttentionLongContextDecodeMatchesPrefill) {
-  // 700 tokens span three key segments: prefill computes whole queries per task, decode
+  // 700 tokens span many key segments: prefill computes whole queries per task, decode
   // splits a query's segments across threads and folds them afterwards; bits must agree.
   const int32_t n_tok = 700, n_heads = 4, n_kv_heads = 2, head_dim = 64;
   for (auto level : test::simd_levels()) {

@@ -32,7 +32,7 @@ struct SimdKernels {
 };
 
 // Keys per attention segment: a fixed constant, part of the numerics (see cpu_simd_body.inc).
-constexpr int64_t kAttnSegment = 256;
+constexpr int64_t kAttnSegment = 64;
 
 // Floats of per-thread scratch the attention kernels need for `a`.
 inline int64_t attention_scratch_floats(const PagedAttentionArgs& a) {
