@@ -8,10 +8,15 @@
 
 #include "tokenizer/unicode.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace strata::tokenizer {
 namespace {
 
 using json = nlohmann::json;
+
+size_t hash_bytes(std::string_view s) { return static_cast<size_t>(XXH3_64bits(s.data(), s.size())); }
 
 uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
@@ -90,13 +95,13 @@ class WordCache {
  private:
   struct Hash {
     using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    size_t operator()(std::string_view s) const { return hash_bytes(s); }
   };
   struct Shard {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
   };
-  Shard& shard(std::string_view word) { return shards_[std::hash<std::string_view>{}(word) % kShards]; }
+  Shard& shard(std::string_view word) { return shards_[(hash_bytes(word) >> 59) % kShards]; }
   Shard shards_[kShards];
 };
 
@@ -109,6 +114,38 @@ BpeModel::BpeModel(BpeModel&&) noexcept = default;
 BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
 
 Result<BpeModel> BpeModel::from_json(const json& model) {
+  VocabEntries vocab;
+  MergeEntries merges;
+  if (!model.contains("vocab") || !model["vocab"].is_object()) {
+    return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab: expected an object");
+  }
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer()) {
+      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab['" + it.key() + "']: expected an integer id");
+    }
+    vocab.emplace_back(it.key(), it.value().get<int64_t>());
+  }
+  const json empty = json::array();
+  const json& list = model.contains("merges") ? model["merges"] : empty;
+  for (size_t rank = 0; rank < list.size(); ++rank) {
+    const auto& entry = list[rank];
+    if (entry.is_string()) {
+      const std::string& s = entry.get_ref<const std::string&>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos) {
+        return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "] '" + s + "': expected 'a b'");
+      }
+      merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+    } else if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
+      merges.emplace_back(entry[0].get<std::string>(), entry[1].get<std::string>());
+    } else {
+      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "]: expected 'a b' or [a, b]");
+    }
+  }
+  return build(model, std::move(vocab), std::move(merges));
+}
+
+Result<BpeModel> BpeModel::build(const json& model, VocabEntries vocab, MergeEntries merges) {
   if (model.value("type", std::string("BPE")) != "BPE") {
     return make_error(ErrorCode::kUnsupported,
                       "tokenizer.json model type '" + model.value("type", std::string()) + "' (only BPE is supported)");
@@ -119,25 +156,32 @@ Result<BpeModel> BpeModel::from_json(const json& model) {
     }
   }
   BpeModel m;
-  const auto& vocab = model.at("vocab");
-  if (!vocab.is_object()) return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab: expected an object");
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab['" + it.key() + "']: expected an integer id");
-    }
-    const int64_t id = it.value().get<int64_t>();
+  for (const auto& [token, id] : vocab) {
     if (id < 0 || id >= (int64_t{1} << 30)) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab['" + it.key() + "']: id " + std::to_string(id));
+      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.vocab['" + token + "']: id " + std::to_string(id));
     }
     max_id = std::max(max_id, id);
   }
   m.pieces_.resize(static_cast<size_t>(max_id + 1));
-  m.vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    m.pieces_[static_cast<size_t>(id)] = it.key();
-    m.vocab_.emplace(it.key(), id);
+  size_t cap = 16;
+  while (cap < vocab.size() * 2) cap <<= 1;
+  m.index_.assign(cap, -1);
+  m.index_mask_ = cap - 1;
+  for (auto& [token, id64] : vocab) {
+    const auto id = static_cast<int32_t>(id64);
+    size_t slot = hash_bytes(token) & m.index_mask_;
+    bool duplicate = false;
+    while (m.index_[slot] >= 0) {
+      if (m.pieces_[static_cast<size_t>(m.index_[slot])] == token) {
+        m.index_[slot] = id;  // a repeated key: the last one wins, as in a JSON object read into a map
+        duplicate = true;
+        break;
+      }
+      slot = (slot + 1) & m.index_mask_;
+    }
+    if (!duplicate) m.index_[slot] = id;
+    m.pieces_[static_cast<size_t>(id)] = std::move(token);
   }
 
   for (int b = 0; b < 256; ++b) {
@@ -155,36 +199,20 @@ Result<BpeModel> BpeModel::from_json(const json& model) {
     m.unk_id_ = m.token_to_id(unk);
     if (m.unk_id_ < 0) return make_error(ErrorCode::kCorrupt, "tokenizer.json model.unk_token '" + unk + "' is not in the vocabulary");
   }
-  m.byte_fallback_ = model.value("byte_fallback", false);
-  m.fuse_unk_ = model.value("fuse_unk", false);
-  m.ignore_merges_ = model.value("ignore_merges", false);
+  m.byte_fallback_ = model.contains("byte_fallback") && model["byte_fallback"].is_boolean() && model["byte_fallback"].get<bool>();
+  m.fuse_unk_ = model.contains("fuse_unk") && model["fuse_unk"].is_boolean() && model["fuse_unk"].get<bool>();
+  m.ignore_merges_ = model.contains("ignore_merges") && model["ignore_merges"].is_boolean() && model["ignore_merges"].get<bool>();
 
-  const auto& merges = model.at("merges");
   m.merges_->reserve(merges.size());
   std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& entry = merges[rank];
-    std::string_view left, right;
-    if (entry.is_string()) {
-      const std::string& s = entry.get_ref<const std::string&>();
-      const size_t space = s.find(' ');
-      if (space == std::string::npos) {
-        return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "] '" + s + "': expected 'a b'");
-      }
-      left = std::string_view(s).substr(0, space);
-      right = std::string_view(s).substr(space + 1);
-    } else if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
-      left = entry[0].get_ref<const std::string&>();
-      right = entry[1].get_ref<const std::string&>();
-    } else {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "]: expected 'a b' or [a, b]");
-    }
+    const auto& [left, right] = merges[rank];
     merged.assign(left);
     merged.append(right);
     const int32_t l = m.token_to_id(left), r = m.token_to_id(right), n = m.token_to_id(merged);
     if (l < 0 || r < 0 || n < 0) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "] '" + std::string(left) +
-                                                 " " + std::string(right) + "' names a token outside the vocabulary");
+      return make_error(ErrorCode::kCorrupt, "tokenizer.json model.merges[" + std::to_string(rank) + "] '" + left + " " +
+                                                 right + "' names a token outside the vocabulary");
     }
     m.merges_->insert(pair_key(l, r), static_cast<int32_t>(rank), n);
   }
@@ -192,8 +220,14 @@ Result<BpeModel> BpeModel::from_json(const json& model) {
 }
 
 int32_t BpeModel::token_to_id(std::string_view token) const {
-  auto it = vocab_.find(token);
-  return it == vocab_.end() ? -1 : it->second;
+  if (index_.empty()) return -1;
+  size_t slot = hash_bytes(token) & index_mask_;
+  while (true) {
+    const int32_t id = index_[slot];
+    if (id < 0) return -1;
+    if (pieces_[static_cast<size_t>(id)] == token) return id;
+    slot = (slot + 1) & index_mask_;
+  }
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {

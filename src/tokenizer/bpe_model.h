@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -30,6 +29,12 @@ class BpeModel {
   // ["a", "b"] pairs; a merge naming a token outside the vocabulary is an Error.
   static Result<BpeModel> from_json(const nlohmann::json& model);
 
+  using VocabEntries = std::vector<std::pair<std::string, int64_t>>;
+  using MergeEntries = std::vector<std::pair<std::string, std::string>>;
+  // The same from the model's settings (`model` without vocab and merges) and the vocab and
+  // merges pulled out while parsing, which spares building a JSON tree of 100k+ entries.
+  static Result<BpeModel> build(const nlohmann::json& model, VocabEntries vocab, MergeEntries merges);
+
   // Appends the ids of one pre-tokenized word. `byte_level`: the word is raw bytes, read
   // through the GPT-2 byte alphabet. Thread-safe.
   void encode_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const;
@@ -45,17 +50,15 @@ class BpeModel {
 
  private:
   struct MergeTable;
-  struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
 
   void merge_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const;
   // Initial symbol id of one character (its UTF-8 bytes), or -1.
   int32_t char_id(std::string_view ch) const;
 
   std::vector<std::string> pieces_;  // id -> token string ("" for unused ids)
-  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
+  // Open-addressing index of pieces_: slot -> id (-1 empty), probed from the string's hash.
+  std::vector<int32_t> index_;
+  size_t index_mask_ = 0;
   std::unique_ptr<MergeTable> merges_;
   int32_t byte_ids_[256];            // byte -> id of its GPT-2 character, or -1
   int32_t fallback_ids_[256];        // byte -> id of "<0xXX>", or -1

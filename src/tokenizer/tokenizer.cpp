@@ -70,11 +70,89 @@ Result<std::vector<AddedToken>> parse_added_tokens(const json& list) {
   return tokens;
 }
 
-Result<std::shared_ptr<Tokenizer::State>> build_state(const json& tj, const TokenizerConfig& config,
+// tokenizer.json parsed into a tree, except model.vocab and model.merges (most of the file),
+// which are pulled out into flat lists while parsing.
+struct ParsedTokenizerJson {
+  json tree;
+  BpeModel::VocabEntries vocab;
+  BpeModel::MergeEntries merges;
+  bool has_vocab = false;
+  std::string merge_error;
+};
+
+ParsedTokenizerJson parse_tokenizer_json(const std::string& text) {
+  ParsedTokenizerJson out;
+  std::vector<bool> is_array;     // open containers, outermost first
+  std::vector<std::string> keys;  // the current key of each open object
+  std::vector<std::string> pair;  // strings of the ["a", "b"] merge being read
+  auto at = [&](size_t depth, const char* k0, const char* k1) {
+    return is_array.size() == depth && keys[0] == k0 && keys[1] == k1;
+  };
+  auto cb = [&](int, json::parse_event_t event, json& parsed) -> bool {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        is_array.push_back(event == json::parse_event_t::array_start);
+        keys.emplace_back();
+        if (at(3, "model", "vocab") && !is_array[2]) out.has_vocab = true;
+        return true;
+      case json::parse_event_t::key:
+        keys.back() = parsed.get_ref<const std::string&>();
+        return true;
+      case json::parse_event_t::value:
+        if (at(3, "model", "vocab") && !is_array[2] && parsed.is_number_integer()) {
+          out.vocab.emplace_back(keys.back(), parsed.get<int64_t>());
+          return false;
+        }
+        if (at(3, "model", "merges") && is_array[2] && parsed.is_string()) {
+          const std::string& m = parsed.get_ref<const std::string&>();
+          const size_t space = m.find(' ');
+          if (space == std::string::npos) {
+            if (out.merge_error.empty()) out.merge_error = "model.merges entry '" + m + "': expected 'a b'";
+          } else {
+            out.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
+          }
+          return false;
+        }
+        if (at(4, "model", "merges") && is_array[2] && is_array[3] && parsed.is_string()) {
+          pair.push_back(parsed.get<std::string>());
+          return false;
+        }
+        return true;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end: {
+        const bool merge_pair = at(4, "model", "merges") && is_array[2] && is_array[3];
+        is_array.pop_back();
+        keys.pop_back();
+        if (merge_pair) {
+          if (pair.size() == 2) {
+            out.merges.emplace_back(std::move(pair[0]), std::move(pair[1]));
+          } else if (out.merge_error.empty()) {
+            out.merge_error = "model.merges entry: expected [a, b]";
+          }
+          pair.clear();
+          return false;
+        }
+        return true;
+      }
+    }
+    return true;
+  };
+  out.tree = json::parse(text, cb);
+  return out;
+}
+
+Result<std::shared_ptr<Tokenizer::State>> build_state(ParsedTokenizerJson parsed, const TokenizerConfig& config,
                                                       const LoadOptions& options) {
   auto state = std::make_shared<Tokenizer::State>();
   state->config = config;
-  auto model = BpeModel::from_json(tj.at("model"));
+  const json& tj = parsed.tree;
+  if (!tj.is_object() || !tj.contains("model") || !tj["model"].is_object()) {
+    return make_error(ErrorCode::kCorrupt, "no model object");
+  }
+  if (!parsed.has_vocab) return make_error(ErrorCode::kCorrupt, "model.vocab: expected an object");
+  if (!parsed.merge_error.empty()) return make_error(ErrorCode::kCorrupt, parsed.merge_error);
+  auto model = BpeModel::build(tj["model"], std::move(parsed.vocab), std::move(parsed.merges));
   if (!model.ok()) return model.error();
   state->model = std::move(*model);
 
@@ -140,8 +218,7 @@ Result<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json, const 
     config = std::move(*c);
   }
   try {
-    const json tj = json::parse(tokenizer_json);
-    auto state = build_state(tj, config, options);
+    auto state = build_state(parse_tokenizer_json(tokenizer_json), config, options);
     if (!state.ok()) return state.error();
     return Tokenizer(std::move(*state));
   } catch (const json::exception& e) {
@@ -177,8 +254,7 @@ Result<Tokenizer> Tokenizer::load(const std::string& dir, const LoadOptions& opt
     if (!st.ok()) return make_error(st.error().code, base + "generation_config.json: " + st.error().message);
   }
   try {
-    const json parsed = json::parse(*tj);
-    auto state = build_state(parsed, config, options);
+    auto state = build_state(parse_tokenizer_json(*tj), config, options);
     if (!state.ok()) return make_error(state.error().code, base + "tokenizer.json: " + state.error().message);
     return Tokenizer(std::move(*state));
   } catch (const json::exception& e) {
