@@ -1,6 +1,7 @@
 // strata generate: one prompt through a model with a single-sequence cache, tokens streamed
-// to stdout as they are sampled (ids, or text once a tokenizer is wired), logs on stderr.
+// to stdout as they are sampled (ids, or text through the model's tokenizer), logs on stderr.
 // Sampling settings: a flag wins over generation_config.json, which wins over the defaults.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,8 @@
 #include "model/registry.h"
 #include "model/single_sequence.h"
 #include "sampling/sampler.h"
+#include "tokenizer/stream_decoder.h"
+#include "tokenizer/tokenizer.h"
 
 namespace strata::cli {
 
@@ -97,13 +100,26 @@ int run_generate(const GenerateArgs& a) {
   std::string output = a.output;
   const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json");
   if (output.empty()) output = has_tokenizer ? "text" : "ids";
-  if (!a.prompt.empty() || output == "text") {
-    return fail(make_error(ErrorCode::kUnsupported, "--prompt and --output text need the tokenizer, which this build does not "
-                                                    "include yet; use --prompt-ids and --output ids"));
+  std::optional<tokenizer::Tokenizer> tok;
+  if (has_tokenizer) {
+    auto t = tokenizer::Tokenizer::load(a.model_dir);
+    if (!t.ok()) return fail(t.error());
+    tok = std::move(*t);
+  } else if (!a.prompt.empty() || output == "text") {
+    return fail(make_error(ErrorCode::kNotFound, "--prompt and --output text need a tokenizer, and " + a.model_dir +
+                                                     " has no tokenizer.json; use --prompt-ids and --output ids"));
   }
-  auto ids = parse_id_list(a.prompt_ids);
-  if (!ids.ok()) return fail(ids.error());
-
+  std::vector<int32_t> prompt_ids;
+  if (!a.prompt.empty()) {
+    auto ids = tok->encode(a.prompt, /*add_special=*/true);
+    if (!ids.ok()) return fail(ids.error());
+    prompt_ids = std::move(*ids);
+    if (prompt_ids.empty()) return fail(make_error(ErrorCode::kInvalidArgument, "--prompt encodes to no tokens"));
+  } else {
+    auto ids = parse_id_list(a.prompt_ids);
+    if (!ids.ok()) return fail(ids.error());
+    prompt_ids = std::move(*ids);
+  }
   ThreadPool pool(a.threads);
   const auto t0 = std::chrono::steady_clock::now();
   auto model = load_model(a.model_dir, pool);
@@ -114,28 +130,41 @@ int run_generate(const GenerateArgs& a) {
             std::chrono::duration<double, std::milli>(t1 - t0).count(), pool.size());
 
   SamplingParams params = sampling_from(a, cfg);
-  auto sampler = Sampler::create(params, cfg.vocab_size, *ids);
+  std::vector<int32_t> stop_ids = cfg.eos_ids;
+  if (tok) {
+    // The tokenizer adds its EOS and end-of-turn tokens; rows past its vocabulary are padding.
+    stop_ids = tok->stop_ids(cfg.eos_ids);
+    if (tok->vocab_size() < cfg.vocab_size) params.vocab_limit = tok->vocab_size();
+  }
+  auto sampler = Sampler::create(params, cfg.vocab_size, prompt_ids);
   if (!sampler.ok()) return fail(sampler.error());
 
-  int64_t context = int64_t(ids->size()) + a.max_tokens;
+  int64_t context = int64_t(prompt_ids.size()) + a.max_tokens;
   if (cfg.max_position > 0 && context > cfg.max_position) context = cfg.max_position;
   SingleSequence seq(**model, int32_t(std::max<int64_t>(context, 1)));
-  auto logits = seq.prefill(*ids);
+  auto logits = seq.prefill(prompt_ids);
   if (!logits.ok()) return fail(logits.error());
   const auto t2 = std::chrono::steady_clock::now();
 
+  std::optional<tokenizer::StreamDecoder> stream;
+  if (output == "text") stream.emplace(*tok, /*skip_special=*/true);
   int32_t n_generated = 0;
   bool first = true;
   std::string stop_reason = "length";
   while (n_generated < a.max_tokens) {
-    const int32_t tok = sampler->sample(logits->data(), cfg.vocab_size);
-    sampler->accept(tok);
-    const bool is_eos = std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), tok) != cfg.eos_ids.end();
+    const int32_t id = sampler->sample(logits->data(), cfg.vocab_size);
+    sampler->accept(id);
+    const bool is_eos = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
     if (is_eos && !a.ignore_eos) {
       stop_reason = "eos";
       break;
     }
-    std::printf(first ? "%d" : " %d", tok);
+    if (stream) {
+      const std::string delta = stream->push(id);
+      std::fwrite(delta.data(), 1, delta.size(), stdout);
+    } else {
+      std::printf(first ? "%d" : " %d", id);
+    }
     std::fflush(stdout);
     first = false;
     ++n_generated;
@@ -144,15 +173,19 @@ int run_generate(const GenerateArgs& a) {
       stop_reason = "context";
       break;
     }
-    logits = seq.step(tok);
+    logits = seq.step(id);
     if (!logits.ok()) return fail(logits.error());
+  }
+  if (stream) {
+    const std::string rest = stream->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
   }
   std::printf("\n");
   std::fflush(stdout);
   const auto t3 = std::chrono::steady_clock::now();
   const double prefill_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
   const double decode_s = std::chrono::duration<double>(t3 - t2).count();
-  log::info("prompt {} tokens in {:.1f} ms; generated {} tokens in {:.3f} s ({:.1f} tok/s); stop: {}", ids->size(), prefill_ms,
+  log::info("prompt {} tokens in {:.1f} ms; generated {} tokens in {:.3f} s ({:.1f} tok/s); stop: {}", prompt_ids.size(), prefill_ms,
             n_generated, decode_s, decode_s > 0 ? n_generated / decode_s : 0.0, stop_reason);
   return 0;
 }

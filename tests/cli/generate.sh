@@ -42,7 +42,24 @@ got="$("$BIN" generate --model "$TMP/eos" --prompt-ids "$prompt" --max-tokens 32
 got="$("$BIN" generate --model "$TMP/eos" --prompt-ids "$prompt" --max-tokens 5 --temperature 0 --output ids --ignore-eos 2>/dev/null)"
 [ "$got" = "${greedy[*]:0:5}" ] || fail "--ignore-eos: got '$got' want '${greedy[*]:0:5}'"
 
-# 3. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
+# 3. Text prompts and text output through the demo model's tokenizer.
+DEMO="$DATA/../../models/strata-demo"
+demo() {  # demo <case> <field>
+  python3 -c "import json; print(json.load(open('$LOGITS'))['strata-demo']['cases'][$1]['$2'])"
+}
+text="$(demo 2 text)"
+want="$(python3 -c "import json; print(' '.join(map(str, json.load(open('$LOGITS'))['strata-demo']['cases'][2]['greedy_ids'])))")"
+got="$("$BIN" generate --model "$DEMO" --prompt "$text" --max-tokens 48 --temperature 0 --output ids 2>"$TMP/stderr")"
+[ "$got" = "$want" ] || fail "strata-demo --prompt: got '$got' want '$want' ($(cat "$TMP/stderr"))"
+"$BIN" generate --model "$DEMO" --prompt "$text" --max-tokens 48 --temperature 0 --output text >"$TMP/text" 2>/dev/null
+python3 - "$TMP/text" "$LOGITS" <<'PY' || fail "strata-demo --output text differs from greedy_text"
+import json, sys
+got = open(sys.argv[1], encoding="utf-8").read()
+want = json.load(open(sys.argv[2]))["strata-demo"]["cases"][2]["greedy_text"] + "\n"
+sys.exit(0 if got == want else 1)
+PY
+
+# 4. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
 expect_error() {  # expect_error <pattern> <args...>
   local pattern="$1"; shift
   "$BIN" generate "$@" >"$TMP/out" 2>"$TMP/err"
@@ -62,6 +79,8 @@ expect_error "supported: .*llama" --model "$TMP/unknown" --prompt-ids 1 --output
 mkdir -p "$TMP/noweights"
 cp "$MODELS/qwen2-tiny/config.json" "$TMP/noweights/"
 expect_error "model.safetensors" --model "$TMP/noweights" --prompt-ids 1 --output ids
+expect_error "tokenizer" --model "$MODELS/qwen2-tiny" --prompt "hello" --output ids
+expect_error "exactly one of" --model "$MODELS/qwen2-tiny" --output ids
 
 if [ $failures -ne 0 ]; then
   echo "$failures failure(s)" >&2
