@@ -59,7 +59,23 @@ want = json.load(open(sys.argv[2]))["strata-demo"]["cases"][2]["greedy_text"] + 
 sys.exit(0 if got == want else 1)
 PY
 
-# 4. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
+# 4. strata inspect: family, shape and the parameter count of the safetensors header.
+"$BIN" inspect --model "$MODELS/qwen3moe-tiny" >"$TMP/inspect" 2>"$TMP/stderr" || fail "inspect: $(cat "$TMP/stderr")"
+params="$(python3 - "$MODELS/qwen3moe-tiny/model.safetensors" <<'PY'
+import json, struct, sys, math
+f = open(sys.argv[1], "rb")
+n = struct.unpack("<Q", f.read(8))[0]
+h = json.loads(f.read(n))
+print(sum(math.prod(v["shape"]) for k, v in h.items() if k != "__metadata__"))
+PY
+)"
+grep -q "^family: *qwen3_moe" "$TMP/inspect" || fail "inspect: family: $(cat "$TMP/inspect")"
+grep -q "^experts: *8 (top 2" "$TMP/inspect" || fail "inspect: experts: $(cat "$TMP/inspect")"
+grep -q "^parameters: *$params\$" "$TMP/inspect" || fail "inspect: parameters != $params: $(cat "$TMP/inspect")"
+# 2 layers x 2 KV heads x (32 + 32) dims x 4 bytes
+grep -q "^kv_bytes/token: *1024 " "$TMP/inspect" || fail "inspect: kv bytes: $(cat "$TMP/inspect")"
+
+# 5. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
 expect_error() {  # expect_error <pattern> <args...>
   local pattern="$1"; shift
   "$BIN" generate "$@" >"$TMP/out" 2>"$TMP/err"
