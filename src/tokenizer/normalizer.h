@@ -26,4 +26,9 @@ Result<std::unique_ptr<Normalizer>> parse_normalizer(const nlohmann::json& spec)
 enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 std::string normalize_unicode(const std::string& text, NormalForm form);
 
+// True when NFC leaves `cp` unchanged whatever surrounds it: a starter that is no second
+// element of a composition and recomposes to itself. Text made only of such code points
+// skips normalization.
+bool is_nfc_inert(uint32_t cp);
+
 }  // namespace strata::tokenizer

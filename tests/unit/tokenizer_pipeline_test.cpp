@@ -2,13 +2,19 @@
 // hand-written tokenizers: both merge formats, merge order, ignore_merges, byte fallback and
 // unk fusing, added-token lstrip / rstrip / single_word / normalized, normalizers,
 // pre-tokenizers, and errors for what strata does not support.
+#include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <utf8proc.h>
+
+#include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace strata::tokenizer {
 namespace {
@@ -212,6 +218,68 @@ TEST(Config, SpecialTokensTemplatesAndStopIds) {
   EXPECT_FALSE(t->chat_template_source("nope").ok());
   // <|eot_id|> is special but no template mentions it.
   EXPECT_EQ(t->stop_ids({7}), (Ids{7, 31, 32}));
+}
+
+}  // namespace
+}  // namespace strata::tokenizer
+
+namespace strata::tokenizer {
+namespace {
+
+std::string utf8(std::initializer_list<uint32_t> cps) {
+  std::string s;
+  for (uint32_t cp : cps) append_utf8(s, cp);
+  return s;
+}
+
+// NFC straight from utf8proc, bypassing strata's fast path.
+std::string utf8proc_nfc(const std::string& s) {
+  utf8proc_uint8_t* out = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
+  std::string r(reinterpret_cast<const char*>(out));
+  std::free(out);
+  return r;
+}
+
+// The NFC fast path skips utf8proc for text of "inert" code points; check that claim
+// against utf8proc itself over the whole code space.
+TEST(Normalizers, NfcInertCodePointsAreLeftAloneByNfc) {
+  std::vector<uint32_t> first_elements;  // inert code points that start compositions
+  for (uint32_t cp = 0; cp <= 0x10FFFF; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    if (!is_nfc_inert(cp)) continue;
+    const std::string s = utf8({cp});
+    if (cp == 0) continue;  // NUL ends utf8proc's C string
+    ASSERT_EQ(utf8proc_nfc(s), s) << std::hex << cp;
+    const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
+    if (p->comb_index != UINT16_MAX) first_elements.push_back(cp);
+  }
+  // No inert code point composes with an inert starter before it.
+  std::vector<uint32_t> all_first = first_elements;
+  for (uint32_t b : first_elements) {
+    for (uint32_t a : all_first) {
+      const std::string s = utf8({a, b});
+      ASSERT_EQ(utf8proc_nfc(s), s) << std::hex << a << " " << b;
+    }
+  }
+  EXPECT_FALSE(is_nfc_inert(0x0301));  // combining acute
+  EXPECT_FALSE(is_nfc_inert(0x212B));  // ANGSTROM SIGN -> Å
+  EXPECT_FALSE(is_nfc_inert(0x0B3E));  // a starter that is a second element
+  EXPECT_FALSE(is_nfc_inert(0x11A8));  // Hangul trailing jamo
+  EXPECT_TRUE(is_nfc_inert(0x4E2D));
+  EXPECT_TRUE(is_nfc_inert(0x00E9));
+  EXPECT_EQ(normalize_unicode(utf8({'e', 0x301}), NormalForm::kNfc), utf8({0xE9}));
+  // Random mixes of starters, marks (out of canonical order too), jamo and singletons:
+  // the piecewise fast path equals utf8proc on the whole string.
+  const uint32_t pool[] = {'a', 'e', 'A', ' ', 0xE9, 0x301, 0x300, 0x323, 0x307, 0x1100, 0x1161, 0x11A8, 0xAC00,
+                           0x212B, 0x1F71, 0x0B47, 0x0B3E, 0x304B, 0x3099, 0x4E2D, 0x094D, 0x0915, 0x1F600, 0x0344};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    std::string s;
+    const int n = 1 + static_cast<int>(rng() % 8);
+    for (int k = 0; k < n; ++k) append_utf8(s, pool[rng() % std::size(pool)]);
+    ASSERT_EQ(normalize_unicode(s, NormalForm::kNfc), utf8proc_nfc(s)) << ::testing::PrintToString(s);
+  }
+  EXPECT_EQ(normalize_unicode(utf8({0x1100, 0x1161, 0x11A8}), NormalForm::kNfc), utf8({0xAC01}));
 }
 
 }  // namespace
