@@ -80,7 +80,7 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
     attention_forward(pool_, L.attn, L.params, batch, positions_.data(), h_.data(), kv, int(l), attn_scratch_,
                       branch_.data());
     if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_attn_norm.data(), branch_.data(), n, hidden, eps, opw);
-    add_inplace(x_.data(), branch_.data(), n * hidden);
+    cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);
     const std::vector<float>& ffn_norm = spec_.sandwich_norms ? L.pre_ffn_norm : L.post_attn_norm;
     cpu::rms_norm(pool_, x_.data(), ffn_norm.data(), h_.data(), n, hidden, eps, opw);
     if (L.moe) {
@@ -89,7 +89,7 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
       gated_mlp_forward(pool_, L.mlp, spec_.act, h_.data(), n, mlp_scratch_, branch_.data());
     }
     if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_ffn_norm.data(), branch_.data(), n, hidden, eps, opw);
-    add_inplace(x_.data(), branch_.data(), n * hidden);
+    cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);
   }
 
   // Rows that produce logits, in StepBatch::n_logit_rows() order.

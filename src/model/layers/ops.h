@@ -1,5 +1,6 @@
-// Small elementwise steps the families need that are not (yet) backend kernels. Plain loops:
-// they touch activations only, a negligible share of a step's time.
+// Small elementwise steps as plain single-threaded loops: they touch activations only, a
+// negligible share of a step's time. cpu::add (cpu_ops.h) is the pooled SIMD version of
+// add_inplace; soft-capping has no backend kernel yet.
 #pragma once
 
 #include <cmath>
