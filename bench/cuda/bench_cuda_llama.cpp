@@ -102,7 +102,7 @@ double gemm_rate(cudaStream_t st) {
 // The decode step's GEMMs alone (m = 1, the Llama-8B weight shapes, fresh weights), back to
 // back on one stream: how close cuBLASLt's GEMV path comes to the copy bandwidth, apart from
 // every other kernel and the host.
-void gemm_only_decode(cudaStream_t st, double bw) {
+void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   const int64_t H = 4096, I = 14336, L = 32, V = 128256, qkv = (32 + 16) * 128;
   struct Shape { int64_t n, k; };
   std::vector<Shape> shapes;
@@ -126,6 +126,7 @@ void gemm_only_decode(cudaStream_t st, double bw) {
   launch_fill_random_bf16(x, 2 * I, 22, 1.0f, st);
   auto g = Gemm::create(ws, size_t(32) << 20);
   if (!g.ok()) std::exit(1);
+  (*g)->set_gemv_rows(gemv_rows);
   cudaEvent_t e0, e1;
   STRATA_CUDA_CHECK(cudaEventCreate(&e0));
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
@@ -142,8 +143,9 @@ void gemm_only_decode(cudaStream_t st, double bw) {
     if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
   }
   const double ms = median(t);
-  std::printf("decode GEMMs only (m=1, %zu launches, %.3f GB): %.3f ms -> %.1f%% of copy bandwidth\n", shapes.size(),
-              double(elems) * 2e-9, ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
+  std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB): %.3f ms -> %.1f%% of copy bandwidth\n",
+              gemv_rows > 0 ? "weight-stream GEMV" : "cuBLASLt", shapes.size(), double(elems) * 2e-9, ms,
+              100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
   g->reset();
   cudaFree(w);
   cudaFree(x);
@@ -154,7 +156,8 @@ void gemm_only_decode(cudaStream_t st, double bw) {
 // One layer's paged attention for a fresh 4096-token prompt (32/8 heads, head_dim 128).
 void prefill_attention_only(cudaStream_t st) {
   const int32_t n = 4096, nh = 32, nkv = 8, hd = 128, bs = 16, group = nh / nkv;
-  const int32_t tpt = std::max(1, attention_max_rows() / group);
+  const int32_t tpt = attention_tokens_per_tile(nh, nkv, hd, 1);
+  (void)group;
   uint16_t *q = nullptr, *o = nullptr, *k = nullptr, *v = nullptr;
   STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&q), size_t(n) * nh * hd * 2));
   STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&o), size_t(n) * nh * hd * 2));
@@ -254,7 +257,8 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaStreamCreate(&st));
   const double bw = copy_bandwidth(st);
   const double gemm = gemm_rate(st);
-  gemm_only_decode(st, bw);
+  gemm_only_decode(st, bw, 0);
+  gemm_only_decode(st, bw, 1);
   prefill_attention_only(st);
 
   const ModelConfig cfg = llama8b();
@@ -284,12 +288,13 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<int32_t> am(8);
 
-  // Decode: 512-token prompt, then batch-1 greedy steps, each synchronizing on its token.
+  // Decode: 512-token prompt, then batch-1 greedy steps, each synchronizing on its token:
+  // first launched kernel by kernel, then replayed from the step's CUDA graph.
   {
     const int32_t prompt = 512;
     StepBatch b;
     SeqSpan sp;
-    for (int32_t i = 0; i < (prompt + decode_steps + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
+    for (int32_t i = 0; i < (prompt + 2 * (decode_steps + 5) + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
     sp.n_tokens = prompt;
     for (int32_t i = 0; i < prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
     b.seqs = {sp};
@@ -300,32 +305,36 @@ int main(int argc, char** argv) {
     b.seqs[0].pos0 = prompt;
     b.seqs[0].n_tokens = 1;
     b.tokens = {am[0]};
-    std::vector<double> step_ms;
-    for (int i = 0; i < decode_steps + 5; ++i) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
-      if (auto s = m.forward(b, am.data()); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
-        return 1;
+    for (const bool graphs : {false, true}) {
+      m.set_cuda_graphs(graphs);
+      const int64_t ctx0 = b.seqs[0].pos0;
+      std::vector<double> step_ms;
+      for (int i = 0; i < decode_steps + 5; ++i) {
+        STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+        if (auto s = m.forward(b, am.data()); !s.ok()) {
+          std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+          return 1;
+        }
+        STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+        STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+        if (i >= 5) step_ms.push_back(elapsed_ms(e0, e1));  // device time of the step, launch gaps included
+        b.seqs[0].pos0 += 1;
+        b.tokens = {am[0]};
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (i >= 5) step_ms.push_back(elapsed_ms(e0, e1));  // device time of the step
-      b.seqs[0].pos0 += 1;
-      b.tokens = {am[0]};
+      const int64_t ctx = ctx0 + 5 + decode_steps / 2;
+      const double kv_bytes = double(L) * 2 * nkv * hd * 2 * double(ctx);
+      const double bytes_per_token = double(matmul_params) * 2 + double(H) * 2 + kv_bytes;
+      const double ms = median(step_ms);
+      double mean = 0;
+      for (double x : step_ms) mean += x;
+      mean /= double(step_ms.size());
+      const double ceiling = bw / bytes_per_token;
+      std::printf("decode b=1 after %lld, %s: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
+                  static_cast<long long>(ctx0), graphs ? "CUDA graph" : "no graph", ms, mean, step_ms.size(),
+                  1000.0 / ms);
+      std::printf("  bytes read per token %.3f GB -> bandwidth ceiling %.1f tok/s; ratio %.3f\n",
+                  bytes_per_token * 1e-9, ceiling, (1000.0 / ms) / ceiling);
     }
-    // Wall time of the whole decode loop too (host launch overhead included).
-    const int64_t ctx = prompt + decode_steps / 2;
-    const double kv_bytes = double(L) * 2 * nkv * hd * 2 * double(ctx);
-    const double bytes_per_token = double(matmul_params) * 2 + double(H) * 2 + kv_bytes;
-    const double ms = median(step_ms);
-    double mean = 0;
-    for (double x : step_ms) mean += x;
-    mean /= double(step_ms.size());
-    const double ceiling = bw / bytes_per_token;
-    std::printf("decode b=1 after 512: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n", ms, mean,
-                step_ms.size(), 1000.0 / ms);
-    std::printf("  bytes read per token %.3f GB -> bandwidth ceiling %.1f tok/s; ratio %.3f\n", bytes_per_token * 1e-9,
-                ceiling, (1000.0 / ms) / ceiling);
   }
 
   // Prefill: one fresh 4096-token prompt (logits of the last token only).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with .device/bin carried (see package.sh):
-# the GPU tests, then the Llama-8B-shaped benchmark. Logs go to $OUT (or /tmp/strata-gpu).
+# the GPU tests, then the Llama-8B-shaped benchmark and transformers on the same shapes
+# (STRATA_SKIP_HF=1 skips it). Logs go to $OUT (or /tmp/strata-gpu).
 # Usage: bash scripts/device/run_gpu.sh [decode_steps] [prefill_reps]
 set -u
 out=${OUT:-/tmp/strata-gpu}
@@ -24,4 +25,9 @@ for t in gpu_kernels_test gpu_attention_test gpu_golden_test; do
 done
 timeout 400 $bin/bench_cuda_llama "${1:-128}" "${2:-3}" 2>&1 | tee "$out/bench.log"
 echo "bench rc=${PIPESTATUS[0]}"
+# Hugging Face transformers on the same shapes (installed on the GPU machine), same run.
+if [ "${STRATA_SKIP_HF:-0}" != 1 ]; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/cuda/hf_prefill.py "${2:-3}" 2>&1 | grep -v Warning | tee "$out/hf.log"
+  echo "hf rc=${PIPESTATUS[0]}"
+fi
 exit $status

@@ -24,6 +24,7 @@ struct Config {
   float softcap;
   std::vector<Seq> seqs;
   int32_t n_splits;
+  bool flash_direct = false;  // launch the tensor-core kernel itself (with splits too)
 };
 
 void run_case(std::mt19937& rng, const Config& c) {
@@ -39,7 +40,8 @@ void run_case(std::mt19937& rng, const Config& c) {
   std::vector<int32_t> tables(static_cast<size_t>(n_seqs) * max_blocks), q_start(static_cast<size_t>(n_seqs) + 1),
       pos0(static_cast<size_t>(n_seqs)), tile_seq, tile_q0;
   const int32_t group = c.n_heads / c.n_kv_heads;
-  const int32_t tpt = std::max(1, attention_max_rows() / group);
+  const int32_t tpt = c.flash_direct ? std::max(1, flash_attention_rows() / group)
+                                     : attention_tokens_per_tile(c.n_heads, c.n_kv_heads, c.head_dim, c.n_splits);
   int32_t n_tokens = 0;
   for (int32_t s = 0; s < n_seqs; ++s) {
     for (int32_t b = 0; b < max_blocks; ++b) tables[size_t(s) * max_blocks + b] = perm[size_t(s) * max_blocks + b];
@@ -114,12 +116,16 @@ void run_case(std::mt19937& rng, const Config& c) {
   a.window = c.window;
   a.scale = scale;
   a.softcap = c.softcap;
-  launch_paged_attention(a, nullptr);
+  if (c.flash_direct) {
+    launch_flash_attention(a, nullptr);
+  } else {
+    launch_paged_attention(a, nullptr);
+  }
   launch_attention_combine(a, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), ref), 1e-2)
       << "heads " << c.n_heads << "/" << c.n_kv_heads << " head_dim " << c.head_dim << " window " << c.window
-      << " softcap " << c.softcap << " splits " << c.n_splits;
+      << " softcap " << c.softcap << " splits " << c.n_splits << " flash " << c.flash_direct;
 }
 
 class GpuAttention : public ::testing::Test {
@@ -146,6 +152,29 @@ TEST_F(GpuAttention, SlidingWindowAndSoftcap) {
   run_case(rng_, {8, 4, 128, 16, 16, 0.0f, seqs, 1});
   run_case(rng_, {8, 4, 128, 16, 0, 30.0f, seqs, 1});
   run_case(rng_, {4, 2, 256, 8, 24, 50.0f, seqs, 1});
+}
+
+// The tensor-core kernel on every head_dim it takes: several 64-key tiles per query tile,
+// partial last tiles, full 64-row tiles and a group of 7 (63 rows).
+TEST_F(GpuAttention, TensorCorePrefillHeadDims) {
+  const std::vector<Seq> seqs = {{300, 0}, {64, 200}, {1, 511}, {130, 17}};
+  for (const int32_t hd : {16, 32, 64, 128}) run_case(rng_, {16, 4, hd, 16, 0, 0.0f, seqs, 1});
+  run_case(rng_, {14, 2, 128, 16, 0, 0.0f, seqs, 1});
+  run_case(rng_, {8, 8, 64, 16, 0, 0.0f, seqs, 1});   // no GQA
+  run_case(rng_, {32, 8, 128, 16, 100, 20.0f, seqs, 1});  // window and soft-cap across tiles
+  run_case(rng_, {4, 2, 32, 8, 37, 0.0f, seqs, 1});
+}
+
+TEST_F(GpuAttention, TensorCoreSplits) {
+  const std::vector<Seq> seqs = {{1, 511}, {70, 300}, {1, 0}, {1, 900}};
+  for (const int32_t splits : {2, 5}) {
+    Config c{32, 8, 128, 16, 0, 0.0f, seqs, splits};
+    c.flash_direct = true;
+    run_case(rng_, c);
+  }
+  Config w{8, 2, 64, 16, 100, 0.0f, seqs, 3};
+  w.flash_direct = true;
+  run_case(rng_, w);
 }
 
 TEST_F(GpuAttention, SplitKvDecode) {

@@ -8,6 +8,7 @@
 // (grid z) that write partial (out, max, sum) for launch_attention_combine (split-KV decode).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -218,8 +219,19 @@ void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
 
 int32_t attention_max_rows() { return kMaxRows; }
 
+int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t n_splits) {
+  const int32_t group = n_heads / n_kv_heads;
+  const bool flash = flash_attention_supports(head_dim) && n_splits == 1 && group <= flash_attention_rows();
+  return std::max(1, (flash ? flash_attention_rows() : kMaxRows) / group);
+}
+
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles == 0) return;
+  const int32_t group = a.n_heads / a.n_kv_heads;
+  if (flash_attention_supports(a.head_dim) && a.n_splits == 1 && a.tokens_per_tile * group <= flash_attention_rows()) {
+    launch_flash_attention(a, stream);
+    return;
+  }
   if (a.head_dim <= 32) {
     launch_dpl<1>(a, stream);
   } else if (a.head_dim <= 64) {

@@ -74,6 +74,7 @@ struct CudaDecoder::Buffers {
 
 CudaDecoder::~CudaDecoder() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [size, exec] : decode_graphs_) cudaGraphExecDestroy(exec);
   if (buf_) {
     if (buf_->meta_host != nullptr) cudaFreeHost(buf_->meta_host);
     if (buf_->meta_copied != nullptr) cudaEventDestroy(buf_->meta_copied);
@@ -495,11 +496,22 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   int32_t* tile_seq = B.host<int32_t>(B.off_tile_seq);
   int32_t* tile_q0 = B.host<int32_t>(B.off_tile_q0);
   int32_t* row_map = B.host<int32_t>(B.off_row_map);
-  const int32_t group = int32_t(d.nh / d.nkv);
-  const int32_t tpt = std::max(1, attention_max_rows() / group);
+  // Split-KV when the query tiles alone would leave most multiprocessors idle (decode). The
+  // count depends on the batch shape only (not on the context), so a decode step of a given
+  // batch size always launches the same grids and can be replayed from a graph; splits past
+  // the context are empty and the combine skips them.
+  int32_t n_splits = 1;
+  if (n <= opt_.max_seqs) {
+    const int32_t cc_tpt = attention_tokens_per_tile(int32_t(d.nh), int32_t(d.nkv), int32_t(d.hd), 2);
+    int64_t cc_tiles = 0;
+    for (const SeqSpan& sp : batch.seqs) cc_tiles += (sp.n_tokens + cc_tpt - 1) / cc_tpt;
+    const int64_t blocks = cc_tiles * d.nkv;
+    if (blocks < 264) n_splits = int32_t(std::clamp<int64_t>((264 + blocks - 1) / blocks, 1, kMaxSplits));
+  }
+  const int32_t tpt = attention_tokens_per_tile(int32_t(d.nh), int32_t(d.nkv), int32_t(d.hd), n_splits);
   const int32_t bs = opt_.block_size;
   int64_t t = 0, n_tiles = 0, r = 0;
-  int32_t max_kv = 0;
+  bool decode_shape = true;  // every sequence one token with its logit row
   for (int64_t s = 0; s < n_seqs; ++s) {
     const SeqSpan& sp = batch.seqs[size_t(s)];
     const int64_t end = int64_t(sp.pos0) + sp.n_tokens;
@@ -517,7 +529,6 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
     }
     q_start[s] = int32_t(t);
     pos0[s] = sp.pos0;
-    max_kv = std::max(max_kv, int32_t(end));
     for (int32_t i = 0; i < sp.n_tokens; ++i, ++t) {
       const int32_t id = batch.tokens[size_t(t)];
       if (id < 0 || id >= d.V) return make_error(ErrorCode::kOutOfRange, "token id " + std::to_string(id) + " outside the vocabulary of " + std::to_string(d.V));
@@ -531,6 +542,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
       tile_q0[n_tiles] = q0;
       ++n_tiles;
     }
+    decode_shape = decode_shape && sp.n_tokens == 1 && (sp.logits_all || sp.logits_last);
     if (sp.logits_all) {
       for (int32_t i = 0; i < sp.n_tokens; ++i) row_map[r++] = q_start[s] + i;
     } else if (sp.logits_last && sp.n_tokens > 0) {
@@ -539,20 +551,48 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   }
   if (t != n) return make_error(ErrorCode::kInvalidArgument, "spans cover " + std::to_string(t) + " tokens of " + std::to_string(n));
   q_start[n_seqs] = int32_t(t);
-  STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, stream_));
-  STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, stream_));
-  B.meta_pending = true;
   n_logit_rows_ = n_rows;
+  StepShape shape;
+  shape.n_tokens = n;
+  shape.n_tiles = n_tiles;
+  shape.n_rows = n_rows;
+  shape.tokens_per_tile = tpt;
+  shape.n_splits = n_splits;
 
-  // Split-KV when the tiles alone would leave most multiprocessors idle (decode).
-  int32_t n_splits = 1;
-  const int64_t blocks = n_tiles * d.nkv;
-  if (n <= opt_.max_seqs && blocks < 264) {
-    n_splits = int32_t(std::min<int64_t>({kMaxSplits, (264 + blocks - 1) / blocks, (max_kv + 63) / 64}));
-    n_splits = std::max(1, n_splits);
+  if (opt_.cuda_graphs && decode_shape) {
+    auto it = decode_graphs_.find(n_seqs);
+    if (it == decode_graphs_.end() && decode_seen_[n_seqs]++ >= 1) {
+      // Capture this batch size: the metadata copy from the pinned block and every launch.
+      cudaGraph_t graph = nullptr;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      launch_step(shape, false);
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      STRATA_CUDA_RETURN_IF_ERROR(err);
+      it = decode_graphs_.emplace(n_seqs, exec).first;
+    }
+    if (it != decode_graphs_.end()) {
+      STRATA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+      // The graph's copy node reads the pinned block: it is free once the step is done.
+      STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, stream_));
+      B.meta_pending = true;
+      return Status();
+    }
   }
+  launch_step(shape, true);
+  B.meta_pending = true;
+  return Status();
+}
 
+void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
+  const Dims d = dims_of(cfg_);
+  Buffers& B = *buf_;
+  const int64_t n = shape.n_tokens, n_rows = shape.n_rows;
   cudaStream_t st = stream_;
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
+  if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f}, st);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -595,11 +635,11 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
     pa.partial_out = B.partial_out;
     pa.partial_ml = B.partial_ml;
     pa.n_tokens = int32_t(n);
-    pa.n_tiles = int32_t(n_tiles);
-    pa.tokens_per_tile = tpt;
-    pa.n_splits = n_splits;
+    pa.n_tiles = int32_t(shape.n_tiles);
+    pa.tokens_per_tile = shape.tokens_per_tile;
+    pa.n_splits = shape.n_splits;
     pa.max_blocks_per_seq = opt_.max_blocks_per_seq;
-    pa.block_size = bs;
+    pa.block_size = opt_.block_size;
     pa.n_heads = int32_t(d.nh);
     pa.n_kv_heads = int32_t(d.nkv);
     pa.head_dim = int32_t(d.hd);
@@ -614,7 +654,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
     launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(d.I), Act(act_)}, st);
     gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, d.H, d.I);
   }
-  if (n_rows == 0) return Status();
+  if (n_rows == 0) return;
   // x += last MLP output (h is scratch here), then the final norm of the logit rows only.
   launch_add_rms_norm({B.x, B.branch, nullptr, buf_->final_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, 0}, st);
   launch_add_rms_norm({B.x, nullptr, nullptr, buf_->final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, int32_t(n_rows),
@@ -622,7 +662,6 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
                       st);
   gemm_->run(st, B.rows_h, B.lm_head, B.logits, GemmOut::kF32, n_rows, d.V, d.H);
   launch_argmax({B.logits, B.argmax, int32_t(n_rows), int32_t(d.V)}, st);
-  return Status();
 }
 
 Status CudaDecoder::forward(const StepBatch& batch, int32_t* argmax, float* logits) {

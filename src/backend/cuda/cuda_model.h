@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ struct CudaModelOptions {
   int32_t max_seqs = 64;                      // sequences of one step
   int32_t max_blocks_per_seq = 512;           // block-table width: context <= this * block_size
   int32_t max_logit_rows = 64;                // rows of logits one step may ask for
+  // Decode steps (every sequence one token, one logit row each) replay a CUDA graph per batch
+  // size, captured the second time that size is seen (the first runs plainly, loading modules
+  // and GEMM plans outside the capture).
+  bool cuda_graphs = true;
 };
 
 class CudaDecoder {
@@ -51,6 +56,8 @@ class CudaDecoder {
   cudaStream_t stream() const { return stream_; }
   // Bytes of all weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
+  // Turns decode-step graphs on or off from the next step (benchmarks compare both).
+  void set_cuda_graphs(bool on) { opt_.cuda_graphs = on; }
 
   // One step over a packed batch (every span's block table must cover its positions, ids in
   // the vocabulary). Writes the greedy token of each logit row to `argmax` [n_logit_rows] and,
@@ -65,6 +72,13 @@ class CudaDecoder {
  private:
   CudaDecoder() = default;
   Status init_common(const CudaModelOptions& options);
+  // Launches of one step whose metadata is already in the pinned host block; record_copy
+  // records Buffers::meta_copied after the metadata copy (not while capturing a graph).
+  struct StepShape {
+    int64_t n_tokens = 0, n_tiles = 0, n_rows = 0;
+    int32_t tokens_per_tile = 1, n_splits = 1;
+  };
+  void launch_step(const StepShape& shape, bool record_copy);
 
   ModelConfig cfg_;
   CudaModelOptions opt_;
@@ -81,6 +95,8 @@ class CudaDecoder {
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;
   int64_t n_logit_rows_ = 0;  // of the last enqueued step
+  std::map<int64_t, int32_t> decode_seen_;         // batch size -> plain decode steps run
+  std::map<int64_t, cudaGraphExec_t> decode_graphs_;  // batch size -> captured step
 };
 
 }  // namespace strata::cuda

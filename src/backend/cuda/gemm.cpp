@@ -1,6 +1,7 @@
 #include "backend/cuda/gemm.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 
 namespace strata::cuda {
 
@@ -59,6 +60,11 @@ const Gemm::Plan& Gemm::plan(int64_t m, int64_t n, int64_t k, GemmOut out) {
 void Gemm::run(cudaStream_t stream, const uint16_t* x, const uint16_t* w, void* y, GemmOut out, int64_t m, int64_t n,
                int64_t k) {
   if (m == 0 || n == 0) return;
+  // Decode rows: a plain weight stream (bench_cuda_llama measures it against cuBLASLt).
+  if (m <= gemv_rows_ && gemv_supports(x, w, m, k)) {
+    launch_gemv_bf16(x, w, y, out == GemmOut::kF32, m, n, k, stream);
+    return;
+  }
   const Plan& p = plan(m, n, k, out);
   const float alpha = 1.0f, beta = 0.0f;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d, y, p.d, &p.algo, workspace_,

@@ -31,6 +31,9 @@ class Gemm {
   // failure (shapes are the caller's invariant).
   void run(cudaStream_t stream, const uint16_t* x, const uint16_t* w, void* y, GemmOut out, int64_t m, int64_t n,
            int64_t k);
+  // Up to this many rows m, run() streams the weights through launch_gemv_bf16 instead of
+  // cuBLASLt (0: always cuBLASLt; at most kGemvMaxRows).
+  void set_gemv_rows(int64_t rows) { gemv_rows_ = rows; }
 
  private:
   Gemm() = default;
@@ -44,6 +47,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  int64_t gemv_rows_ = 2;  // 3 and 4 rows stay with cuBLASLt until the stream kernel is measured there
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> plans_;
 };
 

@@ -117,9 +117,28 @@ struct PagedAttentionArgs {
   float scale;                  // multiplies q.k
   float softcap;                // 0: none
 };
-int32_t attention_max_rows();  // query rows (token x head of one KV group) one tile holds
+int32_t attention_max_rows();  // query rows (token x head of one KV group) one CUDA-core tile holds
+// Tokens per query tile that launch_paged_attention wants for these shapes: 64 rows for the
+// tensor-core kernel (head_dim 16/32/64/128, one split), else attention_max_rows() rows.
+int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t n_splits);
+// Picks the tensor-core kernel when flash_attention_supports(head_dim), n_splits == 1 and the
+// tile fits its rows; else the CUDA-core kernel (which needs tokens_per_tile * group <=
+// attention_max_rows()).
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream);
 void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream);
+
+// The tensor-core (mma.sync bf16) flash-attention kernel itself, splits included:
+// tokens_per_tile * group <= flash_attention_rows().
+bool flash_attention_supports(int32_t head_dim);
+int32_t flash_attention_rows();
+void launch_flash_attention(const PagedAttentionArgs& a, cudaStream_t stream);
+
+// y[m, n] = x[m, k] . w[n, k]^T for a few rows m <= kGemvMaxRows (decode): a weight stream, fp32
+// sums, y in f32 or bf16. Needs k % 8 == 0 and 16-byte aligned x and w (gemv_supports).
+constexpr int64_t kGemvMaxRows = 4;
+bool gemv_supports(const void* x, const void* w, int64_t m, int64_t k);
+void launch_gemv_bf16(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t m, int64_t n, int64_t k,
+                      cudaStream_t stream);
 
 // Fills n bf16 values uniformly in [-scale, scale] from a counter hash of (seed, index):
 // weights for benchmarks, made on the device.
