@@ -1,4 +1,5 @@
 // pack_weight: checkpoint matrices into the panel layout of cpu_internal.h.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,12 +14,13 @@ using detail::kPanel;
 
 namespace {
 
-// 64-byte aligned zeroed storage, so panel rows start on a cache line.
-std::shared_ptr<void> alloc_aligned(size_t bytes) {
+// 64-byte aligned storage, so panel rows start on a cache line. Only the last panel (the one
+// that can hold zero padding) is cleared; pack_panels writes every other byte.
+std::shared_ptr<void> alloc_aligned(size_t bytes, size_t last_panel_bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   STRATA_CHECK(p != nullptr, "pack_weight: out of memory for " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  std::memset(static_cast<uint8_t*>(p) + (bytes - last_panel_bytes), 0, rounded - (bytes - last_panel_bytes));
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
@@ -28,12 +30,11 @@ void pack_panels(const void* src, size_t src_elem, int64_t rows, int64_t cols, D
   const int64_t n_panels = detail::panel_count(rows);
   for (int64_t P = 0; P < n_panels; ++P) {
     Dst* panel = dst + P * cols * kPanel;
-    for (int64_t l = 0; l < kPanel; ++l) {
-      const int64_t r = P * kPanel + l;
-      if (r >= rows) break;  // padding stays zero
-      const uint8_t* row = bytes + size_t(r * cols) * src_elem;
-      for (int64_t p = 0; p < cols; ++p) panel[p * kPanel + l] = convert(row + size_t(p) * src_elem);
-    }
+    const int64_t live = std::min<int64_t>(kPanel, rows - P * kPanel);  // the rest stays zero
+    const uint8_t* row0 = bytes + size_t(P * kPanel * cols) * src_elem;
+    // Sequential writes, kPanel sequential read streams.
+    for (int64_t p = 0; p < cols; ++p)
+      for (int64_t l = 0; l < live; ++l) panel[p * kPanel + l] = convert(row0 + size_t(l * cols + p) * src_elem);
   }
 }
 
@@ -52,7 +53,7 @@ WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t
   const int64_t elems = detail::panel_count(rows) * kPanel * cols;
   if (src_dtype == DType::kBF16) {
     w.dtype = DType::kBF16;
-    w.storage = alloc_aligned(size_t(elems) * sizeof(bf16_t));
+    w.storage = alloc_aligned(size_t(elems) * sizeof(bf16_t), size_t(cols * kPanel) * sizeof(bf16_t));
     pack_panels(src, sizeof(bf16_t), rows, cols, static_cast<bf16_t*>(w.storage.get()), [](const uint8_t* s) {
       bf16_t v;
       std::memcpy(&v, s, sizeof v);
@@ -60,7 +61,7 @@ WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t
     });
   } else {
     w.dtype = DType::kF32;
-    w.storage = alloc_aligned(size_t(elems) * sizeof(float));
+    w.storage = alloc_aligned(size_t(elems) * sizeof(float), size_t(cols * kPanel) * sizeof(float));
     float* dst = static_cast<float*>(w.storage.get());
     if (src_dtype == DType::kF32) {
       pack_panels(src, sizeof(float), rows, cols, dst, [](const uint8_t* s) {
