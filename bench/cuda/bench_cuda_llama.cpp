@@ -205,18 +205,22 @@ void prefill_attention_only(cudaStream_t st) {
   cudaEvent_t e0, e1;
   STRATA_CUDA_CHECK(cudaEventCreate(&e0));
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int rep = 0; rep < 6; ++rep) {
-    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
-    launch_paged_attention(a, st);
-    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
+  for (const int min_blocks : {2, 3}) {
+    set_flash_attention_min_blocks(min_blocks);
+    std::vector<double> t;
+    for (int rep = 0; rep < 8; ++rep) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+      launch_paged_attention(a, st);
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (rep >= 2) t.push_back(elapsed_ms(e0, e1));
+    }
+    const double ms = median(t);
+    const double flops = 4.0 * nh * hd * (double(n) * (n + 1) / 2.0);
+    std::printf("prefill attention alone (tensor cores, %d blocks/SM variant), one layer of 4096 tokens: %.2f ms "
+                "(x32 layers = %.0f ms) -> %.1f TFLOP/s\n",
+                min_blocks, ms, 32 * ms, flops / ms * 1e-9);
   }
-  const double ms = median(t);
-  const double flops = 4.0 * nh * hd * (double(n) * (n + 1) / 2.0);
-  std::printf("prefill attention alone, one layer of 4096 tokens: %.2f ms (x32 layers = %.0f ms) -> %.1f TFLOP/s\n", ms,
-              32 * ms, flops / ms * 1e-9);
   for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(dt), static_cast<void*>(dqs), static_cast<void*>(dp), static_cast<void*>(dts),
                   static_cast<void*>(dtq)})
@@ -346,24 +350,28 @@ int main(int argc, char** argv) {
     sp.n_tokens = n;
     for (int32_t i = 0; i < n; ++i) b.tokens.push_back((i * 104729) % int32_t(V));
     b.seqs = {sp};
-    std::vector<double> t;
-    for (int i = 0; i < prefill_reps + 1; ++i) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
-      if (auto s = m.forward(b, am.data()); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
-        return 1;
+    for (const int min_blocks : {3, 2}) {
+      set_flash_attention_min_blocks(min_blocks);
+      std::vector<double> t;
+      for (int i = 0; i < prefill_reps + 1; ++i) {
+        STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+        if (auto s = m.forward(b, am.data()); !s.ok()) {
+          std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+          return 1;
+        }
+        STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+        STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+        if (i >= 1) t.push_back(elapsed_ms(e0, e1));
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (i >= 1) t.push_back(elapsed_ms(e0, e1));
+      const double ms = median(t);
+      const double linear_flops = 2.0 * double(L * layer_params) * n + 2.0 * double(V * H);
+      const double attn_flops = double(L) * 4.0 * double(nh) * double(hd) * (double(n) * (n + 1) / 2.0);
+      const double flops = linear_flops + attn_flops;
+      std::printf("prefill 4096 (attention variant %d blocks/SM): %.1f ms (median of %zu) -> %.0f tok/s; model FLOPs "
+                  "%.2f T (attention %.2f T) -> %.1f TFLOP/s\n",
+                  min_blocks, ms, t.size(), n / (ms * 1e-3), flops * 1e-12, attn_flops * 1e-12, flops / ms * 1e-9);
+      std::printf("  ratio to measured GEMM rate %.3f\n", (flops / (ms * 1e-3)) / gemm);
     }
-    const double ms = median(t);
-    const double linear_flops = 2.0 * double(L * layer_params) * n + 2.0 * double(V * H);
-    const double attn_flops = double(L) * 4.0 * double(nh) * double(hd) * (double(n) * (n + 1) / 2.0);
-    const double flops = linear_flops + attn_flops;
-    std::printf("prefill 4096: %.1f ms (median of %zu) -> %.0f tok/s; model FLOPs %.2f T (attention %.2f T) -> %.1f TFLOP/s\n",
-                ms, t.size(), n / (ms * 1e-3), flops * 1e-12, attn_flops * 1e-12, flops / ms * 1e-9);
-    std::printf("  ratio to measured GEMM rate %.3f\n", (flops / (ms * 1e-3)) / gemm);
   }
   std::printf("SUMMARY bw_GBps=%.1f gemm_TFLOPs=%.1f\n", bw * 1e-9, gemm * 1e-12);
   return 0;

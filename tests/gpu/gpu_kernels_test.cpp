@@ -228,8 +228,10 @@ TEST_F(GpuKernels, QkvPostRopeNormAndKvWrite) {
 }
 
 TEST_F(GpuKernels, GatedActivation) {
+  // 700: the scalar path; 14336: 8 outputs per thread.
+  for (const int32_t inter : {700, 14336})
   for (const Act act : {Act::kSilu, Act::kGeluTanh}) {
-    const int32_t n = 13, inter = 700;
+    const int32_t n = 13;
     const Bf16Data gu = random_bf16(rng_, size_t(n) * 2 * inter, 4.0f);
     std::vector<float> g(size_t(n) * inter), u(g.size()), ref(g.size());
     for (int t = 0; t < n; ++t)
@@ -243,7 +245,7 @@ TEST_F(GpuKernels, GatedActivation) {
     dgu.upload(gu.bits);
     dout.poison();
     launch_gated_act({dgu.p, dout.p, n, inter, act}, nullptr);
-    EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), ref), kBf16Tol) << (act == Act::kSilu ? "silu" : "gelu_tanh");
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), ref), kBf16Tol) << (act == Act::kSilu ? "silu" : "gelu_tanh") << " inter " << inter;
   }
 }
 

@@ -8,8 +8,10 @@
 // registers from the S accumulators to bf16 A fragments (the m16n8 C layout of two adjacent
 // n-tiles is the m16k16 A layout). K/V tiles are gathered from the paged pools with cp.async
 // (per-key slot lookup, keys past the range zero-filled) into two shared-memory stages so the
-// next tile loads while this one is computed. Shared rows are XOR-swizzled in 16-byte chunks
-// so that ldmatrix reads of 8 rows hit distinct banks.
+// next tile loads while this one is computed; Q passes through the second V stage before the
+// first tile is computed (64 KB of shared memory at head_dim 128: three blocks per
+// multiprocessor). Shared rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads of 8
+// rows hit distinct banks.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -60,6 +62,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the special-function unit (2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -73,14 +82,17 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * HD + ((c ^ (r & kMask)) * 8);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(PagedAttentionArgs a) {
+// kMinBlocks: blocks per multiprocessor the register budget is cut for (3 at head_dim 128 costs
+// a few spilled registers; bench_cuda_llama measures 2 against 3).
+template <int HD, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(PagedAttentionArgs a) {
   constexpr int kChunks = HD / 8;  // 16-byte chunks per row
   constexpr int kSteps = HD / 16;  // k-steps of Q K^T; also pairs of output n-tiles
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);  // [kRows, HD]
-  uint16_t* sk = sq + kRows * HD;                        // [2, kKeys, HD]
+  static_assert(kRows == kKeys, "Q borrows one V stage");
+  uint16_t* sk = reinterpret_cast<uint16_t*>(smem_raw);  // [2, kKeys, HD]
   uint16_t* sv = sk + 2 * kKeys * HD;                    // [2, kKeys, HD]
+  uint16_t* sq = sv + kKeys * HD;                        // [kRows, HD]: V stage 1 until tile 1 loads
 
   // Heaviest tiles (the last queries of each sequence) first.
   const int tile = a.n_tiles - 1 - int(blockIdx.x);
@@ -156,16 +168,22 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(PagedAtten
 
   for (int it = 0; it < n_kt; ++it) {
     const int kt = k_begin + it * kKeys;
-    if (it + 1 < n_kt) load_kv((it + 1) & 1, kt + kKeys);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
     if (it == 0) {
+      // Q and tile 0 have landed; Q goes to registers before tile 1 overwrites it.
+      cp_async_wait<0>();
+      __syncthreads();
 #pragma unroll
       for (int ks = 0; ks < kSteps; ++ks) {
         const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         ldmatrix_x4(qf[ks], smem_addr(sq + swz<HD>(r, ks * 2 + (lane >> 4))));
       }
+      __syncthreads();
+    }
+    if (it + 1 < n_kt) load_kv((it + 1) & 1, kt + kKeys);
+    cp_async_commit();
+    if (it > 0) {
+      cp_async_wait<1>();
+      __syncthreads();
     }
     const uint16_t* ck = sk + (it & 1) * kKeys * HD;
     const uint16_t* cv = sv + (it & 1) * kKeys * HD;
@@ -219,15 +237,15 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(PagedAtten
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     // A row that has seen nothing visible keeps base 0 so that no inf - inf appears.
     const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
-    const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+    const float corr0 = fast_exp2(m0 - base0), corr1 = fast_exp2(m1 - base1);
     m0 = mn0;
     m1 = mn1;
     float sum0 = 0.0f, sum1 = 0.0f;
     uint32_t pf[4][4];  // P as A fragments, one per 16 keys
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float p0 = exp2f(s[j][0] - base0), p1 = exp2f(s[j][1] - base0);
-      const float p2 = exp2f(s[j][2] - base1), p3 = exp2f(s[j][3] - base1);
+      const float p0 = fast_exp2(s[j][0] - base0), p1 = fast_exp2(s[j][1] - base0);
+      const float p2 = fast_exp2(s[j][2] - base1), p3 = fast_exp2(s[j][3] - base1);
       sum0 += p0 + p1;
       sum1 += p2 + p3;
       pf[j / 2][(j & 1) * 2] = pack_bf16(p0, p1);
@@ -290,21 +308,25 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(PagedAtten
   }
 }
 
-template <int HD>
+template <int HD, int kMinBlocks>
 void launch_hd(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t kSmem = size_t(kRows + 4 * kKeys) * HD * sizeof(uint16_t);
+  constexpr size_t kSmem = size_t(4 * kKeys) * HD * sizeof(uint16_t);
   static bool raised = false;  // the attribute is per kernel and process-wide
   if (!raised) {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(kSmem)));
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<HD, kMinBlocks>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     raised = true;
   }
   const dim3 grid(a.n_tiles, a.n_kv_heads, a.n_splits);
-  flash_attention_kernel<HD><<<grid, kWarps * 32, kSmem, stream>>>(a);
+  flash_attention_kernel<HD, kMinBlocks><<<grid, kWarps * 32, kSmem, stream>>>(a);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
+int g_min_blocks_128 = 3;
+
 }  // namespace
+
+void set_flash_attention_min_blocks(int32_t blocks) { g_min_blocks_128 = blocks <= 2 ? 2 : 3; }
 
 bool flash_attention_supports(int32_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
@@ -315,10 +337,16 @@ int32_t flash_attention_rows() { return kRows; }
 void launch_flash_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles == 0) return;
   switch (a.head_dim) {
-    case 16: launch_hd<16>(a, stream); break;
-    case 32: launch_hd<32>(a, stream); break;
-    case 64: launch_hd<64>(a, stream); break;
-    case 128: launch_hd<128>(a, stream); break;
+    case 16: launch_hd<16, 3>(a, stream); break;
+    case 32: launch_hd<32, 3>(a, stream); break;
+    case 64: launch_hd<64, 3>(a, stream); break;
+    case 128:
+      if (g_min_blocks_128 == 2) {
+        launch_hd<128, 2>(a, stream);
+      } else {
+        launch_hd<128, 3>(a, stream);
+      }
+      break;
     default: cuda_fatal(__FILE__, __LINE__, "launch_flash_attention", "head_dim " + std::to_string(a.head_dim));
   }
 }

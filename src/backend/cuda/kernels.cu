@@ -63,7 +63,8 @@ __global__ void add_rms_norm_kernel(AddRmsNormArgs a) {
   }
 }
 
-// One block per token; one warp per head (q heads, then k heads, then v heads).
+// One block (or, for few tokens, gridDim.y blocks) per token; one warp per head (q heads, then
+// k heads, then v heads).
 __global__ void qkv_post_kernel(QkvPostArgs a) {
   extern __shared__ float head_buf[];  // [warps, head_dim]
   const int t = blockIdx.x;
@@ -75,7 +76,7 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
   float* buf = head_buf + warp * hd;
   const int pos = a.positions[t];
   const int64_t slot = a.slot_mapping ? a.slot_mapping[t] : -1;
-  for (int h = warp; h < total_heads; h += n_warps) {
+  for (int h = blockIdx.y * n_warps + warp; h < total_heads; h += n_warps * gridDim.y) {
     const bool is_q = h < a.n_heads;
     const bool is_k = !is_q && h < a.n_heads + a.n_kv_heads;
     float ss = 0.0f;
@@ -127,14 +128,35 @@ __device__ __forceinline__ float act_fn(float x, Act act) {
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-// Two outputs per thread: bf16 pairs read and written as one 32-bit word.
+// Grid: x over a row's outputs, y over tokens (no division per element). With inter % 8 == 0
+// each thread handles 8 outputs through 16-byte loads and stores.
 __global__ void gated_act_kernel(GatedActArgs a) {
-  const int64_t total = int64_t(a.n) * a.inter;
-  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x); i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / a.inter, c = i % a.inter;
-    const float g = bf16_bits_to_f32(a.gate_up[t * 2 * a.inter + c]);
-    const float u = bf16_bits_to_f32(a.gate_up[t * 2 * a.inter + a.inter + c]);
-    a.out[i] = f32_to_bf16_bits(act_fn(g, a.act) * u);
+  const bool vec = (a.inter & 7) == 0;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t t = blockIdx.y; t < a.n; t += gridDim.y) {
+    const uint16_t* gate = a.gate_up + t * 2 * a.inter;
+    const uint16_t* up = gate + a.inter;
+    uint16_t* out = a.out + t * a.inter;
+    if (vec) {
+      for (int64_t c = first * 8; c < a.inter; c += step * 8) {
+        const uint4 gv = *reinterpret_cast<const uint4*>(gate + c);
+        const uint4 uv = *reinterpret_cast<const uint4*>(up + c);
+        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+        uint32_t ow[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = act_fn(__uint_as_float(gw[i] << 16), a.act) * __uint_as_float(uw[i] << 16);
+          const float hi = act_fn(__uint_as_float(gw[i] & 0xffff0000u), a.act) * __uint_as_float(uw[i] & 0xffff0000u);
+          ow[i] = uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
+        }
+        *reinterpret_cast<uint4*>(out + c) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+      }
+    } else {
+      for (int64_t c = first; c < a.inter; c += step) {
+        out[c] = f32_to_bf16_bits(act_fn(bf16_bits_to_f32(gate[c]), a.act) * bf16_bits_to_f32(up[c]));
+      }
+    }
   }
 }
 
@@ -223,14 +245,19 @@ void launch_add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
 void launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   const int warps = 8;
-  qkv_post_kernel<<<a.n, warps * 32, size_t(warps) * a.head_dim * sizeof(float), stream>>>(a);
+  // Few tokens (decode): spread a token's heads over several blocks instead of one.
+  const int total_heads = a.n_heads + 2 * a.n_kv_heads;
+  const int head_blocks = a.n >= 128 ? 1 : (total_heads + warps - 1) / warps;
+  const dim3 grid(a.n, head_blocks);
+  qkv_post_kernel<<<grid, warps * 32, size_t(warps) * a.head_dim * sizeof(float), stream>>>(a);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gated_act(const GatedActArgs& a, cudaStream_t stream) {
-  const int64_t total = int64_t(a.n) * a.inter;
-  if (total == 0) return;
-  gated_act_kernel<<<grid_for(total, 256), 256, 0, stream>>>(a);
+  if (a.n == 0 || a.inter == 0) return;
+  const int64_t per_thread = (a.inter & 7) == 0 ? 8 : 1;
+  const dim3 grid(unsigned((a.inter + 256 * per_thread - 1) / (256 * per_thread)), unsigned(a.n < 65535 ? a.n : 65535));
+  gated_act_kernel<<<grid, 256, 0, stream>>>(a);
   STRATA_CUDA_CHECK_LAUNCH();
 }
 

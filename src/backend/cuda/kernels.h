@@ -132,6 +132,9 @@ void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream);
 bool flash_attention_supports(int32_t head_dim);
 int32_t flash_attention_rows();
 void launch_flash_attention(const PagedAttentionArgs& a, cudaStream_t stream);
+// Occupancy variant of the head_dim-128 kernel, process-wide: registers cut for 3 blocks per
+// multiprocessor (default) or 2 (no spills). For benchmarks.
+void set_flash_attention_min_blocks(int32_t blocks);
 
 // y[m, n] = x[m, k] . w[n, k]^T for a few rows m <= kGemvMaxRows (decode): a weight stream, fp32
 // sums, y in f32 or bf16. Needs k % 8 == 0 and 16-byte aligned x and w (gemv_supports).
