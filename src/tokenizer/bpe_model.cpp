@@ -241,6 +241,11 @@ int32_t BpeModel::char_id(std::string_view ch) const { return token_to_id(ch); }
 
 void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
   if (word.empty()) return;
+  // A one-character word has nothing to merge (digits, punctuation, single spaces).
+  if (byte_level && word.size() == 1 && byte_ids_[static_cast<uint8_t>(word[0])] >= 0) {
+    out.push_back(byte_ids_[static_cast<uint8_t>(word[0])]);
+    return;
+  }
   if (cache_->lookup(word, out)) return;
   const size_t before = out.size();
   merge_word(word, byte_level, out);

@@ -2,6 +2,7 @@
 // rejected with its byte offset, and the strata-demo tokenizer against its logits goldens.
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -64,6 +65,34 @@ TEST(RoundTrip, InvalidUtf8IsRejectedWithItsOffset) {
     EXPECT_NE(r.error().message.find("byte offset " + std::to_string(offset)), std::string::npos) << r.error().message;
   }
   EXPECT_TRUE(tok.encode("\xF0\x9F\x98\x80 \xE4\xB8\xAD", false).ok());
+}
+
+// encode() is const and shared by request threads: concurrent calls (sharing the word
+// cache) give the single-thread ids.
+TEST(RoundTrip, ConcurrentEncodesAgree) {
+  const Tokenizer& tok = reference_tokenizer("qwen3");
+  std::mt19937 rng(3);
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back(random_text(rng));
+    want.push_back(*tok.encode(texts.back(), false));
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const Tokenizer copy = tok;  // copies share the state
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i * 7 + static_cast<size_t>(t) * 13) % texts.size();
+          if (*copy.encode(texts[k], false) != want[k]) ++mismatches[static_cast<size_t>(t)];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(DemoModel, LoadsAndMatchesLogitsGoldens) {
