@@ -167,7 +167,9 @@ Err parse_openai_messages(const json& body, ApiRequest* out) {
     } else if (auto e = content_text(f + ".content", *cit, may_be_null, &text, &was_null)) {
       return e;
     }
-    msg["content"] = was_null ? ojson(nullptr) : ojson(text);
+    // A null content (an assistant turn that only calls tools) reaches templates as "", as
+    // they test it with `in` and string filters (Qwen3's does `'</think>' in content`).
+    msg["content"] = was_null ? ojson("") : ojson(text);
     if (const json* name = find(m, "name")) {
       if (!name->is_string()) return wrong_type(f + ".name", *name, "a string");
       msg["name"] = name->get<std::string>();
@@ -548,7 +550,7 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     }
     for (auto& r : tool_results) out->messages.push_back(std::move(r));
     if (role == "assistant") {
-      ojson msg = {{"role", "assistant"}, {"content", calls.empty() || !text.empty() ? ojson(text) : ojson(nullptr)}};
+      ojson msg = {{"role", "assistant"}, {"content", text}};
       if (!thinking.empty()) msg["reasoning_content"] = thinking;
       if (!calls.empty()) msg["tool_calls"] = std::move(calls);
       out->messages.push_back(std::move(msg));

@@ -296,6 +296,7 @@ void HttpServer::install_routes() {
       metrics_.count_request(req.path, 200);
 
       if (!r.stream) {
+        gen->builder->start();  // its SSE text is not needed, its state (echo) is
         FinishState fin;
         bool final = false;
         while (!final) {
