@@ -163,6 +163,7 @@ TEST_F(GpuAttention, TensorCorePrefillHeadDims) {
   run_case(rng_, {8, 8, 64, 16, 0, 0.0f, seqs, 1});   // no GQA
   run_case(rng_, {32, 8, 128, 16, 100, 20.0f, seqs, 1});  // window and soft-cap across tiles
   run_case(rng_, {4, 2, 32, 8, 37, 0.0f, seqs, 1});
+  run_case(rng_, {8, 2, 64, 12, 0, 0.0f, seqs, 1});  // block size not a power of two
 }
 
 TEST_F(GpuAttention, TensorCoreSplits) {

@@ -98,7 +98,7 @@ TEST_F(GpuKernels, EmbeddingGather) {
 }
 
 TEST_F(GpuKernels, AddRmsNormFusedAndRowMapped) {
-  for (const int32_t dim : {64, 1000, 4096}) {
+  for (const int32_t dim : {64, 1000, 1002, 4096}) {  // 1002: the scalar path
     for (const int one_plus_w : {0, 1}) {
       const int32_t rows = 9;
       auto x = random_f32(rng_, size_t(rows) * dim, -2.0f, 2.0f);

@@ -132,6 +132,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
     cp_async16(smem_addr(sq + swz<HD>(r, c)), src, valid);
   }
+  // Block sizes are powers of two in practice: shift and mask instead of a division per key.
+  const int bs = a.block_size;
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;
+  const int bs_shift = __ffs(bs) - 1;
   auto load_kv = [&](int stage, int kt) {
     uint16_t* dk = sk + stage * kKeys * HD;
     uint16_t* dv = sv + stage * kKeys * HD;
@@ -141,7 +145,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
       const bool valid = p < k_end;
       int64_t off = 0;
       if (valid) {
-        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+        const int blk = bs_pow2 ? p >> bs_shift : p / bs, in_blk = bs_pow2 ? p & (bs - 1) : p % bs;
+        const int64_t slot = int64_t(table[blk]) * bs + in_blk;
         off = (slot * a.n_kv_heads + kvh) * HD + c * 8;
       }
       cp_async16(smem_addr(dk + swz<HD>(j, c)), a.k_pool + off, valid);
