@@ -114,7 +114,7 @@ void GatedAttentionLayer::forward(ThreadPool& pool, RopeProvider& rope, const St
   cpu::rms_norm(pool, a.k.data(), w_.k_norm.data(), a.k.data(), n * p.n_kv_heads, p.head_dim, p.norm_eps, true);
   apply_rope(pool, rope, batch, positions, a.q.data(), p.n_heads, p.head_dim);
   apply_rope(pool, rope, batch, positions, a.k.data(), p.n_kv_heads, p.head_dim);
-  write_kv(batch, kv, layer, a.k.data(), a.v.data());
+  write_kv(pool, batch, kv, layer, a.k.data(), a.v.data());
   attend(pool, batch, kv, layer, p, a.q.data(), a.attn.data());
   float* o = a.attn.data();
   const float* g = s.gate.data();

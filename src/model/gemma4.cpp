@@ -182,7 +182,7 @@ void Gemma4Model::attention(Gemma4Layer& L, int layer, const StepBatch& batch, K
     cpu::rms_norm(pool_, k_.data(), L.attn.k_norm.data(), k_.data(), n * g.n_kv_heads, g.head_dim, eps, false);
     apply_rope(pool_, rope, batch, positions_.data(), k_.data(), g.n_kv_heads, g.head_dim);
     cpu::rms_norm(pool_, v_.data(), nullptr, v_.data(), n * g.n_kv_heads, g.head_dim, eps, false);
-    write_kv(batch, kv, layer, k_.data(), v_.data());
+    write_kv(pool_, batch, kv, layer, k_.data(), v_.data());
   }
   // A KV-shared layer reads its source's pools (KvStorage follows shares_with); the source
   // ran earlier in this forward, so the new positions are already there.

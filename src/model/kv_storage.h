@@ -1,10 +1,13 @@
 // KvStorage: the memory behind the paged KV cache, one K and one V pool per layer that owns
 // KV, indexed by block id. The block pool (src/kv) decides which ids a sequence holds; this
-// owns only bytes. StateStorage holds the per-slot recurrent state of linear-attention layers.
+// owns only bytes. Each layer's pools hold rows in that layer's codec (KvLayerSpec::codec;
+// row formats in backend/reference/kv_codec.h): [n_blocks, block_size, n_kv_heads] rows. StateStorage holds the per-slot recurrent state of linear-attention layers.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "backend/reference/kv_codec.h"
 
 namespace strata {
 
@@ -16,6 +19,7 @@ struct KvLayerSpec {
   int32_t window = 0;        // 0: full attention; else sliding window in tokens
   int32_t shares_with = -1;  // >= 0: this layer reads that layer's KV and owns none
   bool has_kv = true;        // false for layers with no attention KV (linear attention)
+  KvCodecSpec codec;         // how the layer's rows are stored (auto: f32)
 };
 
 // Recurrent state a layer keeps per sequence (from Model::state_layout()).
@@ -33,19 +37,37 @@ class KvStorage {
   int32_t n_blocks() const { return n_blocks_; }
   int32_t block_size() const { return block_size_; }
   // Pools of the layer that physically holds layer `layer`'s KV (follows shares_with).
+  // The f32 views need the f32 row format (codec auto).
   float* k_pool(int layer);  // [n_blocks, block_size, n_kv_heads, head_dim_k] f32
   float* v_pool(int layer);  // [n_blocks, block_size, n_kv_heads, head_dim_v] f32
+  // Rows in any codec: [n_blocks, block_size, n_kv_heads] rows of k_format/v_format(layer).bytes().
+  uint8_t* k_rows(int layer);
+  uint8_t* v_rows(int layer);
   const KvLayerSpec& spec(int layer) const { return layout_[layer]; }
-  // Bytes of KV one token takes over all layers that own KV.
+  // The layer that physically holds `layer`'s KV (itself unless it shares).
+  int owner(int layer) const { return layout_[layer].shares_with >= 0 ? layout_[layer].shares_with : layer; }
+  // Row formats of the pools `layer` reads (the owner's codec).
+  KvRowFormat k_format(int layer) const;
+  KvRowFormat v_format(int layer) const;
+  // Bytes of KV one token takes over all layers that own KV, in their codecs.
   int64_t bytes_per_token() const;
   static int64_t bytes_per_token(const std::vector<KvLayerSpec>& layout);
+  // Bytes of one token of one layer (K and V, all KV heads) in the layer's codec.
+  static int64_t layer_bytes_per_token(const KvLayerSpec& s);
 
  private:
   std::vector<KvLayerSpec> layout_;
-  std::vector<std::vector<float>> k_, v_;  // per owning layer
+  std::vector<std::vector<float>> k_, v_;  // per owning layer; f32 words holding the rows' bytes
   int32_t n_blocks_ = 0;
   int32_t block_size_ = 16;
 };
+
+// Re-encodes block `src_block` of `layer` in `src` into block `dst_block` of the same layer in
+// `dst` (K and V, every KV head), from src's codec for the layer to dst's. The work and scratch
+// are one block of one layer. Both storages must describe the layer alike apart from the codec
+// and share the block size; `layer` must own its KV; src and dst may be the same storage only
+// when the two blocks differ.
+void convert_kv_block(KvStorage& src, int layer, int32_t src_block, KvStorage& dst, int32_t dst_block);
 
 class StateStorage {
  public:

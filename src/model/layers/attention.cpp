@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kv_codec.h"
 #include "core/check.h"
 
 namespace strata {
@@ -27,7 +28,47 @@ void apply_rope(ThreadPool& pool, RopeProvider& rope, const StepBatch& batch, co
   }
 }
 
+namespace {
+
+bool f32_rows(const KvStorage& kv, int layer) {
+  return kv.k_format(layer).kind == KvRowKind::kF32 && kv.v_format(layer).kind == KvRowKind::kF32;
+}
+
+// write_kv for layers stored in a codec: rows encoded straight into their slots.
+void write_kv_codec(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const float* k,
+                    const float* v) {
+  const int32_t bs = kv.block_size();
+  thread_local std::vector<int64_t> slots;
+  slots.clear();
+  for (const auto& s : batch.seqs) {
+    const std::vector<int32_t>& table = s.block_table;
+    for (int32_t i = 0; i < s.n_tokens; ++i) {
+      const int32_t pos = s.pos0 + i;
+      const size_t bi = size_t(pos / bs);
+      STRATA_CHECK(bi < table.size(), "block table does not cover the span's positions");
+      const int32_t block = table[bi];
+      STRATA_CHECK(block >= 0 && block < kv.n_blocks(), "block id outside the KV pool");
+      slots.push_back(int64_t(block) * bs + pos % bs);
+    }
+  }
+  const int32_t n_kv = kv.spec(kv.owner(layer)).n_kv_heads;
+  const int64_t n = int64_t(slots.size());
+  cpu::kv_write_rows(pool, kv.k_format(layer), kv.owner(layer), n_kv, k, slots.data(), n, kv.k_rows(layer));
+  cpu::kv_write_rows(pool, kv.v_format(layer), kv.owner(layer), n_kv, v, slots.data(), n, kv.v_rows(layer));
+}
+
+}  // namespace
+
+void write_kv(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const float* k, const float* v) {
+  if (!f32_rows(kv, layer)) {
+    write_kv_codec(pool, batch, kv, layer, k, v);
+    return;
+  }
+  write_kv(batch, kv, layer, k, v);
+}
+
 void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, const float* v) {
+  STRATA_CHECK(f32_rows(kv, layer), "write_kv without a thread pool on a codec layer");
   const KvLayerSpec& spec = kv.spec(layer);
   const int64_t k_row = int64_t(spec.n_kv_heads) * spec.head_dim_k;
   const int64_t v_row = int64_t(spec.n_kv_heads) * spec.head_dim_v;
@@ -49,11 +90,47 @@ void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, 
   }
 }
 
+namespace {
+
+// attend for one span of a layer stored in a codec: the kernel reads the encoded blocks.
+void attend_codec(ThreadPool& pool, const SeqSpan& s, KvStorage& kv, int layer, const AttentionParams& p,
+                  const float* q, float* out) {
+  cpu::KvCodecAttentionArgs a;
+  a.q = q;
+  a.out = out;
+  a.k_pool = kv.k_rows(layer);
+  a.v_pool = kv.v_rows(layer);
+  a.k_fmt = kv.k_format(layer);
+  a.v_fmt = kv.v_format(layer);
+  STRATA_CHECK(a.k_fmt.dim == p.head_dim && a.v_fmt.dim == p.head_dim_v, "attention head dims differ from the KV pool's");
+  a.seed_layer = kv.owner(layer);
+  STRATA_CHECK(int64_t(s.block_table.size()) * kv.block_size() >= int64_t(s.pos0) + s.n_tokens,
+               "block table does not cover the span's positions");
+  a.block_table = s.block_table.data();
+  a.block_size = kv.block_size();
+  a.n_q = s.n_tokens;
+  a.pos0 = s.pos0;
+  a.n_heads = p.n_heads;
+  a.n_kv_heads = p.n_kv_heads;
+  a.scale = p.scale;
+  a.softcap = p.softcap;
+  a.window = p.window;
+  cpu::paged_attention_codec(pool, a);
+}
+
+}  // namespace
+
 void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const AttentionParams& p, const float* q,
             float* out) {
+  const bool codec = !f32_rows(kv, layer);
   int64_t t0 = 0;
   for (const auto& s : batch.seqs) {
     if (s.n_tokens == 0) continue;
+    if (codec) {
+      attend_codec(pool, s, kv, layer, p, q + t0 * p.n_heads * p.head_dim, out + t0 * p.n_heads * p.head_dim_v);
+      t0 += s.n_tokens;
+      continue;
+    }
     cpu::PagedAttentionArgs a;
     a.q = q + t0 * p.n_heads * p.head_dim;
     a.out = out + t0 * p.n_heads * p.head_dim_v;
@@ -98,7 +175,7 @@ void attention_forward(ThreadPool& pool, const AttentionWeights& w, const Attent
     apply_rope(pool, *p.rope, batch, positions, s.q.data(), p.n_heads, p.head_dim);
     apply_rope(pool, *p.rope, batch, positions, s.k.data(), p.n_kv_heads, p.head_dim);
   }
-  write_kv(batch, kv, layer, s.k.data(), s.v.data());
+  write_kv(pool, batch, kv, layer, s.k.data(), s.v.data());
   attend(pool, batch, kv, layer, p, s.q.data(), s.attn.data());
   cpu::matmul(pool, s.attn.data(), n, w.o, bias(w.o_bias), out);
 }

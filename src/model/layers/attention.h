@@ -51,10 +51,13 @@ void apply_rope(ThreadPool& pool, RopeProvider& rope, const StepBatch& batch, co
 
 // Appends k [n_tokens, n_kv_heads, head_dim] and v [n_tokens, n_kv_heads, head_dim_v] of every
 // span at its positions into `layer`'s pools.
+// Layers stored in a codec other than f32 are encoded row by row (over the pool); the
+// overload without a pool takes f32 layers only.
+void write_kv(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const float* k, const float* v);
 void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, const float* v);
 
 // out [n_tokens, n_heads, head_dim_v] = attention of q [n_tokens, n_heads, head_dim] over
-// `layer`'s cache (which must already hold every span's new K/V).
+// `layer`'s cache (which must already hold every span's new K/V), read in the layer's codec.
 void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, const AttentionParams& p, const float* q,
             float* out);
 
