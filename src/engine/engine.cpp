@@ -32,10 +32,17 @@ struct Engine::Active {
 };
 
 struct Engine::Core {
-  Core(Model& model, int32_t n_blocks, const EngineOptions& o, SchedulerOptions so,
+  Core(Model& model, const KvPlan& plan, const EngineOptions& o, SchedulerOptions so,
        std::unique_ptr<SchedulingPolicy> policy)
-      : kv(n_blocks, o.block_size), sched(so, kv, std::move(policy)), runner(model, n_blocks, o.block_size) {}
-  KvCacheManager kv;
+      : kv(plan.n_blocks, o.block_size),
+        kv_window(plan.n_window_blocks > 0 ? std::make_unique<KvCacheManager>(plan.n_window_blocks, o.block_size)
+                                           : nullptr),
+        snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
+        sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
+        runner(model, plan.n_blocks, o.block_size, plan.n_window_blocks, plan.has_state ? o.max_num_seqs : 0) {}
+  KvCacheManager kv;                             // full-attention layers
+  std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any
+  std::unique_ptr<StateSnapshotStore> snapshots; // recurrent-state snapshots, hybrid families
   Scheduler sched;
   ModelRunner runner;
   std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
@@ -57,47 +64,108 @@ std::string namespace_identity(const Model& model, const EngineOptions& o) {
 
 Status Engine::check_model(const Model& model) {
   const auto kv = model.kv_layout();
+  bool any_kv = false;
   for (size_t l = 0; l < kv.size(); ++l) {
-    if (kv[l].window > 0) {
+    if (!kv[l].has_kv) continue;
+    any_kv = true;
+    const int32_t owner = kv[l].shares_with;
+    if (owner < 0) continue;
+    if (owner >= int32_t(kv.size()) || !kv[size_t(owner)].has_kv || kv[size_t(owner)].shares_with >= 0) {
+      return make_error(ErrorCode::kUnsupported, "layer " + std::to_string(l) + " shares the KV of layer " +
+                                                     std::to_string(owner) + ", which owns none");
+    }
+    // The two kinds page in different pools: a sharer must read the pool its owner writes, and
+    // see no further back than the owner keeps.
+    if ((kv[l].window > 0) != (kv[size_t(owner)].window > 0) || kv[l].window > kv[size_t(owner)].window) {
       return make_error(ErrorCode::kUnsupported,
-                        "model type '" + model.config().model_type + "' has a sliding-window layer (layer " +
-                            std::to_string(l) + ", window " + std::to_string(kv[l].window) +
-                            "); the batched engine serves full-attention families only for now");
+                        "layer " + std::to_string(l) + " (window " + std::to_string(kv[l].window) +
+                            ") shares the KV of layer " + std::to_string(owner) + " (window " +
+                            std::to_string(kv[size_t(owner)].window) + "); sharing across attention kinds is not supported");
     }
   }
-  const auto st = model.state_layout();
-  for (size_t l = 0; l < st.size(); ++l) {
-    if (st[l].has_state) {
-      return make_error(ErrorCode::kUnsupported,
-                        "model type '" + model.config().model_type + "' keeps recurrent state (layer " +
-                            std::to_string(l) + "); the batched engine serves full-attention families only for now");
-    }
+  if (!any_kv) {
+    return make_error(ErrorCode::kUnsupported,
+                      "model type '" + model.config().model_type + "' has no attention KV; the engine pages attention layers");
   }
   return Status();
 }
 
-Result<int32_t> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
+Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
   if (o.block_size < 1 || o.block_size > 1024) return bad("block_size must be in [1, 1024], got " + std::to_string(o.block_size));
   if (o.max_batch_tokens < 1) return bad("max_batch_tokens must be >= 1, got " + std::to_string(o.max_batch_tokens));
   if (o.max_num_seqs < 1) return bad("max_num_seqs must be >= 1, got " + std::to_string(o.max_num_seqs));
   if (o.max_queued < 1) return bad("max_queued must be >= 1, got " + std::to_string(o.max_queued));
   if (o.session_ttl_s < 0) return bad("session_ttl must be >= 0, got " + std::to_string(o.session_ttl_s));
+  if (o.kv_window_blocks < 0) return bad("kv_window_blocks must be >= 0, got " + std::to_string(o.kv_window_blocks));
   const int32_t max_pos = model.config().max_position;
   if (o.max_model_len < 0 || (max_pos > 0 && o.max_model_len > max_pos)) {
     return bad("max_model_len must be in [1, " + std::to_string(max_pos) + "] (the model's max_position_embeddings), got " +
                std::to_string(o.max_model_len));
   }
   if (o.max_model_len == 0 && max_pos <= 0) return bad("max_model_len must be set: the model config gives no maximum position");
-  if (o.kv_blocks > 0) return o.kv_blocks;
-  const int64_t per_block = KvStorage::bytes_per_token(model.kv_layout()) * o.block_size;
-  if (per_block <= 0) return make_error(ErrorCode::kUnsupported, "the model has no attention KV");
-  const int64_t n = o.kv_cache_bytes / per_block;
-  if (n < 2) {
-    return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " + std::to_string(n) +
-               " KV blocks of " + std::to_string(per_block) + " bytes; at least 2 are needed");
+  const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
+
+  KvPlan plan;
+  int64_t full_bytes = 0, window_bytes = 0;  // per token, over the layers owning KV of each kind
+  const auto layout = model.kv_layout();
+  for (const auto& s : layout) {
+    if (!s.has_kv || s.shares_with >= 0) continue;
+    const int64_t b = int64_t(s.n_kv_heads) * (s.head_dim_k + s.head_dim_v) * int64_t(sizeof(float));
+    if (s.window > 0) {
+      window_bytes += b;
+      plan.window = std::max(plan.window, s.window);
+    } else {
+      full_bytes += b;
+    }
   }
-  return int32_t(std::min<int64_t>(n, int64_t(1) << 30));
+  for (const auto& s : model.state_layout()) plan.has_state = plan.has_state || s.has_state;
+  if (plan.has_state && o.prefix_caching &&
+      (o.state_snapshot_interval < 1 || o.state_snapshot_interval % o.block_size != 0)) {
+    return bad("state_snapshot_interval must be a positive multiple of block_size (" + std::to_string(o.block_size) +
+               "), got " + std::to_string(o.state_snapshot_interval));
+  }
+  if (plan.has_state && o.state_snapshot_bytes < 0) {
+    return bad("state_snapshot_bytes must be >= 0, got " + std::to_string(o.state_snapshot_bytes));
+  }
+  const int64_t bs = o.block_size;
+  const int64_t cap = int64_t(1) << 30;
+  // Window pool: what one query reads behind it plus a block, per sequence, and one step's tokens.
+  const int64_t window_min = (plan.window - 1 + bs - 1) / bs + 2;
+  const int64_t window_need = int64_t(o.max_num_seqs) * window_min + (o.max_batch_tokens + bs - 1) / bs;
+  int64_t n_full = 0, n_window = 0;
+  if (o.kv_blocks > 0) {
+    n_full = o.kv_blocks;
+    if (plan.window > 0) n_window = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(window_min, std::min<int64_t>(window_need, n_full));
+  } else {
+    const int64_t token_budget = o.kv_cache_bytes / bs;  // bytes per token position of a block
+    if (plan.window > 0) {
+      if (o.kv_window_blocks > 0) {
+        n_window = o.kv_window_blocks;
+      } else {
+        n_window = full_bytes > 0 ? std::min(window_need, token_budget / (full_bytes + window_bytes)) : token_budget / window_bytes;
+      }
+    }
+    if (full_bytes > 0) {
+      n_full = (token_budget - window_bytes * n_window) / full_bytes;
+    } else {
+      // Only sliding layers: the full pool is bookkeeping for the prefix index, no bytes.
+      n_full = int64_t(o.max_num_seqs) * ((max_len + bs - 1) / bs);
+    }
+    if (n_full < 2 || (plan.window > 0 && n_window < window_min)) {
+      return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " + std::to_string(std::max<int64_t>(n_full, 0)) +
+                 " full-attention and " + std::to_string(std::max<int64_t>(n_window, 0)) + " sliding-window KV blocks of " +
+                 std::to_string(bs) + " tokens (" + std::to_string(full_bytes * bs) + " and " + std::to_string(window_bytes * bs) +
+                 " bytes); at least 2 and " + std::to_string(plan.window > 0 ? window_min : 0) + " are needed");
+    }
+  }
+  if (plan.window > 0 && n_window < window_min) {
+    return bad("kv_window_blocks " + std::to_string(n_window) + " cannot hold one sliding window of " +
+               std::to_string(plan.window) + " tokens; at least " + std::to_string(window_min) + " blocks are needed");
+  }
+  plan.n_blocks = int32_t(std::min(n_full, cap));
+  plan.n_window_blocks = int32_t(std::min(n_window, cap));
+  return plan;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options) {
@@ -112,11 +180,12 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
     : model_(std::move(model)), options_(std::move(options)), queue_(std::max(options_.max_queued, 1)), t0_(Clock::now()) {
   if (!model_) throw std::invalid_argument("no model");
   if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
-  auto blocks = plan_blocks(*model_, options_);
-  if (!blocks.ok()) throw std::invalid_argument(blocks.error().to_string());
+  auto kv_plan = plan_blocks(*model_, options_);
+  if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().to_string());
   auto policy = make_scheduling_policy(options_.scheduling_policy);
   if (!policy.ok()) throw std::invalid_argument(policy.error().to_string());
-  n_blocks_ = *blocks;
+  n_blocks_ = kv_plan->n_blocks;
+  n_window_blocks_ = kv_plan->n_window_blocks;
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
   eos_ids_ = options_.eos_ids.empty() ? model_->config().eos_ids : options_.eos_ids;
   SchedulerOptions so;
@@ -124,9 +193,13 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   so.max_num_seqs = options_.max_num_seqs;
   so.prefix_caching = options_.prefix_caching;
   so.prefix_salt = prefix_namespace_salt(namespace_identity(*model_, options_));
-  core_ = std::make_unique<Core>(*model_, n_blocks_, options_, so, std::move(policy).value());
+  so.window = kv_plan->window;
+  so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
+  so.state_snapshot_interval = options_.state_snapshot_interval;
+  core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value());
   core_->stats.alive = true;
   core_->stats.kv = core_->kv.stats(0.0);
+  if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
   queue_.publish_stats(core_->stats);
 }
 
@@ -280,7 +353,18 @@ void Engine::step() {
   }
   ++core_->stats.steps;
   try {
+    for (const auto& span : plan.spans) {
+      if (!span.restore_state) continue;
+      const StateSnapshot* snap = core_->snapshots->find(span.restore_hash);
+      STRATA_CHECK(snap != nullptr && snap->position == span.pos0, "a planned state restore has its snapshot");
+      core_->runner.load_state(span.seq->state_slot, snap->data.data());
+    }
     const float* logits = core_->runner.run(plan);
+    for (const auto& span : plan.spans) {
+      if (!span.save_state) continue;
+      float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));
+      if (dst != nullptr) core_->runner.save_state(span.seq->state_slot, dst);
+    }
     commit(plan, logits);
   } catch (const std::exception& e) {
     log::error("step failed: {}", e.what());
@@ -402,6 +486,8 @@ void Engine::publish_stats() {
   s.running = int32_t(core_->sched.running().size());
   s.waiting = int32_t(core_->sched.waiting().size());
   s.kv = core_->kv.stats(now_s());
+  if (core_->kv_window) s.kv_window = core_->kv_window->stats(now_s());
+  if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
   s.preemptions = core_->sched.n_preemptions();
   queue_.publish_stats(s);

@@ -35,12 +35,22 @@ struct EngineOptions {
   std::string model_identity;        // prefix-cache namespace (e.g. the model path); with the
                                      // config, adapter set and KV codec it salts block hashes
   std::vector<int32_t> eos_ids;      // empty: the model config's EOS ids
+  // Sliding-window layers page in a pool of their own that holds only what each sequence's
+  // window needs. > 0: exactly this many blocks there; 0: enough for max_num_seqs windows and
+  // one step's tokens (capped at an equal share of kv_cache_bytes, or at kv_blocks).
+  int32_t kv_window_blocks = 0;
+  // Hybrid (recurrent-state) families with prefix caching: the state is snapshotted every this
+  // many tokens (a multiple of block_size) and at the prompt's last block boundary, so prefix
+  // hits restore it exactly; snapshots live in host memory under this budget, LRU.
+  int32_t state_snapshot_interval = 512;
+  int64_t state_snapshot_bytes = int64_t(256) << 20;
 };
 
 class Engine {
  public:
-  // Refuses (kUnsupported) models with sliding windows or recurrent state, and options that
-  // cannot work (kInvalidArgument) with a message naming the option and its value.
+  // Refuses options that cannot work (kInvalidArgument) with a message naming the option and
+  // its value, and models whose KV layout it cannot page (kUnsupported: a layer sharing the KV
+  // of a layer of the other attention kind, or no attention KV at all).
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model, EngineOptions options);
   // As create(); throws std::invalid_argument with the same message on refusal.
   Engine(std::unique_ptr<Model> model, EngineOptions options);
@@ -65,12 +75,20 @@ class Engine {
   const ModelConfig& model_config() const { return model_->config(); }
   int32_t max_model_len() const { return max_model_len_; }
   int32_t n_kv_blocks() const { return n_blocks_; }
+  // Blocks of the sliding-window layers' pool; 0 when the model has no such layer.
+  int32_t n_kv_window_blocks() const { return n_window_blocks_; }
   int32_t block_size() const { return options_.block_size; }
 
  private:
   struct Active;
+  struct KvPlan {
+    int32_t n_blocks = 0;         // full-attention layers' pool
+    int32_t n_window_blocks = 0;  // sliding-window layers' pool, 0: none
+    int32_t window = 0;           // largest sliding window, 0: none
+    bool has_state = false;       // recurrent-state layers
+  };
   static Status check_model(const Model& model);
-  static Result<int32_t> plan_blocks(const Model& model, const EngineOptions& options);
+  static Result<KvPlan> plan_blocks(const Model& model, const EngineOptions& options);
   void loop();
   void run_loop();
   void admit_new(std::vector<PendingRequest> incoming);
@@ -84,6 +102,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   EngineOptions options_;
   int32_t n_blocks_ = 0;
+  int32_t n_window_blocks_ = 0;
   int32_t max_model_len_ = 0;
   std::vector<int32_t> eos_ids_;
   RequestQueue queue_;

@@ -1,11 +1,43 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace strata {
 
-ModelRunner::ModelRunner(Model& model, int32_t n_blocks, int32_t block_size)
-    : model_(model), kv_(model.kv_layout(), n_blocks, block_size), vocab_(model.config().vocab_size) {}
+ModelRunner::ModelRunner(Model& model, int32_t n_blocks, int32_t block_size, int32_t n_window_blocks,
+                         int32_t n_state_slots)
+    : model_(model),
+      kv_(model.kv_layout(), n_blocks, block_size, n_window_blocks > 0 ? n_window_blocks : -1),
+      window_paged_(n_window_blocks > 0),
+      state_layout_(model.state_layout()),
+      vocab_(model.config().vocab_size) {
+  for (const auto& s : state_layout_) {
+    if (s.has_state) state_floats_ += s.conv_floats + s.recurrent_floats;
+  }
+  if (state_floats_ > 0) state_ = StateStorage(state_layout_, n_state_slots);
+}
+
+void ModelRunner::save_state(int32_t slot, float* dst) {
+  for (size_t l = 0; l < state_layout_.size(); ++l) {
+    const StateLayerSpec& s = state_layout_[l];
+    if (!s.has_state) continue;
+    dst = std::copy_n(state_.conv(int(l), slot), s.conv_floats, dst);
+    dst = std::copy_n(state_.recurrent(int(l), slot), s.recurrent_floats, dst);
+  }
+}
+
+void ModelRunner::load_state(int32_t slot, const float* src) {
+  for (size_t l = 0; l < state_layout_.size(); ++l) {
+    const StateLayerSpec& s = state_layout_[l];
+    if (!s.has_state) continue;
+    std::copy_n(src, s.conv_floats, state_.conv(int(l), slot));
+    src += s.conv_floats;
+    std::copy_n(src, s.recurrent_floats, state_.recurrent(int(l), slot));
+    src += s.recurrent_floats;
+  }
+}
 
 const float* ModelRunner::run(const StepPlan& plan) {
   batch_.tokens.clear();
@@ -13,21 +45,29 @@ const float* ModelRunner::run(const StepPlan& plan) {
   for (size_t i = 0; i < plan.spans.size(); ++i) {
     const ScheduledSpan& span = plan.spans[i];
     const Sequence& seq = *span.seq;
-    STRATA_CHECK(span.pos0 + span.n_tokens <= seq.n_tokens(), "span past the sequence's tokens");
-    STRATA_CHECK(int64_t(seq.blocks.size()) * kv_.block_size() >= span.pos0 + span.n_tokens,
-                 "span past the sequence's blocks");
+    const int64_t end = int64_t(span.pos0) + span.n_tokens;
+    STRATA_CHECK(end <= seq.n_tokens(), "span past the sequence's tokens");
+    STRATA_CHECK(int64_t(seq.blocks.size()) * kv_.block_size() >= end, "span past the sequence's blocks");
+    STRATA_CHECK(!window_paged_ || int64_t(seq.window_blocks.size()) * kv_.block_size() >= end,
+                 "span past the sequence's window blocks");
+    STRATA_CHECK(state_floats_ == 0 || seq.state_slot >= 0, "span of a hybrid model without a state slot");
     batch_.tokens.insert(batch_.tokens.end(), seq.tokens.begin() + span.pos0,
                          seq.tokens.begin() + span.pos0 + span.n_tokens);
     SeqSpan& s = batch_.seqs[i];
     s.n_tokens = span.n_tokens;
     s.pos0 = span.pos0;
     s.block_table = seq.blocks;
-    s.state_slot = -1;
+    if (window_paged_) {
+      s.window_block_table = seq.window_blocks;
+    } else {
+      s.window_block_table.clear();
+    }
+    s.state_slot = state_floats_ > 0 ? seq.state_slot : -1;
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
   }
   logits_.resize(size_t(batch_.n_logit_rows()) * size_t(vocab_));
-  model_.forward(batch_, kv_, nullptr, logits_.data());
+  model_.forward(batch_, kv_, state_floats_ > 0 ? &state_ : nullptr, logits_.data());
   return logits_.data();
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "kv/state_cache.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
 
@@ -68,6 +69,8 @@ struct EngineStats {
   int32_t running = 0;       // holding KV blocks
   int32_t waiting = 0;       // queued in the scheduler, preempted ones included
   KvCacheStats kv;           // blocks used / free / cached (pinned)
+  KvCacheStats kv_window;    // the sliding-window layers' pool (n_blocks 0: the model has none)
+  StateSnapshotStats state_snapshots;  // recurrent-state snapshots (hybrid families)
   int64_t steps = 0;
   int64_t prompt_tokens = 0;      // of finished requests
   int64_t generated_tokens = 0;   // sampled, all requests

@@ -1,20 +1,40 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <span>
 
 #include "core/check.h"
 
 namespace strata {
 
-Scheduler::Scheduler(SchedulerOptions options, KvCacheManager& kv, std::unique_ptr<SchedulingPolicy> policy)
-    : options_(options), kv_(kv), policy_(std::move(policy)) {
+namespace {
+constexpr int32_t kNoLimit = std::numeric_limits<int32_t>::max();
+}
+
+Scheduler::Scheduler(SchedulerOptions options, KvCacheManager& kv, std::unique_ptr<SchedulingPolicy> policy,
+                     KvCacheManager* kv_window, StateSnapshotStore* snapshots)
+    : options_(options),
+      kv_(kv),
+      kv_window_(kv_window),
+      snapshots_(snapshots),
+      slots_(std::max(options.n_state_slots, 0)),
+      policy_(std::move(policy)) {
   STRATA_CHECK(options_.max_batch_tokens > 0 && options_.max_num_seqs > 0, "scheduler limits must be positive");
+  STRATA_CHECK((options_.window > 0) == (kv_window_ != nullptr), "a window pool goes with a window, and only then");
+  STRATA_CHECK(!kv_window_ || kv_window_->block_size() == kv_.block_size(), "both pools use one block size");
+  STRATA_CHECK(options_.n_state_slots <= 0 || options_.n_state_slots >= options_.max_num_seqs,
+               "every running sequence needs a state slot");
+  STRATA_CHECK(!snapshots_on() || (options_.state_snapshot_interval > 0 &&
+                                   options_.state_snapshot_interval % kv_.block_size() == 0),
+               "snapshots lie on block boundaries");
   if (!policy_) policy_ = std::make_unique<FcfsPolicy>();
 }
 
 void Scheduler::add(Sequence* seq) {
-  STRATA_CHECK(seq->n_computed == 0 && seq->blocks.empty() && seq->n_tokens() > 0, "a new sequence holds nothing");
+  STRATA_CHECK(seq->n_computed == 0 && seq->blocks.empty() && seq->window_blocks.empty() && seq->state_slot < 0 &&
+                   seq->n_tokens() > 0,
+               "a new sequence holds nothing");
   seq->state = SeqState::kWaiting;
   waiting_.push_back(seq);
 }
@@ -24,6 +44,47 @@ void Scheduler::sort_by_policy(std::vector<Sequence*>& seqs) const {
                    [this](const Sequence* a, const Sequence* b) { return policy_->before(*a, *b); });
 }
 
+int32_t Scheduler::covered(const Sequence* seq) const {
+  const int32_t bs = kv_.block_size();
+  int32_t c = int32_t(seq->blocks.size()) * bs;
+  if (kv_window_) c = std::min(c, int32_t(seq->window_blocks.size()) * bs);
+  return c;
+}
+
+int32_t Scheduler::window_first_block(int32_t pos) const {
+  // The sliding layers' query at position q reads keys p > q - window.
+  return std::max(0, pos - options_.window + 1) / kv_.block_size();
+}
+
+bool Scheduler::snapshots_on() const {
+  return snapshots_ != nullptr && options_.prefix_caching && options_.n_state_slots > 0;
+}
+
+bool Scheduler::is_snapshot_point(const Sequence* seq, int32_t pos) const {
+  if (!snapshots_on() || pos <= 0) return false;
+  const int32_t bs = kv_.block_size();
+  if (pos % options_.state_snapshot_interval == 0) return true;
+  // The prompt's end rounded down to a block (a next turn extends the prompt), and the last
+  // boundary before the prompt's last token (the same prompt again must compute one token).
+  return pos == (seq->n_prompt / bs) * bs || pos == ((seq->n_prompt - 1) / bs) * bs;
+}
+
+int32_t Scheduler::next_snapshot_point(const Sequence* seq, int32_t pos) const {
+  if (!snapshots_on()) return kNoLimit;
+  const int32_t bs = kv_.block_size();
+  const int64_t every = (int64_t(pos) / options_.state_snapshot_interval + 1) * options_.state_snapshot_interval;
+  int32_t next = int32_t(std::min<int64_t>(every, kNoLimit));
+  for (int32_t p : {((seq->n_prompt - 1) / bs) * bs, (seq->n_prompt / bs) * bs}) {
+    if (p > pos) next = std::min(next, p);
+  }
+  return next;
+}
+
+int32_t Scheduler::chunk_end(const Sequence* seq, int32_t budget) const {
+  const int32_t end = seq->n_computed + std::min(seq->n_remaining(), budget);
+  return std::min(end, next_snapshot_point(seq, seq->n_computed));
+}
+
 int32_t Scheduler::allocate_upto(Sequence* seq, int32_t n_tokens, double now) {
   const int32_t bs = kv_.block_size();
   while (int32_t(seq->blocks.size()) * bs < n_tokens) {
@@ -31,7 +92,26 @@ int32_t Scheduler::allocate_upto(Sequence* seq, int32_t n_tokens, double now) {
     if (b < 0) break;
     seq->blocks.push_back(b);
   }
-  return std::min(n_tokens, int32_t(seq->blocks.size()) * bs);
+  while (kv_window_ && int32_t(seq->window_blocks.size()) * bs < n_tokens) {
+    const int32_t b = kv_window_->allocate(now);
+    if (b < 0) break;
+    seq->window_blocks.push_back(b);
+  }
+  return std::min(n_tokens, covered(seq));
+}
+
+void Scheduler::release_all(Sequence* seq, double now, double pin_until) {
+  kv_.release(seq->blocks, now, pin_until);
+  if (kv_window_) {
+    kv_window_->release(std::span<const int32_t>(seq->window_blocks).subspan(size_t(seq->window_first)), now, pin_until);
+  }
+  if (seq->state_slot >= 0) slots_.release(seq->state_slot);
+  seq->blocks.clear();
+  seq->window_blocks.clear();
+  seq->window_first = 0;
+  seq->state_slot = -1;
+  seq->n_computed = 0;
+  seq->n_published = 0;
 }
 
 Sequence* Scheduler::victim_after(const Sequence* seq) const {
@@ -44,10 +124,8 @@ Sequence* Scheduler::victim_after(const Sequence* seq) const {
 }
 
 void Scheduler::preempt(Sequence* seq, double now, StepPlan& plan) {
-  kv_.release(seq->blocks, now);
-  seq->blocks.clear();
-  seq->n_computed = 0;
-  seq->n_published = 0;
+  // The recurrent state goes with the slot: recompute restarts from the prefix cache or zero.
+  release_all(seq, now, 0.0);
   seq->state = SeqState::kPreempted;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   waiting_.push_back(seq);
@@ -57,8 +135,8 @@ void Scheduler::preempt(Sequence* seq, double now, StepPlan& plan) {
 
 int32_t Scheduler::grow(Sequence* seq, int32_t n_tokens, double now, StepPlan& plan) {
   for (;;) {
-    const int32_t covered = allocate_upto(seq, n_tokens, now);
-    if (covered > seq->n_computed) return covered;
+    const int32_t c = allocate_upto(seq, n_tokens, now);
+    if (c > seq->n_computed) return c;
     Sequence* victim = victim_after(seq);
     if (!victim) {
       preempt(seq, now, plan);
@@ -68,7 +146,7 @@ int32_t Scheduler::grow(Sequence* seq, int32_t n_tokens, double now, StepPlan& p
   }
 }
 
-void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan) {
+void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state) {
   ScheduledSpan span;
   span.seq = seq;
   span.pos0 = seq->n_computed;
@@ -77,47 +155,94 @@ void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan) {
   // Logits at prompt position p give the logprob of prompt token p + 1.
   span.logits_all = seq->prompt_logprobs && seq->prompt_logprob_pos < seq->n_prompt - 1 &&
                     span.pos0 <= seq->prompt_logprob_pos && span.pos0 + n_tokens > seq->prompt_logprob_pos;
+  const int32_t bs = kv_.block_size();
+  if (restore_state) {
+    STRATA_CHECK(span.pos0 > 0 && span.pos0 % bs == 0, "a state snapshot lies on a block boundary");
+    span.restore_state = true;
+    span.restore_hash = seq->block_hashes[size_t(span.pos0 / bs - 1)];
+  }
+  const int32_t end = span.pos0 + n_tokens;
+  if (is_snapshot_point(seq, end)) {
+    extend_block_hashes(seq->block_hashes, options_.prefix_salt,
+                        std::span<const int32_t>(seq->tokens).first(size_t(end)), bs);
+    span.save_state = true;
+    span.save_hash = seq->block_hashes[size_t(end / bs - 1)];
+  }
   plan.spans.push_back(span);
   plan.n_tokens += n_tokens;
   scheduled_.insert(seq);
 }
 
+int32_t Scheduler::reusable_blocks(const Sequence* seq, int32_t limit) const {
+  const std::span<const uint64_t> hashes(seq->block_hashes);
+  int32_t n = kv_.count_cached(hashes.first(size_t(limit)));
+  for (; n > 0; --n) {
+    if (options_.n_state_slots > 0 && (!snapshots_on() || !snapshots_->contains(hashes[size_t(n - 1)]))) continue;
+    if (kv_window_) {
+      const int32_t first = window_first_block(n * kv_.block_size());
+      if (kv_window_->count_cached(hashes.subspan(size_t(first), size_t(n - first))) != n - first) continue;
+    }
+    break;
+  }
+  return n;
+}
+
 bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan) {
   const int32_t bs = kv_.block_size();
-  STRATA_CHECK(seq->blocks.empty() && seq->n_computed == 0, "a waiting sequence holds no blocks");
+  STRATA_CHECK(seq->blocks.empty() && seq->window_blocks.empty() && seq->n_computed == 0 && seq->state_slot < 0,
+               "a waiting sequence holds no blocks and no state");
+  int32_t hit_blocks = 0;
   if (options_.prefix_caching && seq->reuse_prefix) {
     // At least the last token is computed: its logits are what the step is for.
     extend_block_hashes(seq->block_hashes, options_.prefix_salt, seq->tokens, bs);
-    const size_t limit = std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs));
-    seq->blocks = kv_.acquire_cached(std::span<const uint64_t>(seq->block_hashes).first(limit));
-    seq->n_computed = int32_t(seq->blocks.size()) * bs;
-    seq->n_published = int32_t(seq->blocks.size());
+    const int32_t limit = int32_t(std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs)));
+    hit_blocks = reusable_blocks(seq, limit);
+    const std::span<const uint64_t> hashes(seq->block_hashes);
+    seq->blocks = kv_.acquire_cached(hashes.first(size_t(hit_blocks)));
+    STRATA_CHECK(int32_t(seq->blocks.size()) == hit_blocks, "counted blocks could not be acquired");
+    if (kv_window_) {
+      const int32_t first = window_first_block(hit_blocks * bs);
+      seq->window_blocks.assign(size_t(first), -1);
+      const auto w = kv_window_->acquire_cached(hashes.subspan(size_t(first), size_t(hit_blocks - first)));
+      STRATA_CHECK(int32_t(w.size()) == hit_blocks - first, "counted window blocks could not be acquired");
+      seq->window_blocks.insert(seq->window_blocks.end(), w.begin(), w.end());
+      seq->window_first = first;
+    }
+    seq->n_computed = hit_blocks * bs;
+    seq->n_published = hit_blocks;
   }
   const int32_t hit = seq->n_computed;
-  const int32_t want = seq->n_computed + std::min(seq->n_remaining(), budget);
-  const int32_t reachable = (int32_t(seq->blocks.size()) + kv_.n_available()) * bs;
-  const int32_t target = std::min(want, reachable);
+  int32_t target = chunk_end(seq, budget);
+  target = std::min(target, (int32_t(seq->blocks.size()) + kv_.n_available()) * bs);
+  if (kv_window_) target = std::min(target, (int32_t(seq->window_blocks.size()) + kv_window_->n_available()) * bs);
   if (target <= seq->n_computed) {
-    kv_.release(seq->blocks, now);
-    seq->blocks.clear();
-    seq->n_computed = 0;
-    seq->n_published = 0;
+    release_all(seq, now, 0.0);
     return false;
   }
-  const int32_t covered = allocate_upto(seq, target, now);
-  STRATA_CHECK(covered == target, "available blocks could not be allocated");
+  const int32_t c = allocate_upto(seq, target, now);
+  STRATA_CHECK(c == target, "available blocks could not be allocated");
+  if (options_.n_state_slots > 0) {
+    seq->state_slot = slots_.allocate();
+    STRATA_CHECK(seq->state_slot >= 0, "a state slot for every running sequence");
+  }
+  const bool restore = options_.n_state_slots > 0 && hit_blocks > 0;
+  if (restore) {
+    STRATA_CHECK(snapshots_->find(seq->block_hashes[size_t(hit_blocks - 1)]) != nullptr, "the snapshot of a hit");
+    snapshots_->note_restore();
+  }
   if (seq->cached_tokens < 0) seq->cached_tokens = hit;
   prefix_hit_tokens_ += hit;
   seq->state = SeqState::kPrefilling;
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
   running_.push_back(seq);
-  add_span(seq, target - seq->n_computed, plan);
+  add_span(seq, target - seq->n_computed, plan, restore);
   return true;
 }
 
 StepPlan Scheduler::schedule(double now) {
   StepPlan plan;
   scheduled_.clear();
+  now_ = now;
   int32_t budget = options_.max_batch_tokens;
   sort_by_policy(running_);
 
@@ -134,10 +259,10 @@ StepPlan Scheduler::schedule(double now) {
   for (Sequence* seq : order) {
     if (budget == 0) break;
     if (!seq->running() || scheduled_.count(seq)) continue;
-    const int32_t covered = grow(seq, seq->n_computed + std::min(seq->n_remaining(), budget), now, plan);
-    if (covered < 0) continue;
-    add_span(seq, covered - seq->n_computed, plan);
-    budget -= covered - plan.spans.back().pos0;
+    const int32_t c = grow(seq, chunk_end(seq, budget), now, plan);
+    if (c < 0) continue;
+    add_span(seq, c - seq->n_computed, plan);
+    budget -= c - plan.spans.back().pos0;
   }
   // 3. Waiting and preempted sequences, in policy order, while budget, sequences and blocks last.
   sort_by_policy(waiting_);
@@ -159,16 +284,29 @@ void Scheduler::commit(const ScheduledSpan& span) {
   if (span.sample) seq->state = SeqState::kDecoding;
   const int32_t bs = kv_.block_size();
   const int32_t n_full = seq->n_computed / bs;
-  if (!options_.prefix_caching || seq->n_published >= n_full) return;
-  extend_block_hashes(seq->block_hashes, options_.prefix_salt,
-                      std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
-  for (int32_t i = seq->n_published; i < n_full; ++i) kv_.publish(seq->blocks[size_t(i)], seq->block_hashes[size_t(i)]);
-  seq->n_published = n_full;
+  if (options_.prefix_caching && seq->n_published < n_full) {
+    extend_block_hashes(seq->block_hashes, options_.prefix_salt,
+                        std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
+    for (int32_t i = seq->n_published; i < n_full; ++i) {
+      const uint64_t h = seq->block_hashes[size_t(i)];
+      kv_.publish(seq->blocks[size_t(i)], h);
+      if (kv_window_ && seq->window_blocks[size_t(i)] >= 0) kv_window_->publish(seq->window_blocks[size_t(i)], h);
+    }
+    seq->n_published = n_full;
+  }
+  if (kv_window_) {
+    // Blocks no later query of this sequence reads go back (published ones stay cached).
+    const int32_t first = std::min(window_first_block(seq->n_computed), int32_t(seq->window_blocks.size()));
+    for (int32_t i = seq->window_first; i < first; ++i) {
+      kv_window_->release(std::span<const int32_t>(&seq->window_blocks[size_t(i)], 1), now_);
+      seq->window_blocks[size_t(i)] = -1;
+    }
+    seq->window_first = std::max(seq->window_first, first);
+  }
 }
 
 void Scheduler::finish(Sequence* seq, double now, double pin_until) {
-  kv_.release(seq->blocks, now, pin_until);
-  seq->blocks.clear();
+  release_all(seq, now, pin_until);
   seq->state = SeqState::kFinished;
   auto it = std::find(running_.begin(), running_.end(), seq);
   if (it != running_.end()) running_.erase(it);

@@ -4,6 +4,18 @@
 // metadata) but never touches KV memory. When blocks run out it preempts the running sequences
 // last in policy order (newest first under FCFS): their blocks are released and they recompute
 // later, usually from the prefix cache.
+//
+// Sliding-window layers (options.window > 0) page in a pool of their own (kv_window): a
+// sequence's window_blocks behind the window of its next query go back to that pool at commit,
+// so a long sequence holds full KV only for its full-attention layers. A cached prefix is
+// reused up to a block boundary P only where both pools still hold what a query at P reads:
+// every block of [0, P) in the full pool and the blocks of [P - window + 1, P) in the window pool.
+//
+// Hybrid families (options.n_state_slots > 0) give each running sequence a recurrent-state slot.
+// With prefix caching, a span that ends at a snapshot boundary (every state_snapshot_interval
+// tokens, and the last block boundary at or before the prompt's end, and before its last token)
+// asks for a snapshot; prefill chunks are cut at those boundaries. A prefix is reused only up to
+// a position whose snapshot is held; admission then asks the runner to restore it.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +26,7 @@
 #include "engine/scheduling_policy.h"
 #include "engine/step_plan.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_cache.h"
 
 namespace strata {
 
@@ -22,11 +35,18 @@ struct SchedulerOptions {
   int32_t max_num_seqs = 64;        // running sequences at once
   bool prefix_caching = true;       // off: nothing is looked up or published
   uint64_t prefix_salt = 0;         // namespace of the prefix hashes (prefix_namespace_salt)
+  int32_t window = 0;               // > 0: tokens the sliding-window layers read (their largest window)
+  int32_t n_state_slots = 0;        // > 0: recurrent-state slots (>= max_num_seqs)
+  int32_t state_snapshot_interval = 512;  // tokens between state snapshots, a multiple of the block size
 };
 
 class Scheduler {
  public:
-  Scheduler(SchedulerOptions options, KvCacheManager& kv, std::unique_ptr<SchedulingPolicy> policy);
+  // kv: the full-attention layers' pool. kv_window: the sliding-window layers' pool (required
+  // when options.window > 0). snapshots: where recurrent-state snapshots live (null: none are
+  // taken or restored).
+  Scheduler(SchedulerOptions options, KvCacheManager& kv, std::unique_ptr<SchedulingPolicy> policy,
+            KvCacheManager* kv_window = nullptr, StateSnapshotStore* snapshots = nullptr);
 
   // A new sequence (state waiting, nothing computed).
   void add(Sequence* seq);
@@ -41,6 +61,7 @@ class Scheduler {
   int64_t n_preemptions() const { return n_preemptions_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   const SchedulerOptions& options() const { return options_; }
+  const StateSlotPool& state_slots() const { return slots_; }
 
  private:
   // Gives a running `seq` blocks for up to its first `n_tokens` tokens. Returns how many tokens
@@ -51,18 +72,36 @@ class Scheduler {
   // Allocates blocks while they are available until `n_tokens` are covered; returns the tokens
   // the sequence's blocks cover, at most n_tokens.
   int32_t allocate_upto(Sequence* seq, int32_t n_tokens, double now);
+  // Tokens both pools' blocks of `seq` cover.
+  int32_t covered(const Sequence* seq) const;
+  // First block of the window pool a query at `pos` or later reads.
+  int32_t window_first_block(int32_t pos) const;
+  bool snapshots_on() const;
+  bool is_snapshot_point(const Sequence* seq, int32_t pos) const;
+  // The first snapshot boundary after `pos` (INT32_MAX when none are taken).
+  int32_t next_snapshot_point(const Sequence* seq, int32_t pos) const;
+  // End of the next prefill chunk of `seq` within `budget` tokens.
+  int32_t chunk_end(const Sequence* seq, int32_t budget) const;
+  // Leading blocks of seq->block_hashes[0, limit) both pools (and a state snapshot) can serve.
+  int32_t reusable_blocks(const Sequence* seq, int32_t limit) const;
+  // Releases every block and the state slot of `seq` and forgets its progress.
+  void release_all(Sequence* seq, double now, double pin_until);
   Sequence* victim_after(const Sequence* seq) const;
   void preempt(Sequence* seq, double now, StepPlan& plan);
   bool admit(Sequence* seq, int32_t budget, double now, StepPlan& plan);
-  void add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan);
+  void add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state = false);
   void sort_by_policy(std::vector<Sequence*>& seqs) const;
 
   SchedulerOptions options_;
   KvCacheManager& kv_;
+  KvCacheManager* kv_window_;
+  StateSnapshotStore* snapshots_;
+  StateSlotPool slots_;
   std::unique_ptr<SchedulingPolicy> policy_;
   std::vector<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   std::unordered_set<const Sequence*> scheduled_;  // this step
+  double now_ = 0.0;  // engine clock (s) of the last schedule(), which commit() follows
   int64_t n_preemptions_ = 0;
   int64_t prefix_hit_tokens_ = 0;
 };

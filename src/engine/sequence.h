@@ -3,7 +3,7 @@
 // sequences (with their sampler and stream); the scheduler holds pointers to them.
 //
 // States: waiting -> prefilling -> decoding -> finished; a running sequence whose blocks are
-// taken back becomes preempted (n_computed = 0, blocks freed) and waits to recompute, which
+// taken back becomes preempted (n_computed = 0, blocks and state slot freed) and waits to recompute, which
 // goes through prefilling again. Any state can end in finished (stop, length, cancel, error).
 #pragma once
 
@@ -27,6 +27,11 @@ struct Sequence {
   std::vector<int32_t> blocks;  // block table, covers at least n_computed tokens
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks of `tokens`
   int32_t n_published = 0;      // leading blocks already offered to the prefix index
+  // Block table of the sliding-window layers (a KV pool of their own): entries [0, window_first)
+  // are -1, their blocks lay wholly behind the window and went back to that pool.
+  std::vector<int32_t> window_blocks;
+  int32_t window_first = 0;
+  int32_t state_slot = -1;      // recurrent-state slot while running (hybrid families), else -1
 
   bool reuse_prefix = true;       // look the prompt up in the prefix cache on admission
   bool prompt_logprobs = false;   // wants logits at every prompt position

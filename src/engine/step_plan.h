@@ -15,6 +15,13 @@ struct ScheduledSpan {
   int32_t n_tokens = 0;   // tokens [pos0, pos0 + n_tokens) of seq->tokens
   bool sample = false;    // the span reaches the sequence's last token: sample the next one
   bool logits_all = false;  // logits for every position (prompt logprobs still owed)
+  // Recurrent state (hybrid families): before the step, load the snapshot under restore_hash
+  // into the sequence's slot (a prefix hit at pos0); after it, snapshot the slot under
+  // save_hash (the span ends at a snapshot boundary).
+  bool restore_state = false;
+  uint64_t restore_hash = 0;
+  bool save_state = false;
+  uint64_t save_hash = 0;
 };
 
 struct StepPlan {

@@ -7,17 +7,31 @@
 
 namespace strata {
 
-KvStorage::KvStorage(const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size)
-    : layout_(layout), k_(layout.size()), v_(layout.size()), n_blocks_(n_blocks), block_size_(block_size) {
+KvStorage::KvStorage(const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size,
+                     int32_t n_window_blocks)
+    : layout_(layout),
+      k_(layout.size()),
+      v_(layout.size()),
+      n_blocks_(n_blocks),
+      n_window_blocks_(n_window_blocks < 0 ? n_blocks : n_window_blocks),
+      block_size_(block_size) {
   for (size_t l = 0; l < layout_.size(); ++l) {
     const auto& s = layout_[l];
     if (!s.has_kv || s.shares_with >= 0) continue;
     const size_t per_block = size_t(block_size) * size_t(s.n_kv_heads);
+    const size_t blocks = size_t(s.window > 0 ? n_window_blocks_ : n_blocks_);
     // Row bytes are multiples of 4: f32 words hold them exactly, aligned for every format.
-    k_[l].assign(size_t(n_blocks) * per_block * size_t(kv_key_format(s.codec, s.head_dim_k).bytes() / 4), 0.0f);
-    v_[l].assign(size_t(n_blocks) * per_block * size_t(kv_value_format(s.codec, s.head_dim_v).bytes() / 4), 0.0f);
+    k_[l].assign(blocks * per_block * size_t(kv_key_format(s.codec, s.head_dim_k).bytes() / 4), 0.0f);
+    v_[l].assign(blocks * per_block * size_t(kv_value_format(s.codec, s.head_dim_v).bytes() / 4), 0.0f);
   }
 }
+
+bool KvStorage::window_paged(int layer) const {
+  const int owner = layout_[layer].shares_with >= 0 ? layout_[layer].shares_with : layer;
+  return layout_[owner].window > 0;
+}
+
+int32_t KvStorage::n_blocks(int layer) const { return window_paged(layer) ? n_window_blocks_ : n_blocks_; }
 
 float* KvStorage::k_pool(int layer) {
   STRATA_CHECK(k_format(layer).kind == KvRowKind::kF32, "f32 view of a layer stored in another codec");
@@ -71,7 +85,7 @@ void convert_kv_block(KvStorage& src, int layer, int32_t src_block, KvStorage& d
   STRATA_CHECK(a.n_kv_heads == b.n_kv_heads && a.head_dim_k == b.head_dim_k && a.head_dim_v == b.head_dim_v &&
                    src.block_size() == dst.block_size(),
                "convert_kv_block: storages differ in more than the codec");
-  STRATA_CHECK(src_block >= 0 && src_block < src.n_blocks() && dst_block >= 0 && dst_block < dst.n_blocks(),
+  STRATA_CHECK(src_block >= 0 && src_block < src.n_blocks(layer) && dst_block >= 0 && dst_block < dst.n_blocks(layer),
                "convert_kv_block: block id outside the pool");
   STRATA_CHECK(&src != &dst || src_block != dst_block, "convert_kv_block: a block onto itself");
   const int64_t rows = int64_t(src.block_size()) * a.n_kv_heads;

@@ -32,9 +32,16 @@ struct StateLayerSpec {
 class KvStorage {
  public:
   KvStorage() = default;
-  KvStorage(const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size);
+  // n_window_blocks: blocks in the pools of sliding-window layers (window > 0), which page
+  // apart from the full-attention layers (SeqSpan::window_block_table); < 0: n_blocks.
+  KvStorage(const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size,
+            int32_t n_window_blocks = -1);
 
   int32_t n_blocks() const { return n_blocks_; }
+  // Blocks in the pools `layer` reads (follows shares_with).
+  int32_t n_blocks(int layer) const;
+  // True when the pools `layer` reads belong to a sliding-window layer (follows shares_with).
+  bool window_paged(int layer) const;
   int32_t block_size() const { return block_size_; }
   // Pools of the layer that physically holds layer `layer`'s KV (follows shares_with).
   // The f32 views need the f32 row format (codec auto).
@@ -59,6 +66,7 @@ class KvStorage {
   std::vector<KvLayerSpec> layout_;
   std::vector<std::vector<float>> k_, v_;  // per owning layer; f32 words holding the rows' bytes
   int32_t n_blocks_ = 0;
+  int32_t n_window_blocks_ = 0;
   int32_t block_size_ = 16;
 };
 

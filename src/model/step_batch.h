@@ -12,6 +12,10 @@ struct SeqSpan {
   int32_t n_tokens = 0;        // tokens of this sequence in this step (contiguous in StepBatch::tokens)
   int32_t pos0 = 0;            // position of the first of them = tokens already cached
   std::vector<int32_t> block_table;  // KV block ids covering positions [0, pos0 + n_tokens)
+  // Block ids of the sliding-window layers when they page apart from the full-attention ones
+  // (KvStorage's window pools); entries of blocks wholly behind every window may be -1 (their
+  // blocks went back to the pool; attention never reads them). Empty: those layers use block_table.
+  std::vector<int32_t> window_block_table;
   int32_t state_slot = -1;     // recurrent-state slot (hybrid families), -1 when none
   bool logits_last = true;     // produce logits for the span's last token
   bool logits_all = false;     // produce logits for every token of the span (prompt logprobs)

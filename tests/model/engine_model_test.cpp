@@ -214,7 +214,9 @@ TEST_P(EngineModelTest, CancelFreesBlocksAndOverLongIsRefused) {
   EXPECT_NE(msg.find(std::to_string(max_len)), std::string::npos) << msg;
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, EngineModelTest, ::testing::Values("qwen3-tiny", "llama3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Families, EngineModelTest,
+                         ::testing::Values("qwen3-tiny", "llama3-tiny", "gemma3-tiny", "gemma4-tiny", "qwen35-tiny",
+                                           "qwen3next-tiny"));
 
 }  // namespace
 }  // namespace strata

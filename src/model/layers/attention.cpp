@@ -30,6 +30,11 @@ void apply_rope(ThreadPool& pool, RopeProvider& rope, const StepBatch& batch, co
 
 namespace {
 
+// The block table `layer` reads: sliding-window layers page apart when the span carries theirs.
+const std::vector<int32_t>& layer_table(const SeqSpan& s, const KvStorage& kv, int layer) {
+  return kv.window_paged(layer) && !s.window_block_table.empty() ? s.window_block_table : s.block_table;
+}
+
 bool f32_rows(const KvStorage& kv, int layer) {
   return kv.k_format(layer).kind == KvRowKind::kF32 && kv.v_format(layer).kind == KvRowKind::kF32;
 }
@@ -41,13 +46,13 @@ void write_kv_codec(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int
   thread_local std::vector<int64_t> slots;
   slots.clear();
   for (const auto& s : batch.seqs) {
-    const std::vector<int32_t>& table = s.block_table;
+    const std::vector<int32_t>& table = layer_table(s, kv, layer);
     for (int32_t i = 0; i < s.n_tokens; ++i) {
       const int32_t pos = s.pos0 + i;
       const size_t bi = size_t(pos / bs);
       STRATA_CHECK(bi < table.size(), "block table does not cover the span's positions");
       const int32_t block = table[bi];
-      STRATA_CHECK(block >= 0 && block < kv.n_blocks(), "block id outside the KV pool");
+      STRATA_CHECK(block >= 0 && block < kv.n_blocks(layer), "block id outside the KV pool");
       slots.push_back(int64_t(block) * bs + pos % bs);
     }
   }
@@ -80,9 +85,10 @@ void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, 
     for (int32_t i = 0; i < s.n_tokens; ++i, ++t) {
       const int32_t pos = s.pos0 + i;
       const size_t bi = size_t(pos / bs);
-      STRATA_CHECK(bi < s.block_table.size(), "block table does not cover the span's positions");
-      const int32_t block = s.block_table[bi];
-      STRATA_CHECK(block >= 0 && block < kv.n_blocks(), "block id outside the KV pool");
+      const std::vector<int32_t>& table = layer_table(s, kv, layer);
+      STRATA_CHECK(bi < table.size(), "block table does not cover the span's positions");
+      const int32_t block = table[bi];
+      STRATA_CHECK(block >= 0 && block < kv.n_blocks(layer), "block id outside the KV pool");
       const int64_t slot = int64_t(block) * bs + pos % bs;
       std::memcpy(kp + slot * k_row, k + t * k_row, size_t(k_row) * sizeof(float));
       std::memcpy(vp + slot * v_row, v + t * v_row, size_t(v_row) * sizeof(float));
@@ -104,9 +110,10 @@ void attend_codec(ThreadPool& pool, const SeqSpan& s, KvStorage& kv, int layer, 
   a.v_fmt = kv.v_format(layer);
   STRATA_CHECK(a.k_fmt.dim == p.head_dim && a.v_fmt.dim == p.head_dim_v, "attention head dims differ from the KV pool's");
   a.seed_layer = kv.owner(layer);
-  STRATA_CHECK(int64_t(s.block_table.size()) * kv.block_size() >= int64_t(s.pos0) + s.n_tokens,
+  const std::vector<int32_t>& table = layer_table(s, kv, layer);
+  STRATA_CHECK(int64_t(table.size()) * kv.block_size() >= int64_t(s.pos0) + s.n_tokens,
                "block table does not cover the span's positions");
-  a.block_table = s.block_table.data();
+  a.block_table = table.data();
   a.block_size = kv.block_size();
   a.n_q = s.n_tokens;
   a.pos0 = s.pos0;
@@ -136,7 +143,10 @@ void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, 
     a.out = out + t0 * p.n_heads * p.head_dim_v;
     a.k_pool = kv.k_pool(layer);
     a.v_pool = kv.v_pool(layer);
-    a.block_table = s.block_table.data();
+    const std::vector<int32_t>& table = layer_table(s, kv, layer);
+    STRATA_CHECK(int64_t(table.size()) * kv.block_size() >= int64_t(s.pos0) + s.n_tokens,
+                 "block table does not cover the span's positions");
+    a.block_table = table.data();
     a.block_size = kv.block_size();
     a.n_q = s.n_tokens;
     a.pos0 = s.pos0;
