@@ -111,7 +111,7 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   const auto layout = model.kv_layout();
   for (const auto& s : layout) {
     if (!s.has_kv || s.shares_with >= 0) continue;
-    const int64_t b = int64_t(s.n_kv_heads) * (s.head_dim_k + s.head_dim_v) * int64_t(sizeof(float));
+    const int64_t b = KvStorage::layer_bytes_per_token(s);  // in the layer's codec
     if (s.window > 0) {
       window_bytes += b;
       plan.window = std::max(plan.window, s.window);
@@ -136,14 +136,18 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   int64_t n_full = 0, n_window = 0;
   if (o.kv_blocks > 0) {
     n_full = o.kv_blocks;
-    if (plan.window > 0) n_window = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(window_min, std::min<int64_t>(window_need, n_full));
+    if (plan.window > 0) {
+      n_window = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(window_min, std::min(window_need, n_full));
+    }
   } else {
     const int64_t token_budget = o.kv_cache_bytes / bs;  // bytes per token position of a block
     if (plan.window > 0) {
       if (o.kv_window_blocks > 0) {
         n_window = o.kv_window_blocks;
       } else {
-        n_window = full_bytes > 0 ? std::min(window_need, token_budget / (full_bytes + window_bytes)) : token_budget / window_bytes;
+        // At most an equal share: a window pool past what the windows need buys only cache.
+        n_window = full_bytes > 0 ? std::min(window_need, token_budget / (full_bytes + window_bytes))
+                                  : token_budget / window_bytes;
       }
     }
     if (full_bytes > 0) {
@@ -153,9 +157,10 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
       n_full = int64_t(o.max_num_seqs) * ((max_len + bs - 1) / bs);
     }
     if (n_full < 2 || (plan.window > 0 && n_window < window_min)) {
-      return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " + std::to_string(std::max<int64_t>(n_full, 0)) +
-                 " full-attention and " + std::to_string(std::max<int64_t>(n_window, 0)) + " sliding-window KV blocks of " +
-                 std::to_string(bs) + " tokens (" + std::to_string(full_bytes * bs) + " and " + std::to_string(window_bytes * bs) +
+      return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " +
+                 std::to_string(std::max<int64_t>(n_full, 0)) + " full-attention and " +
+                 std::to_string(std::max<int64_t>(n_window, 0)) + " sliding-window KV blocks of " + std::to_string(bs) +
+                 " tokens (" + std::to_string(full_bytes * bs) + " and " + std::to_string(window_bytes * bs) +
                  " bytes); at least 2 and " + std::to_string(plan.window > 0 ? window_min : 0) + " are needed");
     }
   }
