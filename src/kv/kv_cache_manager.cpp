@@ -38,6 +38,7 @@ int32_t KvCacheManager::allocate(double now) {
     pool_.remove_idle(id);
     const BlockMeta& m = pool_.meta(id);
     STRATA_CHECK(m.has_hash, "an idle block must be published");
+    if (evict_hook_) evict_hook_(id, m.hash);
     index_.erase(m.hash, id);
     pool_.clear_hash(id);
     ++evictions_;

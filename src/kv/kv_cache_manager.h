@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -53,6 +54,10 @@ class KvCacheManager {
   // to the free list.
   void release(std::span<const int32_t> blocks, double now, double pin_until = 0.0);
 
+  // Called with a published block and its hash when allocate() evicts it, before the block is
+  // handed out (its bytes are still intact): the lower KV tiers copy it out here.
+  void set_evict_hook(std::function<void(int32_t block, uint64_t hash)> hook) { evict_hook_ = std::move(hook); }
+
   KvCacheStats stats(double now) const;
   const BlockPool& pool() const { return pool_; }
   const PrefixIndex& index() const { return index_; }
@@ -62,6 +67,7 @@ class KvCacheManager {
   PrefixIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
   int64_t evictions_ = 0;
+  std::function<void(int32_t, uint64_t)> evict_hook_;
 };
 
 }  // namespace strata

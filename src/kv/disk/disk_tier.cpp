@@ -1,0 +1,412 @@
+#include "kv/disk/disk_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "core/log.h"
+
+namespace strata {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'K', 'V', 'B', 'L', 'K'};
+constexpr const char* kExt = ".kvb";
+
+template <typename T>
+void put(std::vector<uint8_t>& out, T v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+struct Reader {
+  const std::vector<uint8_t>& buf;
+  size_t pos = 0;
+  bool ok = true;
+  template <typename T>
+  T get() {
+    T v{};
+    if (pos + sizeof(T) > buf.size()) {
+      ok = false;
+      return v;
+    }
+    std::memcpy(&v, buf.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+};
+
+std::string file_name(uint64_t seq) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "g%016llx", static_cast<unsigned long long>(seq));
+  return std::string(name) + kExt;
+}
+
+// Sequence number of a tier file name, 0 when the name is not one.
+uint64_t parse_seq(const std::string& name) {
+  if (name.size() != 17 + std::strlen(kExt) || name[0] != 'g' || !name.ends_with(kExt)) return 0;
+  uint64_t v = 0;
+  for (size_t i = 1; i < 17; ++i) {
+    const char c = name[i];
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return 0;
+    v = v * 16 + uint64_t(d);
+  }
+  return v;
+}
+
+bool write_all(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+bool read_at(const fs::path& path, int64_t offset, uint8_t* out, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  f.seekg(offset);
+  f.read(reinterpret_cast<char*>(out), std::streamsize(n));
+  return f.good() && size_t(f.gcount()) == n;
+}
+
+}  // namespace
+
+DiskTier::DiskTier(DiskTierOptions options) : options_(std::move(options)) {
+  for (int64_t b : options_.tensor_bytes) block_bytes_ += b;
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(DiskTierOptions options) {
+  auto bad = [&](const std::string& m) {
+    return make_error(ErrorCode::kInvalidArgument, "kv disk dir '" + options.dir.string() + "': " + m);
+  };
+  if (options.dir.empty()) return bad("no directory given");
+  if (options.max_bytes <= 0) return bad("kv_disk_bytes must be > 0, got " + std::to_string(options.max_bytes));
+  if (options.tensor_bytes.empty()) return bad("no tensors per block");
+  if (options.max_group_blocks < 1) options.max_group_blocks = 1;
+  std::error_code ec;
+  fs::create_directories(options.dir, ec);
+  if (ec || !fs::is_directory(options.dir)) return bad("cannot create the directory: " + ec.message());
+  std::unique_ptr<DiskTier> t(new DiskTier(std::move(options)));
+  STRATA_RETURN_IF_ERROR(t->scan());
+  t->writer_ = std::thread([p = t.get()] { p->writer_loop(); });
+  return t;
+}
+
+DiskTier::~DiskTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+int64_t DiskTier::stride() const { return block_bytes_ + int64_t(options_.tensor_bytes.size()) * 8; }
+
+Status DiskTier::scan() {
+  std::error_code ec;
+  std::vector<std::pair<uint64_t, fs::path>> found;
+  for (const auto& de : fs::directory_iterator(options_.dir, ec)) {
+    if (!de.is_regular_file()) continue;
+    const std::string name = de.path().filename().string();
+    if (name.ends_with(".tmp")) {  // a write that never finished
+      fs::remove(de.path(), ec);
+      continue;
+    }
+    const uint64_t seq = parse_seq(name);
+    if (seq == 0) continue;
+    found.emplace_back(seq, de.path());
+  }
+  if (ec) return make_error(ErrorCode::kIo, "kv disk dir '" + options_.dir.string() + "': " + ec.message());
+  std::sort(found.begin(), found.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [seq, path] : found) {
+    next_seq_ = std::max(next_seq_, seq + 1);
+    FileEntry e;
+    e.path = path;
+    const std::string why = load_header(path, e);
+    if (!why.empty()) {
+      quarantine_path(path, why);
+      continue;
+    }
+    add_file_locked(seq, std::move(e));
+  }
+  enforce_budget_locked(0);
+  log::info("kv disk tier {}: {} files, {} blocks, {} bytes", options_.dir.string(), files_.size(), index_.size(),
+            total_bytes_);
+  return Status();
+}
+
+std::string DiskTier::load_header(const fs::path& path, FileEntry& entry) const {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return "cannot stat: " + ec.message();
+  // The header is small; read what can hold it (identity and hashes included).
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "cannot open";
+  const size_t head_max = std::min<uint64_t>(size, 1 << 20);
+  std::vector<uint8_t> buf(head_max);
+  f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(head_max));
+  if (size_t(f.gcount()) != head_max) return "short read";
+  Reader r{buf};
+  char magic[8];
+  for (char& c : magic) c = r.get<char>();
+  if (!r.ok || std::memcmp(magic, kMagic, 8) != 0) return "not a KV block file (bad magic)";
+  const uint32_t version = r.get<uint32_t>();
+  if (!r.ok) return "truncated header";
+  if (version != kFormatVersion) {
+    return "format version " + std::to_string(version) + ", expected " + std::to_string(kFormatVersion);
+  }
+  const uint32_t id_len = r.get<uint32_t>();
+  if (!r.ok || r.pos + id_len > buf.size()) return "truncated header";
+  const std::string identity(reinterpret_cast<const char*>(buf.data() + r.pos), id_len);
+  r.pos += id_len;
+  const uint32_t n_tensors = r.get<uint32_t>();
+  if (!r.ok || n_tensors > 1u << 16) return "truncated header";
+  std::vector<int64_t> tensors(n_tensors);
+  for (auto& t : tensors) t = r.get<int64_t>();
+  const uint32_t n_blocks = r.get<uint32_t>();
+  if (!r.ok || n_blocks > 1u << 20) return "truncated header";
+  entry.hashes.resize(n_blocks);
+  for (auto& h : entry.hashes) h = r.get<uint64_t>();
+  const size_t checked = r.pos;
+  const uint64_t sum = r.get<uint64_t>();
+  if (!r.ok) return "truncated header";
+  if (XXH3_64bits(buf.data(), checked) != sum) return "header checksum mismatch";
+  if (identity != options_.identity) return "foreign model identity '" + identity + "'";
+  if (tensors != options_.tensor_bytes) return "layer layout differs from this model's";
+  entry.data_offset = int64_t(r.pos);
+  const uint64_t expect = uint64_t(entry.data_offset) + uint64_t(n_blocks) * uint64_t(stride());
+  if (size != expect) return "size " + std::to_string(size) + " bytes, expected " + std::to_string(expect) + " (truncated)";
+  entry.bytes = int64_t(size);
+  return "";
+}
+
+void DiskTier::add_file_locked(uint64_t seq, FileEntry entry) {
+  for (size_t i = 0; i < entry.hashes.size(); ++i) index_[entry.hashes[i]] = Loc{seq, int32_t(i)};
+  total_bytes_ += entry.bytes;
+  files_[seq] = std::move(entry);
+}
+
+void DiskTier::remove_file_locked(uint64_t seq) {
+  auto it = files_.find(seq);
+  if (it == files_.end()) return;
+  for (uint64_t h : it->second.hashes) {
+    auto x = index_.find(h);
+    if (x != index_.end() && x->second.seq == seq) index_.erase(x);
+  }
+  total_bytes_ -= it->second.bytes;
+  files_.erase(it);
+}
+
+void DiskTier::quarantine_path(const fs::path& path, const std::string& reason) {
+  std::error_code ec;
+  const fs::path qdir = options_.dir / "quarantine";
+  fs::create_directories(qdir, ec);
+  fs::rename(path, qdir / path.filename(), ec);
+  if (ec) {
+    log::warn("kv disk tier: {} is bad ({}) and could not be quarantined ({}); removing it", path.string(), reason,
+              ec.message());
+    fs::remove(path, ec);
+  } else {
+    log::warn("kv disk tier: quarantined {}: {}", path.string(), reason);
+  }
+  ++counters_.quarantined_files;
+}
+
+void DiskTier::quarantine_locked(uint64_t seq, const std::string& reason) {
+  auto it = files_.find(seq);
+  if (it == files_.end()) return;
+  const fs::path path = it->second.path;
+  remove_file_locked(seq);
+  quarantine_path(path, reason);
+}
+
+void DiskTier::enforce_budget_locked(uint64_t) {
+  std::error_code ec;
+  while (total_bytes_ > options_.max_bytes && !files_.empty()) {
+    auto oldest = files_.begin();
+    const fs::path path = oldest->second.path;
+    remove_file_locked(oldest->first);
+    fs::remove(path, ec);
+    ++counters_.evicted_files;
+  }
+}
+
+bool DiskTier::contains(uint64_t hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.count(hash) > 0;
+}
+
+bool DiskTier::enqueue(uint64_t hash, const uint8_t* data) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.count(hash) || queued_.count(hash)) return true;
+    if (queued_bytes_ + block_bytes_ > options_.queue_bytes) {
+      ++counters_.dropped_blocks;
+      return false;
+    }
+    Pending p;
+    p.hash = hash;
+    p.data.assign(data, data + block_bytes_);
+    queue_.push_back(std::move(p));
+    queued_.insert(hash);
+    queued_bytes_ += block_bytes_;
+  }
+  cv_.notify_one();
+  return true;
+}
+
+bool DiskTier::read(uint64_t hash, uint8_t* out) {
+  fs::path path;
+  int64_t offset = 0;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(hash);
+    if (it == index_.end()) return false;
+    seq = it->second.seq;
+    const FileEntry& f = files_.at(seq);
+    path = f.path;
+    offset = f.data_offset + int64_t(it->second.index) * stride();
+  }
+  std::vector<uint8_t> buf(static_cast<size_t>(stride()));
+  std::string why;
+  if (!read_at(path, offset, buf.data(), buf.size())) {
+    why = "short read at offset " + std::to_string(offset);
+  } else {
+    size_t pos = 0, o = 0;
+    for (size_t t = 0; t < options_.tensor_bytes.size() && why.empty(); ++t) {
+      const size_t n = size_t(options_.tensor_bytes[t]);
+      uint64_t sum;
+      std::memcpy(&sum, buf.data() + pos + n, 8);
+      if (XXH3_64bits(buf.data() + pos, n) != sum) {
+        why = "checksum mismatch in tensor " + std::to_string(t) + " of block " + std::to_string(hash);
+        break;
+      }
+      std::memcpy(out + o, buf.data() + pos, n);
+      pos += n + 8;
+      o += n;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!why.empty()) {
+    quarantine_locked(seq, why);
+    return false;
+  }
+  ++counters_.read_blocks;
+  return true;
+}
+
+bool DiskTier::write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry) {
+  std::vector<uint8_t> head;
+  head.insert(head.end(), kMagic, kMagic + 8);
+  put<uint32_t>(head, kFormatVersion);
+  put<uint32_t>(head, uint32_t(options_.identity.size()));
+  head.insert(head.end(), options_.identity.begin(), options_.identity.end());
+  put<uint32_t>(head, uint32_t(options_.tensor_bytes.size()));
+  for (int64_t b : options_.tensor_bytes) put<int64_t>(head, b);
+  put<uint32_t>(head, uint32_t(group.size()));
+  for (const auto& p : group) put<uint64_t>(head, p.hash);
+  put<uint64_t>(head, XXH3_64bits(head.data(), head.size()));
+
+  const fs::path final_path = options_.dir / file_name(seq);
+  const fs::path tmp = options_.dir / (file_name(seq) + ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, head.data(), head.size());
+  for (const auto& p : group) {
+    size_t o = 0;
+    for (int64_t n : options_.tensor_bytes) {
+      if (!ok) break;
+      const uint64_t sum = XXH3_64bits(p.data.data() + o, size_t(n));
+      ok = write_all(fd, p.data.data() + o, size_t(n)) &&
+           write_all(fd, reinterpret_cast<const uint8_t*>(&sum), sizeof(sum));
+      o += size_t(n);
+    }
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ok = ::close(fd) == 0 && ok;
+  std::error_code ec;
+  if (ok) fs::rename(tmp, final_path, ec);
+  if (!ok || ec) {
+    fs::remove(tmp, ec);
+    return false;
+  }
+  const int dfd = ::open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  entry.path = final_path;
+  entry.data_offset = int64_t(head.size());
+  entry.bytes = entry.data_offset + int64_t(group.size()) * stride();
+  for (const auto& p : group) entry.hashes.push_back(p.hash);
+  return true;
+}
+
+void DiskTier::writer_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && stop_) break;
+    std::vector<Pending> group;
+    while (!queue_.empty() && int32_t(group.size()) < options_.max_group_blocks) {
+      group.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    const uint64_t seq = next_seq_++;
+    writing_ = true;
+    lock.unlock();
+    FileEntry entry;
+    const bool ok = write_group(seq, group, entry);
+    lock.lock();
+    writing_ = false;
+    for (const auto& p : group) {
+      queued_.erase(p.hash);
+      queued_bytes_ -= block_bytes_;
+    }
+    if (ok) {
+      counters_.written_blocks += int64_t(group.size());
+      add_file_locked(seq, std::move(entry));
+      enforce_budget_locked(seq);
+    } else {
+      ++counters_.write_errors;
+      log::warn("kv disk tier: writing {} blocks to {} failed", group.size(), options_.dir.string());
+    }
+    idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+bool DiskTier::flush(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                           [&] { return queue_.empty() && !writing_; });
+}
+
+DiskTierStats DiskTier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DiskTierStats s = counters_;
+  s.files = int64_t(files_.size());
+  s.bytes = total_bytes_;
+  s.blocks = int64_t(index_.size());
+  s.queued_bytes = queued_bytes_;
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,130 @@
+// DiskTier: the lowest KV tier, files of KV blocks in a directory that survive restarts.
+//
+// A file holds a group of blocks written together by the background writer:
+//   header: magic "STRKVBLK", u32 format version, u32 identity length + identity string (model
+//           namespace, KV codecs, block size and layer layout: everything that makes two
+//           blocks with one hash interchangeable), u32 tensor count + u64 bytes per tensor
+//           (the layer layout of one block: K then V of every full-attention layer owning KV),
+//           u32 block count + u64 chained prefix hash per block (the token-hash chain), u64
+//           xxh3 of the header so far;
+//   data:   per block, per tensor: the tensor's bytes, then their u64 xxh3.
+// Files are written under a temporary name, fsynced, renamed and the directory fsynced, so a
+// file either exists whole or not at all. Names carry a write sequence number: on startup the
+// index is rebuilt from the directory (oldest first) and writing continues after the newest.
+// A file whose header, identity, version, layout or size is wrong (found at startup) or whose
+// tensor checksum fails (found at read) is moved to quarantine/ with a log line; its blocks are
+// simply misses. Over the byte budget, the oldest files are deleted.
+//
+// Demotion goes through enqueue(): a queue capped in bytes feeds the writer thread; what does
+// not fit is dropped and counted. All methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/status.h"
+
+namespace strata {
+
+struct DiskTierOptions {
+  std::filesystem::path dir;
+  int64_t max_bytes = int64_t(4) << 30;        // files in the directory, all together
+  int64_t queue_bytes = int64_t(256) << 20;    // writer queue cap; past it demotions are dropped
+  int32_t max_group_blocks = 64;               // blocks per file at most
+  std::string identity;                        // must match for a file to be loaded
+  std::vector<int64_t> tensor_bytes;           // one block's tensors, in order
+};
+
+struct DiskTierStats {
+  int64_t files = 0;
+  int64_t bytes = 0;
+  int64_t blocks = 0;          // indexed
+  int64_t written_blocks = 0;  // since start
+  int64_t dropped_blocks = 0;  // queue full
+  int64_t queued_bytes = 0;
+  int64_t evicted_files = 0;   // budget
+  int64_t quarantined_files = 0;
+  int64_t read_blocks = 0;
+  int64_t write_errors = 0;
+};
+
+class DiskTier {
+ public:
+  static constexpr uint32_t kFormatVersion = 1;
+
+  // Creates the directory, removes stale temporary files, rebuilds the index from the files
+  // there (quarantining bad ones) and starts the writer thread. An error names the directory.
+  static Result<std::unique_ptr<DiskTier>> open(DiskTierOptions options);
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  int64_t block_bytes() const { return block_bytes_; }
+  bool contains(uint64_t hash) const;
+  // Queues one block (block_bytes() bytes) for writing. False when it was dropped (queue full);
+  // true also when the block is already on disk or queued.
+  bool enqueue(uint64_t hash, const uint8_t* data);
+  // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
+  // an unreadable file quarantines the file and is a miss.
+  bool read(uint64_t hash, uint8_t* out);
+  // Waits until the queue is written, at most `timeout_s`. False when the deadline passed first.
+  bool flush(double timeout_s);
+  DiskTierStats stats() const;
+  const std::filesystem::path& dir() const { return options_.dir; }
+
+ private:
+  struct FileEntry {
+    std::filesystem::path path;
+    int64_t bytes = 0;
+    std::vector<uint64_t> hashes;
+    int64_t data_offset = 0;  // first block's data
+  };
+  struct Loc {
+    uint64_t seq = 0;   // file
+    int32_t index = 0;  // block within the file
+  };
+  struct Pending {
+    uint64_t hash = 0;
+    std::vector<uint8_t> data;
+  };
+
+  explicit DiskTier(DiskTierOptions options);
+  Status scan();
+  // Parses and checks a file's header; the reason it is rejected, else empty.
+  std::string load_header(const std::filesystem::path& path, FileEntry& entry) const;
+  void quarantine_locked(uint64_t seq, const std::string& reason);
+  void quarantine_path(const std::filesystem::path& path, const std::string& reason);
+  void add_file_locked(uint64_t seq, FileEntry entry);
+  void remove_file_locked(uint64_t seq);
+  void enforce_budget_locked(uint64_t keep_seq);
+  void writer_loop();
+  bool write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry);
+  int64_t stride() const;  // bytes of one block in a file (data + checksums)
+
+  DiskTierOptions options_;
+  int64_t block_bytes_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::map<uint64_t, FileEntry> files_;  // by write sequence, oldest first
+  std::unordered_map<uint64_t, Loc> index_;
+  std::deque<Pending> queue_;
+  std::unordered_set<uint64_t> queued_;
+  int64_t queued_bytes_ = 0;
+  int64_t total_bytes_ = 0;
+  uint64_t next_seq_ = 1;
+  bool writing_ = false;
+  bool stop_ = false;
+  DiskTierStats counters_;
+  std::thread writer_;
+};
+
+}  // namespace strata

@@ -1,0 +1,59 @@
+#include "kv/host/kv_tiers.h"
+
+#include <cstring>
+
+namespace strata {
+
+KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk)
+    : block_bytes_(block_bytes),
+      host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes) : nullptr),
+      disk_(std::move(disk)) {}
+
+void KvTiers::demote(uint64_t hash, const uint8_t* data) {
+  ++demoted_;
+  if (host_) host_->put(hash, data, size_t(block_bytes_));
+  if (disk_) disk_->enqueue(hash, data);
+}
+
+bool KvTiers::contains(uint64_t hash) const {
+  return (host_ && host_->contains(hash)) || (disk_ && disk_->contains(hash));
+}
+
+bool KvTiers::fetch(uint64_t hash, uint8_t* out) {
+  if (host_) {
+    if (const auto* d = host_->get(hash)) {
+      std::memcpy(out, d->data(), d->size());
+      ++host_hits_;
+      return true;
+    }
+  }
+  if (disk_ && disk_->contains(hash)) {
+    if (disk_->read(hash, out)) {
+      ++disk_hits_;
+      if (host_) host_->put(hash, out, size_t(block_bytes_));
+      return true;
+    }
+    ++failures_;
+  }
+  return false;
+}
+
+bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s); }
+
+KvTierStats KvTiers::stats() const {
+  KvTierStats s;
+  s.enabled = true;
+  if (host_) {
+    s.host_blocks = host_->n_blocks();
+    s.host_bytes = host_->bytes();
+    s.host_evictions = host_->evictions();
+  }
+  s.demoted_blocks = demoted_;
+  s.host_hit_blocks = host_hits_;
+  s.disk_hit_blocks = disk_hits_;
+  s.promote_failures = failures_;
+  if (disk_) s.disk = disk_->stats();
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,56 @@
+// KvTiers: the KV tiers below the device pool, host memory then disk, as the engine sees them.
+//
+// demote(): a published block the device pool evicts is copied into the host tier and queued
+// for the disk writer at the same time (write-through: the disk holds every demoted block
+// durably, so a restart finds it even when the host tier never had to let it go; the host
+// tier's own evictions are then plain drops). fetch(): a prefix lookup that continues past
+// the device index finds a block in host memory, else on disk (a disk hit is copied up to the
+// host tier). Only the full-attention pool's blocks are tiered: models with sliding-window
+// layers or recurrent state (which need the window pool or a state snapshot as well) run
+// without tiers. The engine thread drives this; the disk tier has its own writer thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv/disk/disk_tier.h"
+#include "kv/host/host_tier.h"
+
+namespace strata {
+
+struct KvTierStats {
+  bool enabled = false;
+  int64_t host_blocks = 0;
+  int64_t host_bytes = 0;
+  int64_t host_evictions = 0;
+  int64_t demoted_blocks = 0;
+  int64_t host_hit_blocks = 0;
+  int64_t disk_hit_blocks = 0;
+  int64_t promote_failures = 0;  // a block listed in a tier that could not be read
+  DiskTierStats disk;
+};
+
+class KvTiers {
+ public:
+  // host_bytes 0: no host tier; disk null: no disk tier.
+  KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk);
+
+  int64_t block_bytes() const { return block_bytes_; }
+  void demote(uint64_t hash, const uint8_t* data);
+  bool contains(uint64_t hash) const;
+  // Copies the block into `out` (block_bytes()); false on a miss or an unreadable block.
+  bool fetch(uint64_t hash, uint8_t* out);
+  // Waits for the disk writer's queue, at most timeout_s. True when nothing is left queued.
+  bool flush(double timeout_s);
+  KvTierStats stats() const;
+  DiskTier* disk() { return disk_.get(); }
+
+ private:
+  int64_t block_bytes_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<DiskTier> disk_;
+  int64_t demoted_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,267 @@
+// The host and disk KV tiers: the disk format round-trips and survives a reopen (index rebuilt
+// from the directory); a checksum mismatch, a truncated file, a foreign model identity and a
+// wrong format version each get the file quarantined (moved to quarantine/), not loaded, no
+// crash; the byte budget deletes the oldest files; the writer queue drops and counts when full;
+// the host tier keeps its byte budget LRU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <unistd.h>
+
+#include "kv/disk/disk_tier.h"
+#include "kv/host/host_tier.h"
+#include "kv/host/kv_tiers.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("strata_kv_tier_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+DiskTierOptions options(const fs::path& dir, const std::string& identity = "model=a;codec=f32") {
+  DiskTierOptions o;
+  o.dir = dir;
+  o.identity = identity;
+  o.tensor_bytes = {64, 64, 32, 32};  // K, V of two layers
+  o.max_bytes = int64_t(1) << 30;
+  return o;
+}
+
+std::vector<uint8_t> block(uint64_t seed, int64_t n) {
+  std::mt19937_64 r(seed);
+  std::vector<uint8_t> b(static_cast<size_t>(n));
+  for (auto& x : b) x = uint8_t(r());
+  return b;
+}
+
+std::unique_ptr<DiskTier> open_ok(DiskTierOptions o) {
+  auto t = DiskTier::open(std::move(o));
+  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().to_string());
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+// Writes blocks with hashes first..first+n-1 as one file and waits for it.
+void write_blocks(DiskTier& t, uint64_t first, int n) {
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(t.enqueue(first + uint64_t(i), block(first + uint64_t(i), t.block_bytes()).data()));
+  ASSERT_TRUE(t.flush(10.0));
+}
+
+std::vector<fs::path> files_in(const fs::path& dir) {
+  std::vector<fs::path> v;
+  if (!fs::exists(dir)) return v;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file()) v.push_back(e.path());
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(KvDiskTier, RoundTripsAndRebuildsItsIndexOnReopen) {
+  const fs::path dir = fresh_dir("roundtrip");
+  {
+    auto t = open_ok(options(dir));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->block_bytes(), 192);
+    write_blocks(*t, 100, 5);
+    std::vector<uint8_t> out(192);
+    for (uint64_t h = 100; h < 105; ++h) {
+      ASSERT_TRUE(t->contains(h));
+      ASSERT_TRUE(t->read(h, out.data()));
+      EXPECT_EQ(out, block(h, 192)) << h;
+    }
+    EXPECT_FALSE(t->contains(99));
+    EXPECT_FALSE(t->read(99, out.data()));
+    EXPECT_EQ(t->stats().written_blocks, 5);
+  }
+  const size_t n_files = files_in(dir).size();  // groups of what was queued at once
+  EXPECT_GE(n_files, 1u);
+  for (const auto& f : files_in(dir)) EXPECT_EQ(f.extension(), ".kvb") << "no temporary left";
+  auto t = open_ok(options(dir));  // a restart
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->stats().blocks, 5);
+  std::vector<uint8_t> out(192);
+  for (uint64_t h = 100; h < 105; ++h) {
+    ASSERT_TRUE(t->read(h, out.data()));
+    EXPECT_EQ(out, block(h, 192));
+  }
+  // New files continue after the old ones and both stay readable.
+  write_blocks(*t, 200, 2);
+  EXPECT_GT(files_in(dir).size(), n_files);
+  ASSERT_TRUE(t->read(201, out.data()));
+  EXPECT_EQ(out, block(201, 192));
+  fs::remove_all(dir);
+}
+
+// Flips / cuts / rewrites bytes of the only file (one block) of a fresh directory, then reopens.
+void expect_quarantined(const std::string& name, const std::function<void(const fs::path&)>& damage,
+                        bool at_open, const std::string& identity = "model=a;codec=f32") {
+  const fs::path dir = fresh_dir(name);
+  {
+    auto t = open_ok(options(dir));
+    ASSERT_TRUE(t);
+    write_blocks(*t, 10, 1);
+  }
+  auto files = files_in(dir);
+  ASSERT_EQ(files.size(), 1u);
+  damage(files[0]);
+  auto t = open_ok(options(dir, identity));
+  ASSERT_TRUE(t);
+  std::vector<uint8_t> out(192);
+  if (at_open) {
+    EXPECT_FALSE(t->contains(10)) << name;
+  } else {
+    EXPECT_TRUE(t->contains(10)) << name;  // the header is sound: listed until read
+    EXPECT_FALSE(t->read(10, out.data())) << name;
+    EXPECT_FALSE(t->contains(10)) << name;
+  }
+  EXPECT_EQ(t->stats().quarantined_files, 1) << name;
+  EXPECT_TRUE(files_in(dir).empty()) << name;
+  EXPECT_EQ(files_in(dir / "quarantine").size(), 1u) << name;
+  // The tier still works after it.
+  write_blocks(*t, 50, 1);
+  ASSERT_TRUE(t->read(50, out.data()));
+  EXPECT_EQ(out, block(50, 192));
+  fs::remove_all(dir);
+}
+
+void patch(const fs::path& p, int64_t offset_from_end, uint8_t xor_with) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const int64_t pos = int64_t(f.tellg()) - offset_from_end;
+  f.seekg(pos);
+  char c;
+  f.get(c);
+  f.seekp(pos);
+  f.put(char(uint8_t(c) ^ xor_with));
+}
+
+TEST(KvDiskTier, ChecksumMismatchQuarantinesAtRead) {
+  // A byte inside the second tensor's data (tensors of 64, 64, 32, 32 bytes, each + 8 of checksum).
+  expect_quarantined("checksum", [](const fs::path& p) { patch(p, 100, 0x5a); }, false);
+}
+
+TEST(KvDiskTier, TruncatedFileQuarantinedAtOpen) {
+  expect_quarantined("truncated", [](const fs::path& p) { fs::resize_file(p, fs::file_size(p) - 17); }, true);
+}
+
+TEST(KvDiskTier, ForeignModelIdentityQuarantinedAtOpen) {
+  expect_quarantined("foreign", [](const fs::path&) {}, true, "model=b;codec=f32");
+}
+
+TEST(KvDiskTier, WrongFormatVersionQuarantinedAtOpen) {
+  expect_quarantined("version", [](const fs::path& p) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    const uint32_t v = DiskTier::kFormatVersion + 1;
+    f.write(reinterpret_cast<const char*>(&v), 4);
+  }, true);
+}
+
+TEST(KvDiskTier, GarbageFileQuarantinedAtOpen) {
+  expect_quarantined("garbage", [](const fs::path& p) {
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f << "not a block file";
+  }, true);
+}
+
+TEST(KvDiskTier, BudgetEvictsOldestFiles) {
+  // One block per write, so one file per write (the writer groups only what is queued at once).
+  const fs::path dir = fresh_dir("budget");
+  auto o = options(dir);
+  auto probe = open_ok(o);
+  ASSERT_TRUE(probe);
+  write_blocks(*probe, 1, 1);
+  const int64_t file_bytes = probe->stats().bytes;
+  probe.reset();
+  fs::remove_all(dir);
+  o.max_bytes = 2 * file_bytes + file_bytes / 2;  // two files fit, three do not
+  auto t = open_ok(o);
+  ASSERT_TRUE(t);
+  write_blocks(*t, 10, 1);
+  write_blocks(*t, 20, 1);
+  EXPECT_TRUE(t->contains(10));
+  write_blocks(*t, 30, 1);
+  EXPECT_FALSE(t->contains(10));
+  EXPECT_TRUE(t->contains(20));
+  EXPECT_TRUE(t->contains(30));
+  EXPECT_EQ(t->stats().evicted_files, 1);
+  EXPECT_EQ(files_in(dir).size(), 2u);
+  EXPECT_LE(t->stats().bytes, o.max_bytes);
+  // The budget also holds at reopen with a smaller one: the oldest go.
+  t.reset();
+  o.max_bytes = file_bytes;
+  t = open_ok(o);
+  ASSERT_TRUE(t);
+  EXPECT_FALSE(t->contains(20));
+  EXPECT_TRUE(t->contains(30));
+  EXPECT_EQ(files_in(dir).size(), 1u);
+  fs::remove_all(dir);
+}
+
+TEST(KvDiskTier, FullQueueDropsAndCounts) {
+  const fs::path dir = fresh_dir("queue");
+  auto o = options(dir);
+  o.queue_bytes = 192 * 3;  // three blocks
+  auto t = open_ok(o);
+  ASSERT_TRUE(t);
+  // Enqueue many blocks faster than files are written; whatever does not fit is dropped.
+  int accepted = 0, dropped = 0;
+  for (uint64_t h = 1; h <= 2000; ++h) {
+    if (t->enqueue(h, block(h, 192).data())) ++accepted; else ++dropped;
+  }
+  ASSERT_TRUE(t->flush(30.0));
+  const auto s = t->stats();
+  EXPECT_GT(dropped, 0);
+  EXPECT_EQ(s.dropped_blocks, dropped);
+  EXPECT_EQ(s.written_blocks, accepted);
+  EXPECT_EQ(s.blocks, accepted);
+  EXPECT_EQ(s.queued_bytes, 0);
+  fs::remove_all(dir);
+}
+
+TEST(KvHostTier, KeepsItsByteBudgetLeastRecentlyUsedFirst) {
+  HostTier h(300);
+  const auto a = block(1, 100), b = block(2, 100), c = block(3, 100), d = block(4, 100);
+  h.put(1, a.data(), 100);
+  h.put(2, b.data(), 100);
+  h.put(3, c.data(), 100);
+  ASSERT_NE(h.get(1), nullptr);  // 1 becomes most recent: 2 goes first
+  h.put(4, d.data(), 100);
+  EXPECT_TRUE(h.contains(1));
+  EXPECT_FALSE(h.contains(2));
+  EXPECT_TRUE(h.contains(4));
+  EXPECT_EQ(h.bytes(), 300);
+  EXPECT_EQ(*h.get(4), d);
+  EXPECT_EQ(h.evictions(), 1);
+}
+
+TEST(KvTiers, DiskHitAfterHostEvictionAndCounts) {
+  const fs::path dir = fresh_dir("tiers");
+  auto disk = open_ok(options(dir));
+  ASSERT_TRUE(disk);
+  KvTiers tiers(192, 192 * 2, std::move(disk));
+  for (uint64_t h = 1; h <= 4; ++h) tiers.demote(h, block(h, 192).data());
+  ASSERT_TRUE(tiers.flush(10.0));
+  std::vector<uint8_t> out(192);
+  ASSERT_TRUE(tiers.fetch(4, out.data()));  // host
+  EXPECT_EQ(out, block(4, 192));
+  ASSERT_TRUE(tiers.fetch(1, out.data()));  // evicted from host, on disk
+  EXPECT_EQ(out, block(1, 192));
+  EXPECT_FALSE(tiers.fetch(9, out.data()));
+  const auto s = tiers.stats();
+  EXPECT_EQ(s.host_hit_blocks, 1);
+  EXPECT_EQ(s.disk_hit_blocks, 1);
+  EXPECT_EQ(s.demoted_blocks, 4);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace strata
