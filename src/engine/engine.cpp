@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "engine/kv_tier_io.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
@@ -48,6 +49,8 @@ struct Engine::Core {
   std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
   uint64_t next_id = 1;
   EngineStats stats;
+  std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
+  std::vector<uint8_t> tier_buf;   // one block's bytes
 };
 
 namespace {
@@ -178,7 +181,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
   STRATA_RETURN_IF_ERROR(check_model(*model));
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
   STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
-  return std::make_unique<Engine>(std::move(model), std::move(options));
+  try {
+    return std::make_unique<Engine>(std::move(model), std::move(options));
+  } catch (const std::invalid_argument& e) {  // a KV tier that cannot open (names its directory)
+    return make_error(ErrorCode::kInvalidArgument, e.what());
+  }
 }
 
 Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
@@ -206,7 +213,39 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   core_->stats.kv = core_->kv.stats(0.0);
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
   queue_.publish_stats(core_->stats);
+  setup_kv_tiers(kv_plan->n_window_blocks > 0 || kv_plan->has_state);
 }
+
+void Engine::setup_kv_tiers(bool unsupported) {
+  if (options_.kv_host_bytes <= 0 && options_.kv_disk_dir.empty()) return;
+  if (unsupported || !options_.prefix_caching) {
+    log::warn("KV tiers are off: {}", unsupported ? "the model has sliding-window layers or recurrent state"
+                                                  : "prefix caching is off");
+    return;
+  }
+  KvStorage& storage = core_->runner.kv_storage();
+  const int n_layers = int(model_->kv_layout().size());
+  std::string identity = namespace_identity(*model_, options_) + ";tensors=";
+  for (int64_t b : tier_tensor_bytes(storage, n_layers)) identity += std::to_string(b) + ",";
+  auto tiers = make_kv_tiers(storage, n_layers, identity, options_.kv_host_bytes, options_.kv_disk_dir,
+                             options_.kv_disk_bytes);
+  if (!tiers.ok()) throw std::invalid_argument(tiers.error().to_string());
+  core_->tiers = std::move(tiers).value();
+  core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
+  Core* c = core_.get();
+  c->kv.set_evict_hook([c, &storage, n_layers](int32_t block, uint64_t hash) {
+    gather_tier_block(storage, n_layers, block, c->tier_buf.data());
+    c->tiers->demote(hash, c->tier_buf.data());
+  });
+  c->sched.set_lower_tiers([c](uint64_t hash) { return c->tiers->contains(hash); },
+                           [c, &storage, n_layers](uint64_t hash, int32_t block) {
+                             if (!c->tiers->fetch(hash, c->tier_buf.data())) return false;
+                             scatter_tier_block(storage, n_layers, block, c->tier_buf.data());
+                             return true;
+                           });
+}
+
+bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
 
 Engine::~Engine() { shutdown(); }
 
@@ -222,6 +261,24 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
   if (!started_.exchange(true)) fail_all("the engine was shut down", true);  // never started: end what was queued
   alive_ = false;
+  if (core_ && core_->tiers && !tiers_persisted_) {
+    // The pool's cached blocks go down to disk too, so a restart finds them.
+    tiers_persisted_ = true;
+    KvStorage& storage = core_->runner.kv_storage();
+    const int n_layers = int(model_->kv_layout().size());
+    const BlockPool& pool = core_->kv.pool();
+    if (DiskTier* disk = core_->tiers->disk()) {
+      for (int32_t q = 0; q < pool.n_idle_queues(); ++q) {
+        for (int32_t id = pool.idle_front(q); id >= 0; id = pool.idle_next(id)) {
+          gather_tier_block(storage, n_layers, id, core_->tier_buf.data());
+          disk->enqueue(pool.meta(id).hash, core_->tier_buf.data());
+        }
+      }
+    }
+    if (!core_->tiers->flush(options_.kv_flush_timeout_s)) {
+      log::warn("KV disk tier: the writer queue did not drain within {} s", options_.kv_flush_timeout_s);
+    }
+  }
 }
 
 bool Engine::cancel(const std::string& id) { return queue_.cancel(id); }
@@ -493,6 +550,7 @@ void Engine::publish_stats() {
   s.kv = core_->kv.stats(now_s());
   if (core_->kv_window) s.kv_window = core_->kv_window->stats(now_s());
   if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
+  if (core_->tiers) s.kv_tiers = core_->tiers->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
   s.preemptions = core_->sched.n_preemptions();
   queue_.publish_stats(s);

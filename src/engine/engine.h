@@ -44,6 +44,14 @@ struct EngineOptions {
   // hits restore it exactly; snapshots live in host memory under this budget, LRU.
   int32_t state_snapshot_interval = 512;
   int64_t state_snapshot_bytes = int64_t(256) << 20;
+  // Lower KV tiers (kv/host/kv_tiers.h): published blocks the pool evicts demote to host memory
+  // under kv_host_bytes (0: no host tier) and, through a background writer, to files in
+  // kv_disk_dir (empty: no disk tier) under kv_disk_bytes; a prefix lookup continues there.
+  // Only for models without sliding-window layers or recurrent state (else tiers stay off).
+  int64_t kv_host_bytes = 0;
+  std::string kv_disk_dir;
+  int64_t kv_disk_bytes = int64_t(4) << 30;
+  double kv_flush_timeout_s = 10.0;  // shutdown waits this long for the disk writer
 };
 
 class Engine {
@@ -69,6 +77,9 @@ class Engine {
   EngineStats stats() const;
   // Stops the thread; requests still live end with finish reason cancelled. Idempotent.
   void shutdown();
+  // Waits up to timeout_s for the KV disk tier's writer queue to drain. True when nothing is
+  // left queued (or there is no disk tier). Thread-safe.
+  bool flush_kv_tiers(double timeout_s);
   // False once the engine thread has died (or was shut down).
   bool alive() const { return alive_.load(); }
 
@@ -97,6 +108,8 @@ class Engine {
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
   void fail_all(const std::string& message, bool drain_queue);
   void publish_stats();
+  // Opens the lower KV tiers the options ask for and hooks them to the pool and the scheduler.
+  void setup_kv_tiers(bool unsupported);
   double now_s() const;
 
   std::unique_ptr<Model> model_;
@@ -116,6 +129,7 @@ class Engine {
   std::atomic<bool> stop_{false};
   std::atomic<bool> alive_{false};
   std::atomic<bool> started_{false};
+  bool tiers_persisted_ = false;
 };
 
 }  // namespace strata

@@ -31,6 +31,8 @@ class ModelRunner {
   int64_t state_floats() const { return state_floats_; }
   void save_state(int32_t slot, float* dst /*[state_floats()]*/);
   void load_state(int32_t slot, const float* src /*[state_floats()]*/);
+  // The KV pools the block ids index (the engine copies blocks to and from the lower KV tiers).
+  KvStorage& kv_storage() { return kv_; }
 
  private:
   Model& model_;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/host/kv_tiers.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/state_cache.h"
 #include "sampling/logprobs.h"
@@ -71,6 +72,7 @@ struct EngineStats {
   KvCacheStats kv;           // blocks used / free / cached (pinned)
   KvCacheStats kv_window;    // the sliding-window layers' pool (n_blocks 0: the model has none)
   StateSnapshotStats state_snapshots;  // recurrent-state snapshots (hybrid families)
+  KvTierStats kv_tiers;      // host and disk KV tiers (enabled false: none)
   int64_t steps = 0;
   int64_t prompt_tokens = 0;      // of finished requests
   int64_t generated_tokens = 0;   // sampled, all requests

@@ -208,6 +208,25 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
       seq->window_blocks.insert(seq->window_blocks.end(), w.begin(), w.end());
       seq->window_first = first;
     }
+    if (tier_load_ && !kv_window_ && options_.n_state_slots == 0) {
+      while (hit_blocks < limit) {
+        const uint64_t h = hashes[size_t(hit_blocks)];
+        if (kv_.count_cached(hashes.subspan(size_t(hit_blocks), 1)) == 1) {
+          seq->blocks.push_back(kv_.acquire_cached(hashes.subspan(size_t(hit_blocks), 1)).at(0));
+        } else {
+          if (!tier_contains_(h)) break;
+          const int32_t b = kv_.allocate(now);
+          if (b < 0) break;
+          if (!tier_load_(h, b) || !kv_.publish(b, h)) {
+            kv_.release(std::span<const int32_t>(&b, 1), now);
+            break;
+          }
+          seq->blocks.push_back(b);
+          ++tier_hit_blocks_;
+        }
+        ++hit_blocks;
+      }
+    }
     seq->n_computed = hit_blocks * bs;
     seq->n_published = hit_blocks;
   }

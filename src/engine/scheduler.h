@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_set>
 #include <vector>
@@ -55,6 +56,17 @@ class Scheduler {
   void commit(const ScheduledSpan& span);
   // Removes a sequence in any state and releases its blocks (pin_until as KvCacheManager::release).
   void finish(Sequence* seq, double now, double pin_until = 0.0);
+
+  // Lower KV tiers (host memory, disk) below the full-attention pool. Admission continues a
+  // prefix hit past the device index while the device or `contains` has the next hash: a tier
+  // block is copied into a freshly allocated pool block by `load` (during planning, so before
+  // the step that reads it) and published. Used only without a window pool and recurrent state.
+  void set_lower_tiers(std::function<bool(uint64_t hash)> contains,
+                       std::function<bool(uint64_t hash, int32_t block)> load) {
+    tier_contains_ = std::move(contains);
+    tier_load_ = std::move(load);
+  }
+  int64_t tier_hit_blocks() const { return tier_hit_blocks_; }
 
   const std::vector<Sequence*>& running() const { return running_; }
   const std::vector<Sequence*>& waiting() const { return waiting_; }
@@ -104,6 +116,9 @@ class Scheduler {
   double now_ = 0.0;  // engine clock (s) of the last schedule(), which commit() follows
   int64_t n_preemptions_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  std::function<bool(uint64_t)> tier_contains_;
+  std::function<bool(uint64_t, int32_t)> tier_load_;
+  int64_t tier_hit_blocks_ = 0;
 };
 
 }  // namespace strata

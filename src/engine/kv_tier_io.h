@@ -1,0 +1,30 @@
+// Moves one full-attention KV block between the engine's KvStorage and the flat bytes the
+// lower KV tiers (kv/host/kv_tiers.h) keep: the K rows then the V rows of every layer that owns
+// full-attention KV, in layer order, each [block_size, n_kv_heads] rows in the layer's codec.
+// Sliding-window layers are not part of a tiered block (the engine runs tiers only for models
+// without them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/host/kv_tiers.h"
+#include "model/kv_storage.h"
+
+namespace strata {
+
+// Bytes of each tensor of a tiered block, in order.
+std::vector<int64_t> tier_tensor_bytes(const KvStorage& kv, int n_layers);
+void gather_tier_block(KvStorage& kv, int n_layers, int32_t block, uint8_t* out);
+void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_t* in);
+
+// Host tier of host_bytes (0: none) and a disk tier in disk_dir (empty: none) under
+// disk_bytes, for blocks of `kv` whose identity (what makes equal hashes interchangeable) is
+// `identity`. Errors name the directory.
+Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes);
+
+}  // namespace strata
