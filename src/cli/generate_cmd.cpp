@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
 #include "model/registry.h"
 #include "model/single_sequence.h"
 #include "sampling/sampler.h"
@@ -36,6 +37,9 @@ struct GenerateArgs {
   std::string output;  // "text" or "ids"; empty: text when the model has a tokenizer
   int threads = 0;
   bool ignore_eos = false;
+  std::string kv_cache_dtype = "auto";
+  std::string kv_config;
+  int32_t kv_quant_start = 0;
 };
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& s) {
@@ -94,6 +98,8 @@ int fail(const Error& e) {
 
 int run_generate(const GenerateArgs& a) {
   if (a.max_tokens < 0) return fail(make_error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0"));
+  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, a.kv_quant_start);
+  if (!kv_codecs.ok()) return fail(kv_codecs.error());
   if (a.prompt_ids.empty() == a.prompt.empty()) {
     return fail(make_error(ErrorCode::kInvalidArgument, "give exactly one of --prompt-ids and --prompt"));
   }
@@ -129,6 +135,9 @@ int run_generate(const GenerateArgs& a) {
   log::info("loaded {} ({}) in {:.1f} ms, {} threads", a.model_dir, cfg.model_type,
             std::chrono::duration<double, std::milli>(t1 - t0).count(), pool.size());
 
+  auto kv_layout = resolve_kv_layout(**model, *kv_codecs);
+  if (!kv_layout.ok()) return fail(kv_layout.error());
+
   SamplingParams params = sampling_from(a, cfg);
   std::vector<int32_t> stop_ids = cfg.eos_ids;
   if (tok) {
@@ -141,7 +150,7 @@ int run_generate(const GenerateArgs& a) {
 
   int64_t context = int64_t(prompt_ids.size()) + a.max_tokens;
   if (cfg.max_position > 0 && context > cfg.max_position) context = cfg.max_position;
-  SingleSequence seq(**model, int32_t(std::max<int64_t>(context, 1)));
+  SingleSequence seq(**model, int32_t(std::max<int64_t>(context, 1)), 16, std::move(kv_layout).value());
   auto logits = seq.prefill(prompt_ids);
   if (!logits.ok()) return fail(logits.error());
   const auto t2 = std::chrono::steady_clock::now();
@@ -211,6 +220,12 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"text", "ids"}));
   cmd->add_option("--threads", args->threads, "Worker threads (0: one per hardware thread)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's EOS ids");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
+      ->capture_default_str();
+  cmd->add_option("--kv-config", args->kv_config,
+                  "JSON list of per-layer KV codecs: {layer_idx, codec, group_size?} or MLX's {layer_idx, bits, group_size}");
+  cmd->add_option("--kv-quant-start", args->kv_quant_start, "Tokens a sequence keeps in exact KV before conversion (0: none)")
+      ->capture_default_str();
   cmd->callback([args] { exit_code() = run_generate(*args); });
 }
 

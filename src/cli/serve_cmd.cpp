@@ -44,7 +44,15 @@ struct ServeArgs {
   int http_threads = 0;
   std::string scheduling_policy = "fcfs";
   bool no_prefix_caching = false;
+  int64_t kv_host_bytes = 0;
+  std::string kv_disk_dir;
+  int64_t kv_disk_bytes = int64_t(4) << 30;
+  double kv_flush_timeout = 10.0;
   std::string tool_parser = "auto";
+  std::string kv_cache_dtype = "auto";
+  std::string kv_config;
+  int32_t kv_quant_start = 0;
+  int32_t state_snapshot_interval = 512;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
 };
@@ -91,6 +99,12 @@ int run_serve(ServeArgs a) {
   }
   if (a.max_body_bytes < 1024) return fail(make_error(ErrorCode::kInvalidArgument, "--max-body-bytes must be >= 1024, got " + std::to_string(a.max_body_bytes)));
   if (a.port < 0 || a.port > 65535) return fail(make_error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535], got " + std::to_string(a.port)));
+  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, a.kv_quant_start);
+  if (!kv_codecs.ok()) return fail(kv_codecs.error());
+  if (a.state_snapshot_interval < 1) {
+    return fail(make_error(ErrorCode::kInvalidArgument,
+                           "--state-snapshot-interval must be >= 1, got " + std::to_string(a.state_snapshot_interval)));
+  }
 
   // SIGINT/SIGTERM go to one waiting thread; block them before any other thread starts.
   sigset_t signals;
@@ -115,9 +129,15 @@ int run_serve(ServeArgs a) {
   eo.max_model_len = a.max_model_len;
   eo.max_queued = a.max_queued;
   eo.session_ttl_s = a.session_ttl;
+  eo.kv_host_bytes = a.kv_host_bytes;
+  eo.kv_disk_dir = a.kv_disk_dir;
+  eo.kv_disk_bytes = a.kv_disk_bytes;
+  eo.kv_flush_timeout_s = a.kv_flush_timeout;
   eo.scheduling_policy = a.scheduling_policy;
   eo.prefix_caching = !a.no_prefix_caching;
   eo.model_identity = fs::absolute(a.model_dir).lexically_normal().string();
+  eo.kv_codecs = *kv_codecs;
+  eo.state_snapshot_interval = a.state_snapshot_interval;
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
   const int32_t max_len_guess = a.max_model_len > 0 ? a.max_model_len : cfg.max_position;
@@ -157,8 +177,9 @@ int run_serve(ServeArgs a) {
     log::info("signal {}: shutting down", sig);
     http.stop();
   });
-  log::info("serving {} ({}, {} KV blocks of {} tokens, max_model_len {}, tool calls: {}{})", name, cfg.model_type,
-            (*engine)->n_kv_blocks(), (*engine)->block_size(), served->max_model_len,
+  log::info("serving {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token), max_model_len {}, tool calls: {}{})",
+            name, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
+            (*engine)->kv_bytes_per_token(), served->max_model_len,
             server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
   std::printf("strata serve: listening on http://%s:%d\n", a.host.c_str(), *port);
   std::fflush(stdout);
@@ -192,7 +213,23 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads (0: max-num-seqs + 8)");
   cmd->add_option("--scheduling-policy", a->scheduling_policy, "fcfs or priority")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_option("--kv-host-bytes", a->kv_host_bytes, "Bytes of host memory for KV blocks evicted from the pool (0: no host tier)")
+      ->capture_default_str();
+  cmd->add_option("--kv-disk-dir", a->kv_disk_dir, "Directory of the disk KV tier (survives restarts; empty: none)");
+  cmd->add_option("--kv-disk-bytes", a->kv_disk_bytes, "Bytes the disk KV tier's files may take; oldest go first")
+      ->capture_default_str();
+  cmd->add_option("--kv-flush-timeout", a->kv_flush_timeout, "Seconds shutdown (SIGTERM) waits for the disk KV writer")
+      ->capture_default_str();
   cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek or none")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
+      ->capture_default_str();
+  cmd->add_option("--kv-config", a->kv_config,
+                  "JSON list of per-layer KV codecs: {layer_idx, codec, group_size?} or MLX's {layer_idx, bits, group_size}");
+  cmd->add_option("--kv-quant-start", a->kv_quant_start, "Tokens a sequence keeps in exact KV before conversion (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--state-snapshot-interval", a->state_snapshot_interval,
+                  "Tokens between recurrent-state snapshots for prefix caching (a multiple of the block size)")
+      ->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "Default temperature (request > flag > generation_config.json)");
   cmd->add_option("--top-p", a->top_p, "Default top_p");
   cmd->add_option("--top-k", a->top_k, "Default top_k");

@@ -40,7 +40,8 @@ struct Engine::Core {
                                            : nullptr),
         snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
         sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
-        runner(model, plan.n_blocks, o.block_size, plan.n_window_blocks, plan.has_state ? o.max_num_seqs : 0) {}
+        runner(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
+               plan.has_state ? o.max_num_seqs : 0) {}
   KvCacheManager kv;                             // full-attention layers
   std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any
   std::unique_ptr<StateSnapshotStore> snapshots; // recurrent-state snapshots, hybrid families
@@ -59,8 +60,8 @@ std::string namespace_identity(const Model& model, const EngineOptions& o) {
   const ModelConfig& c = model.config();
   return "model=" + o.model_identity + ";type=" + c.model_type + ";layers=" + std::to_string(c.n_layers) +
          ";hidden=" + std::to_string(c.hidden) + ";heads=" + std::to_string(c.n_heads) + "/" +
-         std::to_string(c.n_kv_heads) + ";vocab=" + std::to_string(c.vocab_size) + ";adapters=;codec=f32;block=" +
-         std::to_string(o.block_size);
+         std::to_string(c.n_kv_heads) + ";vocab=" + std::to_string(c.vocab_size) + ";adapters=;codec=" +
+         codec_namespace(o.kv_codecs) + ";block=" + std::to_string(o.block_size);
 }
 
 }  // namespace
@@ -93,6 +94,23 @@ Status Engine::check_model(const Model& model) {
   return Status();
 }
 
+Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvCodecConfig& config) {
+  if (config.quant_start > 0) {
+    return make_error(ErrorCode::kUnsupported, "--kv-quant-start " + std::to_string(config.quant_start) +
+                                                   ": converting a sequence's exact KV to the codec after a number of "
+                                                   "tokens is not supported yet (use 0)");
+  }
+  std::vector<KvLayerSpec> layout = model.kv_layout();
+  std::vector<KvCodecLayerDims> dims(layout.size());
+  for (size_t l = 0; l < layout.size(); ++l) {
+    dims[l] = {layout[l].has_kv, layout[l].shares_with, layout[l].head_dim_k, layout[l].head_dim_v};
+  }
+  auto specs = resolve_kv_codecs(config, dims);
+  if (!specs.ok()) return specs.error();
+  for (size_t l = 0; l < layout.size(); ++l) layout[l].codec = (*specs)[l];
+  return layout;
+}
+
 Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
   if (o.block_size < 1 || o.block_size > 1024) return bad("block_size must be in [1, 1024], got " + std::to_string(o.block_size));
@@ -110,9 +128,11 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
 
   KvPlan plan;
+  auto layout = resolve_kv_layout(model, o.kv_codecs);
+  if (!layout.ok()) return layout.error();
+  plan.layout = std::move(layout).value();
   int64_t full_bytes = 0, window_bytes = 0;  // per token, over the layers owning KV of each kind
-  const auto layout = model.kv_layout();
-  for (const auto& s : layout) {
+  for (const auto& s : plan.layout) {
     if (!s.has_kv || s.shares_with >= 0) continue;
     const int64_t b = KvStorage::layer_bytes_per_token(s);  // in the layer's codec
     if (s.window > 0) {
@@ -204,7 +224,9 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   so.max_batch_tokens = options_.max_batch_tokens;
   so.max_num_seqs = options_.max_num_seqs;
   so.prefix_caching = options_.prefix_caching;
-  so.prefix_salt = prefix_namespace_salt(namespace_identity(*model_, options_));
+  kv_bytes_per_token_ = KvStorage::bytes_per_token(kv_plan->layout);
+  prefix_namespace_ = namespace_identity(*model_, options_);
+  so.prefix_salt = prefix_namespace_salt(prefix_namespace_);
   so.window = kv_plan->window;
   so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
   so.state_snapshot_interval = options_.state_snapshot_interval;

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "engine/request.h"
 #include "engine/request_queue.h"
+#include "kv/codec/kv_codec_config.h"
 #include "model/model.h"
 
 namespace strata {
@@ -52,7 +53,16 @@ struct EngineOptions {
   std::string kv_disk_dir;
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout_s = 10.0;  // shutdown waits this long for the disk writer
+  // The codec each layer stores its KV in (default: auto, the compute dtype). Resolved against
+  // the model at create(); the pools are sized by the codec'd bytes per token and the codec
+  // config is part of the prefix-cache namespace. quant_start > 0 is refused (kUnsupported).
+  KvCodecConfig kv_codecs;
 };
+
+// The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
+// errors name the flag and value (an unknown layer, a group size that does not fit the head
+// dim, ...); quant_start > 0 is kUnsupported for now.
+Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvCodecConfig& config);
 
 class Engine {
  public:
@@ -89,6 +99,10 @@ class Engine {
   // Blocks of the sliding-window layers' pool; 0 when the model has no such layer.
   int32_t n_kv_window_blocks() const { return n_window_blocks_; }
   int32_t block_size() const { return options_.block_size; }
+  // Bytes of KV one token takes over all layers that own KV, in their resolved codecs.
+  int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  // The identity string the prefix-cache hashes are salted with (model, shape, KV codecs, ...).
+  const std::string& prefix_namespace() const { return prefix_namespace_; }
 
  private:
   struct Active;
@@ -97,6 +111,7 @@ class Engine {
     int32_t n_window_blocks = 0;  // sliding-window layers' pool, 0: none
     int32_t window = 0;           // largest sliding window, 0: none
     bool has_state = false;       // recurrent-state layers
+    std::vector<KvLayerSpec> layout;  // the model's KV layout with each layer's resolved codec
   };
   static Status check_model(const Model& model);
   static Result<KvPlan> plan_blocks(const Model& model, const EngineOptions& options);
@@ -117,6 +132,8 @@ class Engine {
   int32_t n_blocks_ = 0;
   int32_t n_window_blocks_ = 0;
   int32_t max_model_len_ = 0;
+  int64_t kv_bytes_per_token_ = 0;
+  std::string prefix_namespace_;
   std::vector<int32_t> eos_ids_;
   RequestQueue queue_;
   std::chrono::steady_clock::time_point t0_;

@@ -6,10 +6,10 @@
 
 namespace strata {
 
-ModelRunner::ModelRunner(Model& model, int32_t n_blocks, int32_t block_size, int32_t n_window_blocks,
-                         int32_t n_state_slots)
+ModelRunner::ModelRunner(Model& model, const std::vector<KvLayerSpec>& layout, int32_t n_blocks,
+                         int32_t block_size, int32_t n_window_blocks, int32_t n_state_slots)
     : model_(model),
-      kv_(model.kv_layout(), n_blocks, block_size, n_window_blocks > 0 ? n_window_blocks : -1),
+      kv_(layout, n_blocks, block_size, n_window_blocks > 0 ? n_window_blocks : -1),
       window_paged_(n_window_blocks > 0),
       state_layout_(model.state_layout()),
       vocab_(model.config().vocab_size) {

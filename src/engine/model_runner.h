@@ -18,7 +18,8 @@ class ModelRunner {
  public:
   // n_window_blocks > 0: the sliding-window layers page in a pool of that many blocks and every
   // span carries its sequence's window_blocks. n_state_slots: recurrent-state slots (0: none).
-  ModelRunner(Model& model, int32_t n_blocks, int32_t block_size, int32_t n_window_blocks = 0,
+  // `layout`: the model's kv_layout() with each layer's codec set (the storage's row formats).
+  ModelRunner(Model& model, const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size, int32_t n_window_blocks = 0,
               int32_t n_state_slots = 0);
 
   // Logits of the step, [rows, vocab()] f32, rows in plan order: per span every position

@@ -15,10 +15,10 @@ bool any_state(const std::vector<StateLayerSpec>& layout) {
 
 }  // namespace
 
-SingleSequence::SingleSequence(Model& model, int32_t context, int32_t block_size)
+SingleSequence::SingleSequence(Model& model, int32_t context, int32_t block_size, std::vector<KvLayerSpec> layout)
     : model_(model),
       context_(context),
-      kv_(model.kv_layout(), blocks_for(context, block_size), block_size),
+      kv_(layout.empty() ? model.kv_layout() : layout, blocks_for(context, block_size), block_size),
       state_(model.state_layout(), 1),
       has_state_(any_state(model.state_layout())) {
   block_table_.resize(size_t(blocks_for(context, block_size)));

@@ -15,8 +15,9 @@ namespace strata {
 
 class SingleSequence {
  public:
-  // block_size: tokens per KV block.
-  SingleSequence(Model& model, int32_t context, int32_t block_size = 16);
+  // block_size: tokens per KV block. layout: the KV layout with each layer's codec (empty: the
+  // model's kv_layout(), exact KV).
+  SingleSequence(Model& model, int32_t context, int32_t block_size = 16, std::vector<KvLayerSpec> layout = {});
 
   int32_t context() const { return context_; }
   int32_t position() const { return position_; }  // tokens cached so far
