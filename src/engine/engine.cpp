@@ -239,6 +239,9 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
 }
 
 void Engine::setup_kv_tiers(bool unsupported) {
+  if (options_.kv_host_bytes < 0) {
+    throw std::invalid_argument("kv_host_bytes must be >= 0, got " + std::to_string(options_.kv_host_bytes));
+  }
   if (options_.kv_host_bytes <= 0 && options_.kv_disk_dir.empty()) return;
   if (unsupported || !options_.prefix_caching) {
     log::warn("KV tiers are off: {}", unsupported ? "the model has sliding-window layers or recurrent state"

@@ -183,6 +183,32 @@ void HttpServer::install_routes() {
     res.set_content(render_metrics(metrics_.snapshot(), engine_.stats(), model_.name), "text/plain; version=0.0.4");
   });
 
+  // Writes what the KV disk tier's queue holds before returning (at most ?timeout_s seconds, default 30).
+  s.Post("/admin/cache/flush", [this](const httplib::Request& req, httplib::Response& res) {
+    double timeout = 30.0;
+    if (req.has_param("timeout_s")) {
+      try {
+        timeout = std::stod(req.get_param_value("timeout_s"));
+      } catch (const std::exception&) {
+        timeout = -1.0;
+      }
+      if (!(timeout >= 0.0 && timeout <= 3600.0)) {
+        res.status = 400;
+        res.set_content(json{{"error", {{"message", "timeout_s must be in [0, 3600], got '" +
+                                                        req.get_param_value("timeout_s") + "'"}}}}.dump(),
+                        "application/json");
+        metrics_.count_request(req.path, 400);
+        return;
+      }
+    }
+    const bool flushed = engine_.flush_kv_tiers(timeout);
+    const KvTierStats t = engine_.stats().kv_tiers;
+    write_json(res, {{"flushed", flushed}, {"queued_bytes", t.disk.queued_bytes}, {"written_blocks", t.disk.written_blocks},
+                     {"dropped_blocks", t.disk.dropped_blocks}});
+    if (!flushed) res.status = 504;  // the deadline passed with blocks still queued
+    metrics_.count_request(req.path, res.status);
+  });
+
   s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     json card = {{"id", model_.name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
                  {"max_model_len", model_.max_model_len}, {"vocab_size", model_.tokenizer.vocab_size()}};

@@ -91,6 +91,30 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   os << "strata_kv_blocks_total{" << m << "} " << e.kv.n_blocks << '\n';
   header(os, "strata_kv_evictions_total", "counter", "Cached KV blocks given to another use.");
   os << "strata_kv_evictions_total{" << m << "} " << e.kv.evictions << '\n';
+  if (e.kv_tiers.enabled) {
+    const KvTierStats& t = e.kv_tiers;
+    header(os, "strata_kv_tier_blocks", "gauge", "KV blocks held by the lower tiers (host memory, disk).");
+    os << "strata_kv_tier_blocks{" << m << ",tier=\"host\"} " << t.host_blocks << '\n';
+    os << "strata_kv_tier_blocks{" << m << ",tier=\"disk\"} " << t.disk.blocks << '\n';
+    header(os, "strata_kv_tier_bytes", "gauge", "Bytes held by the lower KV tiers.");
+    os << "strata_kv_tier_bytes{" << m << ",tier=\"host\"} " << t.host_bytes << '\n';
+    os << "strata_kv_tier_bytes{" << m << ",tier=\"disk\"} " << t.disk.bytes << '\n';
+    header(os, "strata_kv_tier_hit_blocks_total", "counter", "KV blocks a prefix lookup promoted from a lower tier.");
+    os << "strata_kv_tier_hit_blocks_total{" << m << ",tier=\"host\"} " << t.host_hit_blocks << '\n';
+    os << "strata_kv_tier_hit_blocks_total{" << m << ",tier=\"disk\"} " << t.disk_hit_blocks << '\n';
+    header(os, "strata_kv_tier_demoted_blocks_total", "counter", "KV blocks the device pool evicted into the lower tiers.");
+    os << "strata_kv_tier_demoted_blocks_total{" << m << "} " << t.demoted_blocks << '\n';
+    header(os, "strata_kv_disk_written_blocks_total", "counter", "KV blocks the disk writer wrote.");
+    os << "strata_kv_disk_written_blocks_total{" << m << "} " << t.disk.written_blocks << '\n';
+    header(os, "strata_kv_disk_dropped_blocks_total", "counter", "KV blocks dropped because the disk writer queue was full.");
+    os << "strata_kv_disk_dropped_blocks_total{" << m << "} " << t.disk.dropped_blocks << '\n';
+    header(os, "strata_kv_disk_queued_bytes", "gauge", "Bytes waiting in the disk writer queue.");
+    os << "strata_kv_disk_queued_bytes{" << m << "} " << t.disk.queued_bytes << '\n';
+    header(os, "strata_kv_disk_evicted_files_total", "counter", "Disk tier files deleted to keep the byte budget.");
+    os << "strata_kv_disk_evicted_files_total{" << m << "} " << t.disk.evicted_files << '\n';
+    header(os, "strata_kv_disk_quarantined_files_total", "counter", "Corrupt, truncated or foreign disk tier files moved to quarantine/.");
+    os << "strata_kv_disk_quarantined_files_total{" << m << "} " << t.disk.quarantined_files << '\n';
+  }
   header(os, "strata_engine_steps_total", "counter", "Engine steps (packed forwards).");
   os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';
   header(os, "strata_engine_prefix_hit_tokens_total", "counter", "Tokens admission took from the prefix cache (recomputations included).");
