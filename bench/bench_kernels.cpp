@@ -20,23 +20,13 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "bench/bench_util.h"
 #include "core/thread_pool.h"
 
 namespace {
 
 using namespace strata;
-using Clock = std::chrono::steady_clock;
-
-// Best-of-`reps` wall time of fn, in seconds (the minimum filters noise from other work).
-double best_seconds(int reps, const std::function<void()>& fn) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
+using namespace strata::bench;
 
 std::vector<float> random_floats(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -48,73 +38,6 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
 
 // Sum of 64-bit words [b, e) with wide loads, so one core can keep enough reads in flight
 // to approach what it can pull from memory.
-__attribute__((target("avx512f"))) uint64_t sum_words_avx512(const uint64_t* p, int64_t b, int64_t e) {
-  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = b;
-  for (; i + 32 <= e; i += 32) {
-    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(p + i));
-    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(p + i + 8));
-    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(p + i + 16));
-    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(p + i + 24));
-  }
-  uint64_t s = uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3))));
-  for (; i < e; ++i) s += p[i];
-  return s;
-}
-
-__attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t* p, int64_t b, int64_t e) {
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
-  uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  for (; i < e; ++i) s += p[i];
-  return s;
-}
-
-uint64_t sum_words(const uint64_t* p, int64_t b, int64_t e) {
-  if (__builtin_cpu_supports("avx512f")) return sum_words_avx512(p, b, e);
-  if (__builtin_cpu_supports("avx2")) return sum_words_avx2(p, b, e);
-  uint64_t s = 0;
-  for (int64_t i = b; i < e; ++i) s += p[i];
-  return s;
-}
-
-struct Bandwidth {
-  double read_gbs;  // bytes read per second / 1e9
-  double copy_gbs;  // (bytes read + bytes written) per second / 1e9
-};
-
-Bandwidth measure_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> src(n), dst(n);
-  pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) src[size_t(i)] = uint64_t(i) * 2654435761u;
-    std::memset(dst.data() + b, 0, size_t(e - b) * sizeof(uint64_t));
-  });
-  std::vector<uint64_t> sums(size_t(pool.size()) * 8);
-  const double t_read = best_seconds(reps, [&] {
-    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int t) { sums[size_t(t) * 8] = sum_words(src.data(), b, e); },
-                      4096);
-  });
-  const double t_copy = best_seconds(reps, [&] {
-    pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
-      std::memcpy(dst.data() + b, src.data() + b, size_t(e - b) * sizeof(uint64_t));
-    }, 4096);
-  });
-  uint64_t keep = 0;
-  for (auto s : sums) keep += s;
-  if (keep == 42) std::printf(" ");
-  return {double(n * sizeof(uint64_t)) / t_read / 1e9, 2.0 * double(n * sizeof(uint64_t)) / t_copy / 1e9};
-}
-
 struct Shape {
   const char* name;
   int64_t n, k;  // W [n, k]
@@ -124,29 +47,6 @@ const Shape kShapes[] = {
     {"q_proj   2048x1024", 2048, 1024}, {"k/v_proj 1024x1024", 1024, 1024}, {"o_proj   1024x2048", 1024, 2048},
     {"gate/up  3072x1024", 3072, 1024}, {"down     1024x3072", 1024, 3072}, {"lm_head 151936x1024", 151936, 1024},
 };
-
-// OpenBLAS's own controls: bound directly when OpenBLAS is linked in (weak, so a generic BLAS
-// still links), else looked up at run time, since the generic BLAS library may reach OpenBLAS
-// only through a dependency.
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-extern "C" char* openblas_get_corename() __attribute__((weak));
-
-void blas_set_threads(int n) {
-  auto fn = &openblas_set_num_threads != nullptr
-                ? &openblas_set_num_threads
-                : reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (fn != nullptr)
-    fn(n);
-  else
-    std::printf("warning: openblas_set_num_threads not found; BLAS thread count not set\n");
-}
-
-const char* blas_core_name() {
-  auto fn = &openblas_get_corename != nullptr
-                ? &openblas_get_corename
-                : reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  return fn != nullptr ? fn() : "(not OpenBLAS)";
-}
 
 std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
   const auto f = random_floats(n, seed);
