@@ -148,7 +148,10 @@ int run_serve(ServeArgs a) {
   auto engine = Engine::create(std::move(model).value(), eo);
   if (!engine.ok()) {
     Error e = engine.error();
-    if (e.code == ErrorCode::kUnsupported) e.message = "strata serve cannot serve " + a.model_dir + ": " + e.message;
+    // A refused flag names itself; a model the engine cannot page names the model.
+    if (e.code == ErrorCode::kUnsupported && e.message.rfind("--", 0) != 0) {
+      e.message = "strata serve cannot serve " + a.model_dir + ": " + e.message;
+    }
     return fail(e);
   }
   served->max_model_len = (*engine)->max_model_len();
