@@ -3,7 +3,8 @@
 // equal to those of a single-sequence cache in the codec and near the exact cache's; a codec
 // with smaller rows gives more blocks for the same kv_cache_bytes; 32 concurrent requests produce the tokens each produces alone; prefix-cache
 // namespaces differ per codec, and blocks a disk tier holds under one codec are never served
-// to an engine under another; bad configs are refused naming the flag and value.
+// to an engine under another; a per-layer --kv-config file mixes codecs; bad configs are
+// refused naming the flag and value.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -371,6 +372,57 @@ TEST(EngineCodec, PrefixHitsNeverCrossCodecs) {
     EXPECT_GE(s.disk_hit_blocks, 12);
   }
   fs::remove_all(dir);
+}
+
+// A --kv-config file (MLX's {layer_idx, bits, group_size} and the named form mixed) over an
+// int8 default: each layer gets its own codec, the pool follows their bytes, and the output is
+// valid.
+TEST(EngineCodec, PerLayerConfigFileMixesCodecs) {
+  ThreadPool pool(2);
+  const fs::path file = fs::temp_directory_path() / ("strata_engine_codec_layers_" + std::to_string(::getpid()) + ".json");
+  {
+    std::ofstream f(file);
+    f << R"([{"layer_idx": 0, "bits": 4, "group_size": 32}, {"layer_idx": 1, "bits": 4, "group_size": 64},
+             {"layer_idx": 3, "codec": "turbo"}])";
+  }
+  auto config = make_kv_codec_config("int8", file.string());
+  fs::remove(file);
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  auto m = load_model(model_path("strata-demo"), pool);
+  ASSERT_TRUE(m.ok());
+  const int32_t n_layers = (*m)->config().n_layers;
+  ASSERT_GE(n_layers, 4);
+  int64_t expected = 0, all_int8 = 0;
+  const std::vector<KvLayerSpec> base = (*m)->kv_layout();
+  for (size_t l = 0; l < base.size(); ++l) {
+    KvLayerSpec s = base[l];
+    s.codec = {KvCodec::kInt8, kv_default_group(KvCodec::kInt8, s.head_dim_k)};
+    all_int8 += KvStorage::layer_bytes_per_token(s);
+    if (l == 0) s.codec = {KvCodec::kInt4, 32};
+    if (l == 1) s.codec = {KvCodec::kInt4, 64};
+    if (l == 3) s.codec = {KvCodec::kTurbo, kv_default_group(KvCodec::kTurbo, s.head_dim_k)};
+    expected += KvStorage::layer_bytes_per_token(s);
+  }
+  EXPECT_LT(expected, all_int8);
+
+  EngineOptions o;
+  o.kv_cache_bytes = int64_t(4) << 20;
+  o.kv_codecs = *config;
+  auto engine = make_engine("strata-demo", pool, o);
+  ASSERT_TRUE(engine);
+  EXPECT_EQ(engine->kv_bytes_per_token(), expected);
+  EXPECT_EQ(int64_t(engine->n_kv_blocks()), o.kv_cache_bytes / (expected * engine->block_size()));
+  EngineOptions plain = o;
+  plain.kv_codecs = config_of("int8");
+  auto int8_engine = make_engine("strata-demo", pool, plain);
+  ASSERT_TRUE(int8_engine);
+  EXPECT_NE(engine->prefix_namespace(), int8_engine->prefix_namespace());
+
+  const int32_t vocab = engine->model_config().vocab_size;
+  const Outcome out = run(*engine, request(7, 90, 10, true, vocab));
+  EXPECT_EQ(out.final.finish_reason, FinishReason::kLength);
+  ASSERT_EQ(out.tokens.size(), 10u);
+  for (int32_t id : out.tokens) EXPECT_TRUE(id >= 0 && id < vocab) << id;
 }
 
 TEST(EngineCodec, BadConfigsAreRefusedNamingTheFlagAndValue) {
