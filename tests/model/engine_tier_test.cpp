@@ -2,7 +2,9 @@
 // cached across another one: the repeated prompt is served from the host tier, or from the disk
 // tier alone, with exactly the cold run's tokens; a new engine over the same disk directory (a
 // restart) reports the prompt as cached and answers identically; a corrupted file in the
-// directory is quarantined and the request still answers correctly.
+// directory is quarantined and the request still answers correctly (the chain loads up to the
+// damaged block and recomputes the rest); concurrent requests sharing prefixes while blocks
+// demote and promote produce exactly their alone runs' tokens.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -209,11 +211,25 @@ TEST_P(EngineTierTest, CorruptFileIsQuarantinedAndTheRequestStillAnswers) {
   }
   auto files = block_files(dir);
   ASSERT_FALSE(files.empty());
-  // Flip a byte well inside the data of every file: each is caught by a tensor checksum on read.
-  for (const auto& f : files) {
-    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(0, std::ios::end);
-    const int64_t pos = int64_t(io.tellg()) - 200;
+  // Flip a byte in the first tensor of the middle block of the largest file (header layout in
+  // kv/disk/disk_tier.h): blocks before it in the chain still load, it fails its checksum.
+  fs::path target = files[0];
+  for (const auto& f : files) if (fs::file_size(f) > fs::file_size(target)) target = f;
+  {
+    std::fstream io(target, std::ios::in | std::ios::out | std::ios::binary);
+    auto u32 = [&] { uint32_t v = 0; io.read(reinterpret_cast<char*>(&v), 4); return v; };
+    io.seekg(8 + 4);
+    const uint32_t id_len = u32();
+    io.seekg(id_len, std::ios::cur);
+    const uint32_t n_tensors = u32();
+    std::vector<int64_t> tensors(n_tensors);
+    io.read(reinterpret_cast<char*>(tensors.data()), std::streamsize(8 * n_tensors));
+    const uint32_t n_blocks = u32();
+    ASSERT_GE(n_blocks, 3u);
+    const int64_t data = int64_t(io.tellg()) + 8 * int64_t(n_blocks) + 8;
+    int64_t stride = 0;
+    for (int64_t t : tensors) stride += t + 8;
+    const int64_t pos = data + int64_t(n_blocks / 2) * stride + 3;
     io.seekg(pos);
     char c;
     io.get(c);
@@ -228,11 +244,60 @@ TEST_P(EngineTierTest, CorruptFileIsQuarantinedAndTheRequestStillAnswers) {
   again.id = "after-corruption";
   const Outcome out = run(*engine, again);
   EXPECT_EQ(out.tokens, cold.tokens);
+  // Part of the chain came from disk (before the damaged block), the rest was recomputed.
+  EXPECT_GT(out.final.usage.cached_tokens, 0);
+  EXPECT_LT(out.final.usage.cached_tokens, 992);
   EXPECT_EQ(out.final.finish_reason, FinishReason::kLength);
   const auto s = tier_stats(*engine, [&](const KvTierStats& t) { return t.disk.quarantined_files >= 2; });
+  EXPECT_GT(s.disk_hit_blocks, 0);
   EXPECT_GE(s.disk.quarantined_files, 2);
   EXPECT_GE(std::distance(fs::directory_iterator(dir / "quarantine"), fs::directory_iterator()), 2);
   // The corrupted blocks were recomputed, never used: the answer equals the cold run above.
+  engine.reset();
+  fs::remove_all(dir);
+}
+
+TEST_P(EngineTierTest, ConcurrentSharedPrefixesDuringDemotionMatchAloneRuns) {
+  ThreadPool pool(2);
+  const fs::path dir = fresh_dir(GetParam() + "_concurrent");
+  EngineOptions o;
+  o.kv_blocks = 64;  // three 416-token requests at once already preempt and evict
+  o.kv_host_bytes = int64_t(1) << 20;  // small: host evictions too, the rest from disk
+  o.kv_disk_dir = dir.string();
+  auto engine = make_engine(GetParam(), pool, o);
+  ASSERT_TRUE(engine);
+  const int32_t vocab = engine->model_config().vocab_size;
+  std::vector<GenerationRequest> reqs;
+  for (int base = 0; base < 3; ++base) {
+    const auto b = request(10 + base, 400, vocab);
+    for (int v = 0; v < 3; ++v) {
+      auto r = b;
+      r.id = "c" + std::to_string(base) + "-" + std::to_string(v);
+      for (int k = 0; k < 16 + 5 * v; ++k) r.prompt.push_back(3 + (k * 31 + v * 7 + base) % (vocab - 3));
+      reqs.push_back(r);
+    }
+  }
+  auto plain = make_engine(GetParam(), pool, EngineOptions{});
+  ASSERT_TRUE(plain);
+  std::vector<Outcome> alone;
+  for (const auto& r : reqs) alone.push_back(run(*plain, r));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (auto r : reqs) {
+      r.id += "-round" + std::to_string(round);
+      auto st = engine->submit(r);
+      ASSERT_TRUE(st.ok()) << st.error().to_string();
+      streams.push_back(*st);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Outcome out = drain(*streams[i]);
+      EXPECT_EQ(out.tokens, alone[i].tokens) << reqs[i].id << " round " << round;
+      EXPECT_EQ(out.final.finish_reason, FinishReason::kLength) << reqs[i].id;
+    }
+  }
+  const auto s = tier_stats(*engine, [](const KvTierStats& t) { return t.host_hit_blocks + t.disk_hit_blocks > 0; });
+  EXPECT_GT(s.demoted_blocks, 0);
+  EXPECT_GT(s.host_hit_blocks + s.disk_hit_blocks, 0);
   engine.reset();
   fs::remove_all(dir);
 }
