@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "model/layers/lm_head.h"
 #include "model/layers/attention.h"
 #include "model/layers/embedding.h"
 #include "model/layers/mlp.h"
@@ -92,45 +93,10 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
     cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);
   }
 
-  // Rows that produce logits, in StepBatch::n_logit_rows() order.
-  const int64_t n_rows = batch.n_logit_rows();
-  if (n_rows == 0) return;
-  rows_.resize(size_t(n_rows * hidden));
-  int64_t r = 0, t0 = 0;
-  for (const auto& s : batch.seqs) {
-    if (s.logits_all) {
-      std::copy_n(&x_[size_t(t0 * hidden)], size_t(s.n_tokens * hidden), &rows_[size_t(r * hidden)]);
-      r += s.n_tokens;
-    } else if (s.logits_last && s.n_tokens > 0) {
-      std::copy_n(&x_[size_t((t0 + s.n_tokens - 1) * hidden)], size_t(hidden), &rows_[size_t(r * hidden)]);
-      r += 1;
-    }
-    t0 += s.n_tokens;
-  }
-  STRATA_CHECK(r == n_rows, "logit rows disagree with StepBatch::n_logit_rows()");
-  cpu::rms_norm(pool_, rows_.data(), final_norm_.data(), rows_.data(), n_rows, hidden, eps, opw);
-  cpu::matmul(pool_, rows_.data(), n_rows, lm_head_, nullptr, logits);
-  softcap_inplace(logits, n_rows * config_.vocab_size, spec_.final_softcap);
+  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, opw, &lm_head_, spec_.final_softcap}, rows_,
+                  logits);
 }
 
-template <class T>
-Status take(Result<T> r, T* out) {
-  if (!r.ok()) return r.error();
-  *out = std::move(*r);
-  return Status();
-}
-
-Status load_mlp(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, bool bias, GatedMlpWeights* m) {
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "gate_proj.weight", inter, hidden), &m->gate));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "up_proj.weight", inter, hidden), &m->up));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "down_proj.weight", hidden, inter), &m->down));
-  if (bias) {
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "gate_proj.bias", inter), &m->gate_bias));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "up_proj.bias", inter), &m->up_bias));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "down_proj.bias", hidden), &m->down_bias));
-  }
-  return Status();
-}
 
 }  // namespace
 
@@ -225,13 +191,13 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
       STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate.weight", cfg.n_experts, H), &moe->router));
       moe->experts.resize(size_t(cfg.n_experts));
       for (int e = 0; e < cfg.n_experts; ++e) {
-        STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", H, cfg.moe_intermediate, false,
+        STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", H, cfg.moe_intermediate, false,
                                         &moe->experts[size_t(e)]));
       }
       L.moe = std::move(moe);
     } else {
       if (cfg.intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
-      STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.", H, cfg.intermediate, spec.mlp_bias, &L.mlp));
+      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.", H, cfg.intermediate, spec.mlp_bias, &L.mlp));
     }
   }
   return std::unique_ptr<Model>(std::move(m));

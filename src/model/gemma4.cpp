@@ -52,6 +52,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/check.h"
 #include "model/gemma4_config.h"
+#include "model/layers/lm_head.h"
 #include "model/layers/attention.h"
 #include "model/layers/embedding.h"
 #include "model/layers/mlp.h"
@@ -256,32 +257,8 @@ void Gemma4Model::forward(const StepBatch& batch, KvStorage& kv, StateStorage* /
     }
   }
 
-  // Rows that produce logits, in StepBatch::n_logit_rows() order.
-  const int64_t n_rows = batch.n_logit_rows();
-  if (n_rows == 0) return;
-  rows_.resize(size_t(n_rows * hidden));
-  int64_t r = 0, t0 = 0;
-  for (const auto& s : batch.seqs) {
-    if (s.logits_all) {
-      std::copy_n(&x_[size_t(t0 * hidden)], size_t(s.n_tokens * hidden), &rows_[size_t(r * hidden)]);
-      r += s.n_tokens;
-    } else if (s.logits_last && s.n_tokens > 0) {
-      std::copy_n(&x_[size_t((t0 + s.n_tokens - 1) * hidden)], size_t(hidden), &rows_[size_t(r * hidden)]);
-      r += 1;
-    }
-    t0 += s.n_tokens;
-  }
-  STRATA_CHECK(r == n_rows, "logit rows disagree with StepBatch::n_logit_rows()");
-  cpu::rms_norm(pool_, rows_.data(), final_norm_.data(), rows_.data(), n_rows, hidden, eps, false);
-  cpu::matmul(pool_, rows_.data(), n_rows, lm_head_, nullptr, logits);
-  softcap_inplace(logits, n_rows * config_.vocab_size, config_.final_softcap);
-}
-
-template <class T>
-Status take(Result<T> r, T* out) {
-  if (!r.ok()) return r.error();
-  *out = std::move(*r);
-  return Status();
+  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, false, &lm_head_, config_.final_softcap}, rows_,
+                  logits);
 }
 
 // A multiplier as the checkpoint's dtype holds it (transformers casts the embedding scale to

@@ -9,6 +9,7 @@
 #include "model/decoder.h"
 #include "model/delta_net.h"
 #include "model/gated_attention.h"
+#include "model/layers/lm_head.h"
 #include "model/layers/embedding.h"
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
@@ -132,40 +133,10 @@ void HybridModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* s
     add_inplace(x_.data(), branch_.data(), n * H);
   }
 
-  // Rows that produce logits, in StepBatch::n_logit_rows() order.
-  const int64_t n_rows = batch.n_logit_rows();
-  if (n_rows == 0) return;
-  rows_.resize(size_t(n_rows * H));
-  int64_t r = 0, t0 = 0;
-  for (const auto& s : batch.seqs) {
-    if (s.logits_all) {
-      std::copy_n(&x_[size_t(t0 * H)], size_t(s.n_tokens * H), &rows_[size_t(r * H)]);
-      r += s.n_tokens;
-    } else if (s.logits_last && s.n_tokens > 0) {
-      std::copy_n(&x_[size_t((t0 + s.n_tokens - 1) * H)], size_t(H), &rows_[size_t(r * H)]);
-      r += 1;
-    }
-    t0 += s.n_tokens;
-  }
-  STRATA_CHECK(r == n_rows, "logit rows disagree with StepBatch::n_logit_rows()");
-  cpu::rms_norm(pool_, rows_.data(), final_norm_.data(), rows_.data(), n_rows, H, eps, true);
-  cpu::matmul(pool_, rows_.data(), n_rows, lm_head_, nullptr, logits);
+  lm_head_forward(pool_, batch, x_.data(), H, LmHeadWeights{&final_norm_, eps, true, &lm_head_, 0.0f}, rows_,
+                  logits);
 }
 
-template <class T>
-Status take(Result<T> r, T* out) {
-  if (!r.ok()) return r.error();
-  *out = std::move(*r);
-  return Status();
-}
-
-Status load_mlp(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, GatedMlpWeights* m) {
-  if (inter <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate size for " + w.prefix() + p + " must be positive");
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "gate_proj.weight", inter, hidden), &m->gate));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "up_proj.weight", inter, hidden), &m->up));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "down_proj.weight", hidden, inter), &m->down));
-  return Status();
-}
 
 // Experts stored one tensor each (experts.{e}.{gate,up,down}_proj.weight) or fused
 // (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]).
@@ -174,7 +145,7 @@ Status load_experts(const WeightLoader& w, const std::string& p, int64_t hidden,
   experts->resize(size_t(n_experts));
   if (!w.has(p + "experts.gate_up_proj")) {
     for (int32_t e = 0; e < n_experts; ++e)
-      STRATA_RETURN_IF_ERROR(load_mlp(w, p + "experts." + std::to_string(e) + ".", hidden, inter, &(*experts)[size_t(e)]));
+      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "experts." + std::to_string(e) + ".", hidden, inter, false, &(*experts)[size_t(e)]));
     return Status();
   }
   auto gu = w.tensor(p + "experts.gate_up_proj", {n_experts, 2 * inter, hidden});
@@ -273,7 +244,7 @@ Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& config,
                (l + 1) % std::max(1, cfg.decoder_sparse_step) == 0;
     }
     if (!sparse) {
-      STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.", H, cfg.intermediate, &L.mlp));
+      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.", H, cfg.intermediate, false, &L.mlp));
       continue;
     }
     auto moe = std::make_unique<SharedExpertMoe>();
@@ -287,7 +258,7 @@ Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& config,
                                                          std::to_string(cfg.n_experts) + ", 64)]");
     STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate.weight", cfg.n_experts, H), &moe->routed.router));
     STRATA_RETURN_IF_ERROR(load_experts(w, p + "mlp.", H, cfg.moe_intermediate, cfg.n_experts, &moe->routed.experts));
-    STRATA_RETURN_IF_ERROR(load_mlp(w, p + "mlp.shared_expert.", H, cfg.shared_expert_intermediate, &moe->shared));
+    STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.shared_expert.", H, cfg.shared_expert_intermediate, false, &moe->shared));
     STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.shared_expert_gate.weight", 1, H), &moe->shared_gate));
     L.moe = std::move(moe);
   }

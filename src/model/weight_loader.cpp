@@ -89,4 +89,18 @@ Result<EmbeddingTable> WeightLoader::embedding(const std::string& name, int64_t 
   return e;
 }
 
+Status load_gated_mlp(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, bool bias,
+                      GatedMlpWeights* m) {
+  if (inter <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate size for " + w.prefix() + p + " must be positive");
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "gate_proj.weight", inter, hidden), &m->gate));
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "up_proj.weight", inter, hidden), &m->up));
+  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "down_proj.weight", hidden, inter), &m->down));
+  if (bias) {
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "gate_proj.bias", inter), &m->gate_bias));
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "up_proj.bias", inter), &m->up_bias));
+    STRATA_RETURN_IF_ERROR(take(w.vector(p + "down_proj.bias", hidden), &m->down_bias));
+  }
+  return Status();
+}
+
 }  // namespace strata

@@ -13,6 +13,7 @@
 #include "backend/weight.h"
 #include "core/status.h"
 #include "model/layers/embedding.h"
+#include "model/layers/mlp.h"
 #include "model/safetensors.h"
 
 namespace strata {
@@ -50,5 +51,18 @@ class WeightLoader {
 Result<WeightMatrix> pack_checkpoint_matrix(const TensorInfo& t, const void* src, int64_t rows, int64_t cols);
 // Converts n elements of a checkpoint dtype to f32.
 Status convert_to_f32(const TensorInfo& t, const void* src, int64_t n, float* out);
+
+// Moves a loaded value into *out, or returns the load's error.
+template <class T>
+Status take(Result<T> r, T* out) {
+  if (!r.ok()) return r.error();
+  *out = std::move(*r);
+  return Status();
+}
+
+// {gate,up,down}_proj.weight (and .bias when `bias`) under prefix `p` of a gated MLP with
+// hidden size `hidden` and intermediate size `inter` (> 0).
+Status load_gated_mlp(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, bool bias,
+                      GatedMlpWeights* m);
 
 }  // namespace strata
