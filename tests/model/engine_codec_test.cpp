@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "../support/engine_test_support.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "golden_cases.h"
@@ -29,12 +30,9 @@
 namespace strata {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace strata::test;
 
-std::string model_path(const std::string& name) {
-  if (name == "strata-demo") return std::string(STRATA_SOURCE_DIR) + "/models/strata-demo";
-  return std::string(STRATA_TEST_DATA) + "/reference/models/" + name;
-}
+namespace fs = std::filesystem;
 
 const char* const kCodecNames[] = {"auto", "bf16", "fp8", "int8", "int4", "turbo"};
 
@@ -42,53 +40,6 @@ KvCodecConfig config_of(const std::string& dtype) {
   auto c = make_kv_codec_config(dtype, "");
   EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().to_string());
   return c.ok() ? *c : KvCodecConfig{};
-}
-
-std::unique_ptr<Engine> make_engine(const std::string& name, ThreadPool& pool, EngineOptions o) {
-  auto m = load_model(model_path(name), pool);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().to_string());
-  if (!m.ok()) return nullptr;
-  o.model_identity = name;
-  auto e = Engine::create(std::move(m).value(), o);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
-  if (!e.ok()) return nullptr;
-  (*e)->start();
-  return std::move(e).value();
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(300));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
-}
-
-Outcome run(Engine& e, const GenerationRequest& r) {
-  auto s = e.submit(r);
-  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().to_string());
-  if (!s.ok()) return {};
-  return drain(**s);
-}
-
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 GenerationRequest request(int i, int32_t n_prompt, int32_t max_tokens, bool greedy, int32_t vocab) {
@@ -124,7 +75,7 @@ class EngineCodecTest : public ::testing::TestWithParam<Case> {};
 TEST_P(EngineCodecTest, ValidOutputAndBlocksFollowTheRowBytes) {
   const Case c = GetParam();
   ThreadPool pool(2);
-  auto m = load_model(model_path(c.model), pool);
+  auto m = load_model(model_dir(c.model), pool);
   ASSERT_TRUE(m.ok()) << m.error().to_string();
   const KvCodecConfig config = config_of(c.codec);
   auto layout = resolve_kv_layout(**m, config);
@@ -220,7 +171,7 @@ std::string read_text(const std::string& path) {
 // stays near the exact cache's.
 TEST(EngineCodec, PromptLogprobsMatchTheCodecsCacheAndStayNearExact) {
   ThreadPool pool(2);
-  const std::string dir = model_path("strata-demo");
+  const std::string dir = model_dir("strata-demo");
   auto tok = tokenizer::Tokenizer::load(dir);
   ASSERT_TRUE(tok.ok()) << tok.error().to_string();
   auto ids = tok->encode(read_text(std::string(STRATA_SOURCE_DIR) + "/LICENSE"), false);
@@ -323,7 +274,7 @@ TEST(EngineCodec, PrefixHitsNeverCrossCodecs) {
   ThreadPool pool(2);
   const fs::path dir = fresh_dir("cross");
   const int32_t vocab = [&] {
-    auto m = load_model(model_path("qwen3-tiny"), pool);
+    auto m = load_model(model_dir("qwen3-tiny"), pool);
     return m.ok() ? (*m)->config().vocab_size : 0;
   }();
   ASSERT_GT(vocab, 3);
@@ -388,7 +339,7 @@ TEST(EngineCodec, PerLayerConfigFileMixesCodecs) {
   auto config = make_kv_codec_config("int8", file.string());
   fs::remove(file);
   ASSERT_TRUE(config.ok()) << config.error().to_string();
-  auto m = load_model(model_path("strata-demo"), pool);
+  auto m = load_model(model_dir("strata-demo"), pool);
   ASSERT_TRUE(m.ok());
   const int32_t n_layers = (*m)->config().n_layers;
   ASSERT_GE(n_layers, 4);
@@ -428,7 +379,7 @@ TEST(EngineCodec, PerLayerConfigFileMixesCodecs) {
 TEST(EngineCodec, BadConfigsAreRefusedNamingTheFlagAndValue) {
   ThreadPool pool(2);
   auto create = [&](const KvCodecConfig& config) -> Error {
-    auto m = load_model(model_path("qwen3-tiny"), pool);
+    auto m = load_model(model_dir("qwen3-tiny"), pool);
     EXPECT_TRUE(m.ok());
     EngineOptions o;
     o.kv_blocks = 64;
@@ -438,7 +389,7 @@ TEST(EngineCodec, BadConfigsAreRefusedNamingTheFlagAndValue) {
     return e.ok() ? Error{} : e.error();
   };
   const int32_t n_layers = [&] {
-    auto m = load_model(model_path("qwen3-tiny"), pool);
+    auto m = load_model(model_dir("qwen3-tiny"), pool);
     return m.ok() ? (*m)->config().n_layers : 0;
   }();
   ASSERT_GT(n_layers, 0);

@@ -10,6 +10,7 @@
 #include <map>
 #include <thread>
 
+#include "../support/engine_test_support.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "golden_cases.h"
@@ -17,6 +18,8 @@
 
 namespace strata {
 namespace {
+
+using namespace strata::test;
 
 struct RefModel {
   const char* name;  // key in logits.json
@@ -52,39 +55,6 @@ std::unique_ptr<Model> load(const RefModel& m, ThreadPool& pool) {
   auto r = load_model(path_of(m.dir), pool, lo);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
   return r.ok() ? std::move(r).value() : nullptr;
-}
-
-std::unique_ptr<Engine> start_engine(std::unique_ptr<Model> model, EngineOptions o, const std::string& identity) {
-  if (!model) return nullptr;
-  o.model_identity = identity;
-  auto e = Engine::create(std::move(model), o);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
-  if (!e.ok()) return nullptr;
-  (*e)->start();
-  return std::move(e).value();
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> prompt_logprobs;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(300));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    if (!e->prompt_logprobs.empty()) o.prompt_logprobs = e->prompt_logprobs;
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
 }
 
 GenerationRequest greedy(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {

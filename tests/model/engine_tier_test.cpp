@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../support/engine_test_support.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "model/registry.h"
@@ -18,56 +19,9 @@
 namespace strata {
 namespace {
 
+using namespace strata::test;
+
 namespace fs = std::filesystem;
-
-std::string model_dir(const std::string& name) { return std::string(STRATA_TEST_DATA) + "/reference/models/" + name; }
-
-std::unique_ptr<Engine> make_engine(const std::string& name, ThreadPool& pool, EngineOptions o) {
-  auto m = load_model(model_dir(name), pool);
-  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().to_string());
-  if (!m.ok()) return nullptr;
-  o.model_identity = name;
-  auto e = Engine::create(std::move(m).value(), o);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
-  if (!e.ok()) return nullptr;
-  (*e)->start();
-  return std::move(e).value();
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(120));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
-}
-
-Outcome run(Engine& e, const GenerationRequest& r) {
-  auto s = e.submit(r);
-  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().to_string());
-  if (!s.ok()) return {};
-  return drain(**s);
-}
-
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 GenerationRequest request(int i, int32_t n_prompt, int32_t vocab) {
   GenerationRequest r;
