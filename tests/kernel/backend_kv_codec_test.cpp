@@ -360,5 +360,160 @@ TEST(KvCodecConvert, BlockConversion) {
   }
 }
 
+
+// ---- Mixed formats (delayed quantization) -------------------------------------------------
+
+// A sequence whose first n_prefix logical blocks sit in a codec pool and whose later blocks sit
+// in an exact f32 pool, with its f32 copy (prefix rows dequantized, the rest as written).
+struct MixedKv {
+  CodecKv codec;
+  test::PagedKv raw;
+  std::vector<float> kd, vd;  // f32 copy the mixed read must match
+  int32_t n_prefix;
+
+  MixedKv(const KvCodecSpec& spec, const Case& c, int32_t seed_layer, uint64_t seed, int32_t n_prefix_blocks)
+      : codec(spec, c, seed_layer, seed),
+        raw(c.pos0 + c.n_q, c.block_size, c.n_kv_heads, c.head_dim, c.head_dim, seed),
+        kd(raw.k_pool),
+        vd(raw.v_pool),
+        n_prefix(n_prefix_blocks) {
+    const int64_t block_floats = int64_t(c.block_size) * c.n_kv_heads * c.head_dim;
+    for (int32_t i = 0; i < n_prefix; ++i) {
+      const int64_t off = int64_t(raw.block_table[size_t(i)]) * block_floats;
+      std::copy_n(codec.kd.begin() + off, block_floats, kd.begin() + off);
+      std::copy_n(codec.vd.begin() + off, block_floats, vd.begin() + off);
+    }
+  }
+
+  cpu::KvCodecAttentionArgs args(const Case& c, const float* q, int32_t seed_layer) const {
+    auto a = codec_args(codec, c, q, seed_layer);
+    a.k_pool = reinterpret_cast<const uint8_t*>(raw.k_pool.data());
+    a.v_pool = reinterpret_cast<const uint8_t*>(raw.v_pool.data());
+    a.k_fmt = kv_key_format({KvCodec::kAuto, 0}, c.head_dim);
+    a.v_fmt = kv_value_format({KvCodec::kAuto, 0}, c.head_dim);
+    a.k_pool_prefix = codec.k.data();
+    a.v_pool_prefix = codec.v.data();
+    a.k_fmt_prefix = codec.kf;
+    a.v_fmt_prefix = codec.vf;
+    a.n_prefix_blocks = n_prefix;
+    return a;
+  }
+};
+
+// Older blocks in a codec, newer ones exact: the CPU kernel and the reference read each block
+// in its own format and match f32 attention over the copy with the codec blocks dequantized.
+TEST(KvCodecAttention, MixedFormatsMatchAttentionOverDequantizedCopy) {
+  ThreadPool pool(2);
+  uint64_t seed = 4100;
+  for (const auto& spec : kSpecs) {
+    for (const auto& c : kCases) {
+      if (spec.group_size > 0 && c.head_dim % spec.group_size != 0) continue;
+      const int32_t n_blocks = (c.pos0 + c.n_q + c.block_size - 1) / c.block_size;
+      for (const int32_t n_prefix : {1, n_blocks / 2, n_blocks - 1, n_blocks}) {
+        if (n_prefix <= 0) continue;
+        seed += 17;
+        const int32_t layer = int32_t(seed % 5);
+        MixedKv kv(spec, c, layer, seed, n_prefix);
+        const auto q = random_floats(size_t(c.n_q) * c.n_heads * c.head_dim, seed + 7, -2.0f, 2.0f);
+        const size_t n_out = size_t(c.n_q) * c.n_heads * c.head_dim;
+        std::vector<float> want(n_out), got(n_out, NAN), got_ref(n_out, NAN);
+        cpu::PagedAttentionArgs f{};
+        f.q = q.data();
+        f.k_pool = kv.kd.data();
+        f.v_pool = kv.vd.data();
+        f.block_table = kv.raw.block_table.data();
+        f.block_size = c.block_size;
+        f.n_q = c.n_q;
+        f.pos0 = c.pos0;
+        f.n_heads = c.n_heads;
+        f.n_kv_heads = c.n_kv_heads;
+        f.head_dim = c.head_dim;
+        f.head_dim_v = c.head_dim;
+        f.scale = 1.0f / std::sqrt(float(c.head_dim));
+        f.softcap = c.softcap;
+        f.window = c.window;
+        f.out = want.data();
+        reference::paged_attention(f);
+        auto a = kv.args(c, q.data(), layer);
+        a.out = got.data();
+        cpu::paged_attention_codec(pool, a);
+        a.out = got_ref.data();
+        reference::paged_attention_codec(a);
+        SCOPED_TRACE(std::string(kv_codec_name(spec.codec)) + " g" + std::to_string(spec.group_size) +
+                     " n_q=" + std::to_string(c.n_q) + " pos0=" + std::to_string(c.pos0) +
+                     " hd=" + std::to_string(c.head_dim) + " window=" + std::to_string(c.window) +
+                     " prefix_blocks=" + std::to_string(n_prefix) + "/" + std::to_string(n_blocks));
+        EXPECT_LE(max_rel_error(got.data(), want.data(), n_out), 1e-5);
+        EXPECT_LE(max_rel_error(got_ref.data(), want.data(), n_out), 1e-5);
+        EXPECT_LE(max_rel_error(got.data(), got_ref.data(), n_out), 1e-5);
+      }
+    }
+  }
+}
+
+// Reading the exact pool as if it were the prefix pool changes nothing: the per-block choice
+// picks formats, not numerics (all-f32 mixed reads equal the plain codec kernel bit for bit).
+TEST(KvCodecAttention, MixedFormatsAllExactEqualsPlainRead) {
+  ThreadPool pool(3);
+  const Case c{13, 37, 8, 2, 64, 16, 0, 0.0f};
+  test::PagedKv raw(c.pos0 + c.n_q, c.block_size, c.n_kv_heads, c.head_dim, c.head_dim, 55);
+  const auto q = random_floats(size_t(c.n_q) * c.n_heads * c.head_dim, 56, -2.0f, 2.0f);
+  const size_t n_out = size_t(c.n_q) * c.n_heads * c.head_dim;
+  std::vector<float> plain(n_out), mixed(n_out);
+  cpu::KvCodecAttentionArgs a{};
+  a.q = q.data();
+  a.k_pool = reinterpret_cast<const uint8_t*>(raw.k_pool.data());
+  a.v_pool = reinterpret_cast<const uint8_t*>(raw.v_pool.data());
+  a.k_fmt = kv_key_format({KvCodec::kAuto, 0}, c.head_dim);
+  a.v_fmt = kv_value_format({KvCodec::kAuto, 0}, c.head_dim);
+  a.seed_layer = 1;
+  a.block_table = raw.block_table.data();
+  a.block_size = c.block_size;
+  a.n_q = c.n_q;
+  a.pos0 = c.pos0;
+  a.n_heads = c.n_heads;
+  a.n_kv_heads = c.n_kv_heads;
+  a.scale = 0.125f;
+  a.out = plain.data();
+  cpu::paged_attention_codec(pool, a);
+  a.k_pool_prefix = a.k_pool;
+  a.v_pool_prefix = a.v_pool;
+  a.k_fmt_prefix = a.k_fmt;
+  a.v_fmt_prefix = a.v_fmt;
+  a.n_prefix_blocks = 2;
+  a.out = mixed.data();
+  cpu::paged_attention_codec(pool, a);
+  EXPECT_TRUE(test::bitwise_equal(plain.data(), mixed.data(), n_out));
+}
+
+// Mixed reads keep the determinism guarantee: thread count and chunking change no bits.
+TEST(KvCodecAttention, MixedFormatsDeterministicAcrossThreadsAndChunks) {
+  ThreadPool one(1), three(3);
+  const Case c{48, 80, 4, 2, 64, 16, 0, 0.0f};
+  for (const auto& spec : kSpecs) {
+    MixedKv kv(spec, c, 2, 31, 3);
+    const auto q = random_floats(size_t(c.n_q) * c.n_heads * c.head_dim, 32, -2.0f, 2.0f);
+    const size_t row = size_t(c.n_heads) * c.head_dim;
+    std::vector<float> whole(row * c.n_q), threads(row * c.n_q), chunked(row * c.n_q);
+    auto a = kv.args(c, q.data(), 2);
+    a.out = whole.data();
+    cpu::paged_attention_codec(one, a);
+    a.out = threads.data();
+    cpu::paged_attention_codec(three, a);
+    EXPECT_TRUE(test::bitwise_equal(whole.data(), threads.data(), whole.size())) << kv_codec_name(spec.codec);
+    for (int32_t t0 = 0; t0 < c.n_q;) {
+      const int32_t n = t0 < 40 ? 20 : 1;
+      auto b = a;
+      b.q = q.data() + size_t(t0) * row;
+      b.out = chunked.data() + size_t(t0) * row;
+      b.n_q = n;
+      b.pos0 = c.pos0 + t0;
+      cpu::paged_attention_codec(three, b);
+      t0 += n;
+    }
+    EXPECT_TRUE(test::bitwise_equal(whole.data(), chunked.data(), whole.size())) << kv_codec_name(spec.codec);
+  }
+}
+
 }  // namespace
 }  // namespace strata

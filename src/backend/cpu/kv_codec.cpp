@@ -97,8 +97,14 @@ inline void decode_row(const KvRowFormat& f, const uint8_t* row, float* out) {
   }
 }
 
+// Values are summed in the rotated domain when any of the sequence's value rows are turbo3.
+inline bool rotated_values(const KvCodecAttentionArgs& a) {
+  return a.v_fmt.kind == KvRowKind::kTurbo3 || (a.n_prefix_blocks > 0 && a.v_fmt_prefix.kind == KvRowKind::kTurbo3);
+}
+
 struct Geometry {
-  int64_t group, hd, hdv, nh, nkv, k_bytes, v_bytes;
+  int64_t group, hd, hdv, nh, nkv, k_bytes, v_bytes, k_bytes_prefix, v_bytes_prefix;
+  bool rotated;
   explicit Geometry(const KvCodecAttentionArgs& a)
       : group(a.n_heads / a.n_kv_heads),
         hd(a.k_fmt.dim),
@@ -106,7 +112,10 @@ struct Geometry {
         nh(a.n_heads),
         nkv(a.n_kv_heads),
         k_bytes(a.k_fmt.bytes()),
-        v_bytes(a.v_fmt.bytes()) {}
+        v_bytes(a.v_fmt.bytes()),
+        k_bytes_prefix(a.n_prefix_blocks > 0 ? a.k_fmt_prefix.bytes() : 0),
+        v_bytes_prefix(a.n_prefix_blocks > 0 ? a.v_fmt_prefix.bytes() : 0),
+        rotated(rotated_values(a)) {}
   int64_t part_floats() const { return nh * (hdv + 2); }
   // Scratch: key tile, value tile, logits.
   int64_t scratch_floats() const { return kSegment * (hd + hdv) + kSegment; }
@@ -130,15 +139,36 @@ void segment(const KvCodecAttentionArgs& a, const Geometry& g, int32_t t, int64_
   float* vt = kt + kSegment * g.hd;    // [n, hdv]
   float* lg = vt + kSegment * g.hdv;   // [n]
   int64_t slots[kSegment];
+  bool prefix[kSegment];  // the row's block lives in the prefix pools
   for (int64_t j = 0; j < n; ++j) {
     const int64_t p = k0 + j;
-    slots[j] = int64_t(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
+    const int64_t bi = p / a.block_size;
+    slots[j] = int64_t(a.block_table[bi]) * a.block_size + p % a.block_size;
+    prefix[j] = bi < a.n_prefix_blocks;
   }
   const float* q_t = a.q + int64_t(t) * g.nh * g.hd;
+  float signs[1024];
   for (int64_t kvh = 0; kvh < g.nkv; ++kvh) {
-    for (int64_t j = 0; j < n; ++j) decode_row(a.k_fmt, a.k_pool + (slots[j] * g.nkv + kvh) * g.k_bytes, kt + j * g.hd);
-    for (int64_t j = 0; j < n; ++j)
-      decode_row(a.v_fmt, a.v_pool + (slots[j] * g.nkv + kvh) * g.v_bytes, vt + j * g.hdv);
+    bool have_signs = false;
+    for (int64_t j = 0; j < n; ++j) {
+      if (prefix[j]) {
+        decode_row(a.k_fmt_prefix, a.k_pool_prefix + (slots[j] * g.nkv + kvh) * g.k_bytes_prefix, kt + j * g.hd);
+      } else {
+        decode_row(a.k_fmt, a.k_pool + (slots[j] * g.nkv + kvh) * g.k_bytes, kt + j * g.hd);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const KvRowFormat& vf = prefix[j] ? a.v_fmt_prefix : a.v_fmt;
+      const uint8_t* vrow = prefix[j] ? a.v_pool_prefix + (slots[j] * g.nkv + kvh) * g.v_bytes_prefix
+                                      : a.v_pool + (slots[j] * g.nkv + kvh) * g.v_bytes;
+      decode_row(vf, vrow, vt + j * g.hdv);
+      if (g.rotated && vf.kind != KvRowKind::kTurbo3) {
+        // A plain row among turbo3 rows: move it into the rotated domain once.
+        if (!have_signs) kv_rotation_signs(kv_rotation_seed(a.seed_layer, int32_t(kvh)), int32_t(g.hdv), signs);
+        have_signs = true;
+        reference::kv_rotate(vt + j * g.hdv, int32_t(g.hdv), signs);
+      }
+    }
     for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
       const float* q = q_t + h * g.hd;
       float mx = -INFINITY;
@@ -188,7 +218,7 @@ void fold(const Geometry& g, const float* part, float* state) {
 }
 
 void finish(const KvCodecAttentionArgs& a, const Geometry& g, int32_t t, const float* state) {
-  const bool rotated = a.v_fmt.kind == KvRowKind::kTurbo3;
+  const bool rotated = g.rotated;
   float signs[1024];
   for (int64_t h = 0; h < g.nh; ++h) {
     const float* s = state + h * (g.hdv + 2);
@@ -207,6 +237,9 @@ void finish(const KvCodecAttentionArgs& a, const Geometry& g, int32_t t, const f
 void paged_attention_codec(ThreadPool& pool, const KvCodecAttentionArgs& a) {
   STRATA_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "paged_attention_codec: n_heads % n_kv_heads != 0");
   STRATA_CHECK(a.v_fmt.dim <= 1024, "paged_attention_codec: head dim above 1024");
+  STRATA_CHECK(a.n_prefix_blocks == 0 || (a.k_fmt_prefix.dim == a.k_fmt.dim && a.v_fmt_prefix.dim == a.v_fmt.dim &&
+                                          a.k_pool_prefix != nullptr && a.v_pool_prefix != nullptr),
+               "paged_attention_codec: prefix pools missing or head dims differ");
   if (a.n_q <= 0) return;
   const Geometry g(a);
   const size_t scratch_floats = size_t(g.scratch_floats() + 3 * g.part_floats());

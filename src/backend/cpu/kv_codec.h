@@ -33,6 +33,17 @@ struct KvCodecAttentionArgs {
   float scale;                 // multiplies q.k
   float softcap;               // 0: none; else logits = softcap * tanh(logits / softcap)
   int32_t window;              // 0: full causal; else keys p with pos0 + t - p < window
+  // Delayed quantization: a sequence's first n_prefix_blocks logical blocks (block_table
+  // entries [0, n_prefix_blocks)) are ids into these pools, encoded in these formats (same head
+  // dims); later entries are ids into k_pool / v_pool. The format is chosen per key row, so a
+  // sequence can be read with its older blocks in a codec and its newer blocks exact. When
+  // either value format is turbo3, the other pool's values are rotated on decode so all values
+  // are summed in the rotated domain. 0: every block is in k_pool / v_pool.
+  const uint8_t* k_pool_prefix = nullptr;  // [n_blocks_prefix_pool, block_size, n_kv_heads] rows of k_fmt_prefix
+  const uint8_t* v_pool_prefix = nullptr;  // [n_blocks_prefix_pool, block_size, n_kv_heads] rows of v_fmt_prefix
+  KvRowFormat k_fmt_prefix;
+  KvRowFormat v_fmt_prefix;
+  int32_t n_prefix_blocks = 0;
 };
 
 // Attention of every query over the codec pools (same visibility as cpu::paged_attention).

@@ -9,8 +9,24 @@ namespace strata::reference {
 void paged_attention_codec(const cpu::KvCodecAttentionArgs& a) {
   const int32_t group = a.n_heads / a.n_kv_heads;
   const int32_t hd = a.k_fmt.dim, hdv = a.v_fmt.dim;
-  const bool rotated = a.v_fmt.kind == KvRowKind::kTurbo3;
-  const int64_t k_bytes = a.k_fmt.bytes(), v_bytes = a.v_fmt.bytes();
+  // Mixed formats (delayed quantization): every value row is decoded fully, no rotated domain.
+  const bool mixed = a.n_prefix_blocks > 0;
+  const bool rotated = !mixed && a.v_fmt.kind == KvRowKind::kTurbo3;
+  // Pool, format and bytes of the row at position p.
+  auto k_row = [&](int64_t p, int32_t kvh, const KvRowFormat** f) {
+    const int64_t bi = p / a.block_size;
+    const int64_t slot = int64_t(a.block_table[bi]) * a.block_size + p % a.block_size;
+    const bool pre = bi < a.n_prefix_blocks;
+    *f = pre ? &a.k_fmt_prefix : &a.k_fmt;
+    return (pre ? a.k_pool_prefix : a.k_pool) + (slot * a.n_kv_heads + kvh) * (*f)->bytes();
+  };
+  auto v_row = [&](int64_t p, int32_t kvh, const KvRowFormat** f) {
+    const int64_t bi = p / a.block_size;
+    const int64_t slot = int64_t(a.block_table[bi]) * a.block_size + p % a.block_size;
+    const bool pre = bi < a.n_prefix_blocks;
+    *f = pre ? &a.v_fmt_prefix : &a.v_fmt;
+    return (pre ? a.v_pool_prefix : a.v_pool) + (slot * a.n_kv_heads + kvh) * (*f)->bytes();
+  };
   std::vector<double> logits, acc(static_cast<size_t>(hdv));
   std::vector<float> k(static_cast<size_t>(hd)), v(static_cast<size_t>(hdv)), o(static_cast<size_t>(hdv)),
       signs(static_cast<size_t>(hdv));
@@ -24,8 +40,9 @@ void paged_attention_codec(const cpu::KvCodecAttentionArgs& a) {
       logits.assign(size_t(qpos - lo + 1), 0.0);
       double max_logit = -INFINITY;
       for (int64_t p = lo; p <= qpos; ++p) {
-        const int64_t slot = int64_t(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
-        kv_decode_row(a.k_fmt, a.k_pool + (slot * a.n_kv_heads + kvh) * k_bytes, k.data(), 0);
+        const KvRowFormat* kf;
+        const uint8_t* row = k_row(p, kvh, &kf);
+        kv_decode_row(*kf, row, k.data(), 0);
         double dot = 0.0;
         for (int32_t d = 0; d < hd; ++d) dot += double(q[d]) * double(k[size_t(d)]);
         double s = dot * double(a.scale);
@@ -38,8 +55,9 @@ void paged_attention_codec(const cpu::KvCodecAttentionArgs& a) {
       for (int64_t p = lo; p <= qpos; ++p) {
         const double e = std::exp(logits[size_t(p - lo)] - max_logit);
         denom += e;
-        const int64_t slot = int64_t(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
-        kv_decode_row(a.v_fmt, a.v_pool + (slot * a.n_kv_heads + kvh) * v_bytes, v.data(), seed, rotated);
+        const KvRowFormat* vf;
+        const uint8_t* row = v_row(p, kvh, &vf);
+        kv_decode_row(*vf, row, v.data(), seed, rotated);
         for (int32_t d = 0; d < hdv; ++d) acc[size_t(d)] += e * double(v[size_t(d)]);
       }
       float* out = a.out + (int64_t(t) * a.n_heads + h) * hdv;
