@@ -130,22 +130,32 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   cudaEvent_t e0, e1;
   STRATA_CUDA_CHECK(cudaEventCreate(&e0));
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int rep = 0; rep < 13; ++rep) {
-    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
-    int64_t off = 0;
-    for (const auto& s : shapes) {
-      (*g)->run(st, x, w + off, y, GemmOut::kF32, 1, s.n, s.k);
-      off += s.n * s.k;
+  // The GEMV under each launch setting (programmatic dependent launch, L2 prefetch of the
+  // weight rows before the wait); cuBLASLt once.
+  const LaunchTuning saved = launch_tuning();
+  std::vector<LaunchTuning> tunings = {saved};
+  if (gemv_rows > 0) tunings = {{false, 0}, {true, 0}, {true, 1024}, {true, 4096}};
+  for (const LaunchTuning& tune : tunings) {
+    set_launch_tuning(tune);
+    std::vector<double> t;
+    for (int rep = 0; rep < 13; ++rep) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+      int64_t off = 0;
+      for (const auto& s : shapes) {
+        (*g)->run(st, x, w + off, y, GemmOut::kF32, 1, s.n, s.k);
+        off += s.n * s.k;
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
     }
-    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
+    const double ms = median(t);
+    std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B: %.3f ms -> %.1f%% of copy "
+                "bandwidth\n",
+                gemv_rows > 0 ? "weight-stream GEMV" : "cuBLASLt", shapes.size(), double(elems) * 2e-9, int(tune.pdl),
+                int(tune.gemv_prefetch_bytes), ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
   }
-  const double ms = median(t);
-  std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB): %.3f ms -> %.1f%% of copy bandwidth\n",
-              gemv_rows > 0 ? "weight-stream GEMV" : "cuBLASLt", shapes.size(), double(elems) * 2e-9, ms,
-              100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
+  set_launch_tuning(saved);
   g->reset();
   cudaFree(w);
   cudaFree(x);
@@ -298,7 +308,7 @@ int main(int argc, char** argv) {
     const int32_t prompt = 512;
     StepBatch b;
     SeqSpan sp;
-    for (int32_t i = 0; i < (prompt + 2 * (decode_steps + 5) + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
+    for (int32_t i = 0; i < (prompt + 6 * (decode_steps + 5) + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
     sp.n_tokens = prompt;
     for (int32_t i = 0; i < prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
     b.seqs = {sp};
@@ -309,7 +319,18 @@ int main(int argc, char** argv) {
     b.seqs[0].pos0 = prompt;
     b.seqs[0].n_tokens = 1;
     b.tokens = {am[0]};
-    for (const bool graphs : {false, true}) {
+    // Launched kernel by kernel, then from the step's CUDA graph under each launch setting.
+    const LaunchTuning saved = launch_tuning();
+    // The context grows by decode_steps + 5 per phase: settings come back in a later phase to
+    // show what the longer context alone costs.
+    struct Phase { bool graphs; LaunchTuning tune; int32_t max_splits; };
+    const std::vector<Phase> phases = {{false, saved, 32},       {true, {false, 0}, 16}, {true, {true, 0}, 16},
+                                       {true, {true, 0}, 32},    {true, {true, 0}, 16},  {true, {true, 0}, 32}};
+    for (const Phase& phase : phases) {
+      const bool graphs = phase.graphs;
+      set_launch_tuning(phase.tune);
+      m.set_max_splits(phase.max_splits);
+      m.clear_cuda_graphs();
       m.set_cuda_graphs(graphs);
       const int64_t ctx0 = b.seqs[0].pos0;
       std::vector<double> step_ms;
@@ -333,12 +354,15 @@ int main(int argc, char** argv) {
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_token;
-      std::printf("decode b=1 after %lld, %s: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
-                  static_cast<long long>(ctx0), graphs ? "CUDA graph" : "no graph", ms, mean, step_ms.size(),
-                  1000.0 / ms);
+      std::printf("decode b=1 after %lld, %s, pdl %d, max splits %d: median step %.3f ms, mean %.3f ms (%zu steps) "
+                  "-> %.1f tok/s (median)\n",
+                  static_cast<long long>(ctx0), graphs ? "CUDA graph" : "no graph", int(phase.tune.pdl),
+                  int(phase.max_splits), ms, mean, step_ms.size(), 1000.0 / ms);
       std::printf("  bytes read per token %.3f GB -> bandwidth ceiling %.1f tok/s; ratio %.3f\n",
                   bytes_per_token * 1e-9, ceiling, (1000.0 / ms) / ceiling);
     }
+    set_launch_tuning(saved);
+    m.set_max_splits(32);
   }
 
   // Prefill: one fresh 4096-token prompt (logits of the last token only).

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -49,6 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   sm.q = reinterpret_cast<float*>(smem_raw);
   sm.k = reinterpret_cast<uint32_t*>(sm.q + kMaxRows * hd);
   sm.v = reinterpret_cast<uint16_t*>(sm.k + kKeysPerTile * k_stride);
+  pdl_wait();
+  pdl_launch_dependents();
 
   const int tile = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -179,6 +182,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
 
 // One block per (token, head): merges the splits' partial results.
 __global__ void attention_combine_kernel(PagedAttentionArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t row = blockIdx.x;  // token * n_heads + head
   const int64_t stride = int64_t(a.n_tokens) * a.n_heads;
   float mx = -INFINITY;
@@ -211,8 +216,7 @@ void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
     raised = true;
   }
   const dim3 grid(a.n_tiles, a.n_kv_heads, a.n_splits);
-  paged_attention_kernel<DPL><<<grid, kWarps * 32, smem, stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(paged_attention_kernel<DPL>, grid, kWarps * 32, smem, stream, a);
 }
 
 }  // namespace
@@ -245,8 +249,7 @@ void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
 
 void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0 || a.n_splits <= 1) return;
-  attention_combine_kernel<<<a.n_tokens * a.n_heads, 128, 0, stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(attention_combine_kernel, a.n_tokens * a.n_heads, 128, 0, stream, a);
 }
 
 }  // namespace strata::cuda

@@ -16,7 +16,7 @@
 namespace strata::cuda {
 
 namespace {
-constexpr int32_t kMaxSplits = 16;
+constexpr int32_t kMaxSplits = 32;  // split-KV partial buffers hold this many splits
 constexpr size_t kGemmWorkspace = size_t(32) << 20;
 }  // namespace
 
@@ -71,6 +71,15 @@ struct CudaDecoder::Buffers {
   template <class T>
   T* dev(size_t off) const { return reinterpret_cast<T*>(meta_dev + off); }
 };
+
+void CudaDecoder::set_max_splits(int32_t n) { max_splits_ = std::clamp(n, 1, kMaxSplits); }
+
+void CudaDecoder::clear_cuda_graphs() {
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [size, exec] : decode_graphs_) cudaGraphExecDestroy(exec);
+  decode_graphs_.clear();
+  decode_seen_.clear();
+}
 
 CudaDecoder::~CudaDecoder() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -506,7 +515,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
     int64_t cc_tiles = 0;
     for (const SeqSpan& sp : batch.seqs) cc_tiles += (sp.n_tokens + cc_tpt - 1) / cc_tpt;
     const int64_t blocks = cc_tiles * d.nkv;
-    if (blocks < 264) n_splits = int32_t(std::clamp<int64_t>((264 + blocks - 1) / blocks, 1, kMaxSplits));
+    if (blocks < 264) n_splits = int32_t(std::clamp<int64_t>((264 + blocks - 1) / blocks, 1, max_splits_));
   }
   const int32_t tpt = attention_tokens_per_tile(int32_t(d.nh), int32_t(d.nkv), int32_t(d.hd), n_splits);
   const int32_t bs = opt_.block_size;

@@ -58,6 +58,12 @@ class CudaDecoder {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Turns decode-step graphs on or off from the next step (benchmarks compare both).
   void set_cuda_graphs(bool on) { opt_.cuda_graphs = on; }
+  // Drops the captured decode graphs: the next decode steps capture again with the launch
+  // settings then in force (set_launch_tuning, for benchmarks).
+  void clear_cuda_graphs();
+  // Most KV splits of a decode step's attention (1..32, default 32); takes effect with the next
+  // capture (clear_cuda_graphs). For benchmarks.
+  void set_max_splits(int32_t n);
 
   // One step over a packed batch (every span's block table must cover its positions, ids in
   // the vocabulary). Writes the greedy token of each logit row to `argmax` [n_logit_rows] and,
@@ -95,6 +101,7 @@ class CudaDecoder {
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;
   int64_t n_logit_rows_ = 0;  // of the last enqueued step
+  int32_t max_splits_ = 32;
   std::map<int64_t, int32_t> decode_seen_;         // batch size -> plain decode steps run
   std::map<int64_t, cudaGraphExec_t> decode_graphs_;  // batch size -> captured step
 };

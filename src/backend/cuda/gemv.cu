@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -36,13 +37,21 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 template <int M, bool kF32Out>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint16_t* __restrict__ x,
                                                                    const uint16_t* __restrict__ w, void* y,
-                                                                   int64_t n, int64_t k) {
+                                                                   int64_t n, int64_t k, int32_t prefetch_bytes) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;
   const int64_t chunks = k / 8;
   const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
+  // The weights are never written by a kernel: optionally pull the start of the row into L2
+  // while the previous kernel (whose output is x) finishes (LaunchTuning), then wait for it.
+  const int64_t row_bytes = k * 2;
+  for (int64_t b = int64_t(lane) * 128; b < row_bytes && b < prefetch_bytes; b += 32 * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(wr) + b));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
@@ -80,12 +89,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint16_
 template <int M>
 void launch_m(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t n, int64_t k, cudaStream_t stream) {
   const unsigned grid = unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const int32_t prefetch = launch_tuning().gemv_prefetch_bytes;
   if (f32_out) {
-    gemv_kernel<M, true><<<grid, kWarpsPerBlock * 32, 0, stream>>>(x, w, y, n, k);
+    launch_pdl(gemv_kernel<M, true>, grid, kWarpsPerBlock * 32, 0, stream, x, w, y, n, k, prefetch);
   } else {
-    gemv_kernel<M, false><<<grid, kWarpsPerBlock * 32, 0, stream>>>(x, w, y, n, k);
+    launch_pdl(gemv_kernel<M, false>, grid, kWarpsPerBlock * 32, 0, stream, x, w, y, n, k, prefetch);
   }
-  STRATA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

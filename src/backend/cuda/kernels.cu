@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -43,6 +44,8 @@ __global__ void embed_kernel(EmbedArgs a) {
 
 // With dim % 4 == 0 (every real hidden size) the row moves as float4 / 4 x bf16.
 __global__ void add_rms_norm_kernel(AddRmsNormArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int r = blockIdx.x;
   float* x = a.x + int64_t(a.row_map ? a.row_map[r] : r) * a.dim;
   const float* br = a.branch ? a.branch + int64_t(r) * a.dim : nullptr;
@@ -96,6 +99,8 @@ __global__ void add_rms_norm_kernel(AddRmsNormArgs a) {
 // k heads, then v heads).
 __global__ void qkv_post_kernel(QkvPostArgs a) {
   extern __shared__ float head_buf[];  // [warps, head_dim]
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   const int hd = a.head_dim;
@@ -160,6 +165,8 @@ __device__ __forceinline__ float act_fn(float x, Act act) {
 // Grid: x over a row's outputs, y over tokens (no division per element). With inter % 8 == 0
 // each thread handles 8 outputs through 16-byte loads and stores.
 __global__ void gated_act_kernel(GatedActArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const bool vec = (a.inter & 7) == 0;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -190,6 +197,8 @@ __global__ void gated_act_kernel(GatedActArgs a) {
 }
 
 __global__ void argmax_kernel(ArgmaxArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const float* row = a.logits + int64_t(blockIdx.x) * a.vocab;
   float best = -INFINITY;
   int idx = INT32_MAX;
@@ -258,6 +267,13 @@ int grid_for(int64_t n, int threads) {
 
 }  // namespace
 
+namespace {
+LaunchTuning g_tuning;
+}  // namespace
+
+void set_launch_tuning(const LaunchTuning& t) { g_tuning = t; }
+LaunchTuning launch_tuning() { return g_tuning; }
+
 void launch_embed(const EmbedArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   embed_kernel<<<a.n, 256, 0, stream>>>(a);
@@ -267,8 +283,7 @@ void launch_embed(const EmbedArgs& a, cudaStream_t stream) {
 void launch_add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const int threads = a.dim >= 2048 ? 512 : (a.dim >= 512 ? 256 : 128);
-  add_rms_norm_kernel<<<a.rows, threads, 0, stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(add_rms_norm_kernel, a.rows, threads, 0, stream, a);
 }
 
 void launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream) {
@@ -278,22 +293,19 @@ void launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream) {
   const int total_heads = a.n_heads + 2 * a.n_kv_heads;
   const int head_blocks = a.n >= 128 ? 1 : (total_heads + warps - 1) / warps;
   const dim3 grid(a.n, head_blocks);
-  qkv_post_kernel<<<grid, warps * 32, size_t(warps) * a.head_dim * sizeof(float), stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(qkv_post_kernel, grid, warps * 32, size_t(warps) * a.head_dim * sizeof(float), stream, a);
 }
 
 void launch_gated_act(const GatedActArgs& a, cudaStream_t stream) {
   if (a.n == 0 || a.inter == 0) return;
   const int64_t per_thread = (a.inter & 7) == 0 ? 8 : 1;
   const dim3 grid(unsigned((a.inter + 256 * per_thread - 1) / (256 * per_thread)), unsigned(a.n < 65535 ? a.n : 65535));
-  gated_act_kernel<<<grid, 256, 0, stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(gated_act_kernel, grid, 256, 0, stream, a);
 }
 
 void launch_argmax(const ArgmaxArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  argmax_kernel<<<a.rows, 1024, 0, stream>>>(a);
-  STRATA_CUDA_CHECK_LAUNCH();
+  launch_pdl(argmax_kernel, a.rows, 1024, 0, stream, a);
 }
 
 void launch_fill_random_bf16(uint16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {

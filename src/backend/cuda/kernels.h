@@ -143,6 +143,17 @@ bool gemv_supports(const void* x, const void* w, int64_t m, int64_t k);
 void launch_gemv_bf16(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream);
 
+// How the decode kernels launch, process-wide (benchmarks compare the settings): with pdl,
+// each kernel may start while the previous one drains (programmatic dependent launch, see
+// pdl.cuh); the GEMV then pulls the first gemv_prefetch_bytes of each weight row into L2 before
+// it waits for its input.
+struct LaunchTuning {
+  bool pdl = true;
+  int32_t gemv_prefetch_bytes = 0;  // multiple of 128, <= 4096
+};
+void set_launch_tuning(const LaunchTuning& t);
+LaunchTuning launch_tuning();
+
 // Fills n bf16 values uniformly in [-scale, scale] from a counter hash of (seed, index):
 // weights for benchmarks, made on the device.
 void launch_fill_random_bf16(uint16_t* out, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
