@@ -302,36 +302,38 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<int32_t> am(8);
 
-  // Decode: 512-token prompt, then batch-1 greedy steps, each synchronizing on its token:
-  // first launched kernel by kernel, then replayed from the step's CUDA graph.
+  // Decode: a fresh prompt (512 tokens, or 2048 to show the cost of a longer context), then
+  // batch-1 greedy steps, each synchronizing on its token: launched kernel by kernel, then
+  // replayed from the step's CUDA graph under each launch setting. Every phase starts from its
+  // own prompt, so settings are compared at the same context; two repeat earlier phases to
+  // show the spread.
   {
-    const int32_t prompt = 512;
-    StepBatch b;
-    SeqSpan sp;
-    for (int32_t i = 0; i < (prompt + 6 * (decode_steps + 5) + 16) / 16 + 1; ++i) sp.block_table.push_back(i);
-    sp.n_tokens = prompt;
-    for (int32_t i = 0; i < prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
-    b.seqs = {sp};
-    if (auto s = m.forward(b, am.data()); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
-      return 1;
-    }
-    b.seqs[0].pos0 = prompt;
-    b.seqs[0].n_tokens = 1;
-    b.tokens = {am[0]};
-    // Launched kernel by kernel, then from the step's CUDA graph under each launch setting.
+    struct Phase { bool graphs; LaunchTuning tune; int32_t max_splits; int32_t prompt; };
     const LaunchTuning saved = launch_tuning();
-    // The context grows by decode_steps + 5 per phase: settings come back in a later phase to
-    // show what the longer context alone costs.
-    struct Phase { bool graphs; LaunchTuning tune; int32_t max_splits; };
-    const std::vector<Phase> phases = {{false, saved, 32},       {true, {false, 0}, 16}, {true, {true, 0}, 16},
-                                       {true, {true, 0}, 32},    {true, {true, 0}, 16},  {true, {true, 0}, 32}};
+    const std::vector<Phase> phases = {
+        {false, saved, 32, 512},       {true, {false, 0}, 16, 512},  {true, {true, 0}, 16, 512},
+        {true, {true, 0}, 32, 512},    {true, {false, 0}, 16, 512},  {true, {true, 0}, 32, 512},
+        {true, {true, 0}, 16, 2048},   {true, {true, 0}, 32, 2048}};
+    SeqSpan sp0;
+    for (int32_t i = 0; i < (2048 + decode_steps + 5 + 16) / 16 + 1; ++i) sp0.block_table.push_back(i);
     for (const Phase& phase : phases) {
       const bool graphs = phase.graphs;
+      StepBatch b;
+      SeqSpan sp = sp0;
+      sp.n_tokens = phase.prompt;
+      for (int32_t i = 0; i < phase.prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
+      b.seqs = {sp};
       set_launch_tuning(phase.tune);
       m.set_max_splits(phase.max_splits);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(graphs);
+      if (auto s = m.forward(b, am.data()); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+        return 1;
+      }
+      b.seqs[0].pos0 = phase.prompt;
+      b.seqs[0].n_tokens = 1;
+      b.tokens = {am[0]};
       const int64_t ctx0 = b.seqs[0].pos0;
       std::vector<double> step_ms;
       for (int i = 0; i < decode_steps + 5; ++i) {
