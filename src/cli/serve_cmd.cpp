@@ -48,6 +48,8 @@ struct ServeArgs {
   std::string kv_disk_dir;
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout = 10.0;
+  int32_t checkpoint_every = 0;
+  std::string checkpoint_dir;
   std::string tool_parser = "auto";
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
@@ -133,6 +135,8 @@ int run_serve(ServeArgs a) {
   eo.kv_disk_dir = a.kv_disk_dir;
   eo.kv_disk_bytes = a.kv_disk_bytes;
   eo.kv_flush_timeout_s = a.kv_flush_timeout;
+  eo.checkpoint_every = a.checkpoint_every;
+  eo.checkpoint_dir = a.checkpoint_dir;
   eo.scheduling_policy = a.scheduling_policy;
   eo.prefix_caching = !a.no_prefix_caching;
   eo.model_identity = fs::absolute(a.model_dir).lexically_normal().string();
@@ -223,6 +227,12 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-flush-timeout", a->kv_flush_timeout, "Seconds shutdown (SIGTERM) waits for the disk KV writer")
       ->capture_default_str();
+  cmd->add_option("--checkpoint-every", a->checkpoint_every,
+                  "Every N generated tokens a request checkpoints (KV via the disk tier); an identical request "
+                  "after a restart resumes there (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
   cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek or none")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
       ->capture_default_str();

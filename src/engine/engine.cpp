@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "engine/checkpoint.h"
 #include "engine/kv_tier_io.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -20,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Engine::Active {
   Active(PendingRequest p) : req(std::move(p.request)), sampler(std::move(p.sampler)),
-                             channel(std::move(p.channel)), submitted(p.submitted) {}
+                             channel(std::move(p.channel)), submitted(p.submitted),
+                             ckpt_key(std::move(p.checkpoint_key)) {}
   GenerationRequest req;
   Sampler sampler;
   std::shared_ptr<StreamChannel> channel;
@@ -30,6 +33,9 @@ struct Engine::Active {
   bool prompt_logprobs_sent = false;
   std::vector<TokenLogprobs> prompt_lp;
   int32_t n_generated = 0;
+  std::string ckpt_key;        // empty: not checkpointed
+  uint64_t ckpt_run = 0;       // CheckpointStore run id
+  int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
 };
 
 struct Engine::Core {
@@ -52,6 +58,7 @@ struct Engine::Core {
   EngineStats stats;
   std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
   std::vector<uint8_t> tier_buf;   // one block's bytes
+  std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
 };
 
 namespace {
@@ -236,6 +243,71 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
   queue_.publish_stats(core_->stats);
   setup_kv_tiers(kv_plan->n_window_blocks > 0 || kv_plan->has_state);
+  setup_checkpoints();
+}
+
+void Engine::setup_checkpoints() {
+  if (options_.checkpoint_every < 0) {
+    throw std::invalid_argument("checkpoint_every must be >= 0, got " + std::to_string(options_.checkpoint_every));
+  }
+  if (options_.checkpoint_every == 0) return;
+  std::string dir = options_.checkpoint_dir;
+  if (dir.empty() && !options_.kv_disk_dir.empty()) dir = (std::filesystem::path(options_.kv_disk_dir) / "checkpoints").string();
+  if (dir.empty()) throw std::invalid_argument("checkpoint_every " + std::to_string(options_.checkpoint_every) +
+                                               " needs checkpoint_dir or kv_disk_dir");
+  if (!core_->tiers || !core_->tiers->disk()) {
+    log::warn("generation checkpoints without a disk KV tier: a resumed request recomputes its KV");
+  }
+  auto store = CheckpointStore::open(dir);
+  if (!store.ok()) throw std::invalid_argument(store.error().to_string());
+  core_->checkpoints = std::move(store).value();
+}
+
+void Engine::resume_from_checkpoint(Active& a) {
+  auto c = core_->checkpoints->load(a.ckpt_key);
+  if (!c) return;
+  const int32_t vocab = model_->config().vocab_size;
+  bool valid = int32_t(c->generated.size()) < a.req.max_tokens;
+  for (int32_t id : c->generated) valid = valid && id < vocab;
+  auto sampler = Sampler::restore(c->sampler);
+  if (!valid || !sampler.ok()) {
+    log::warn("checkpoint of request {} does not fit it ({}); running it from the start", a.req.id,
+              sampler.ok() ? "generated ids" : sampler.error().to_string());
+    return;
+  }
+  log::info("request {} resumes from its checkpoint after {} generated tokens", a.req.id, c->generated.size());
+  a.sampler = std::move(sampler).value();
+  a.seq.tokens.insert(a.seq.tokens.end(), c->generated.begin(), c->generated.end());
+  a.n_generated = int32_t(c->generated.size());
+  a.last_token = Clock::now();
+  // The client's stream is complete: what was generated before the checkpoint comes first.
+  StreamEvent e;
+  e.tokens = std::move(c->generated);
+  a.channel->push(std::move(e));
+}
+
+void Engine::write_checkpoint(Active& a) {
+  Sequence& seq = a.seq;
+  if (core_->tiers) {
+    if (DiskTier* disk = core_->tiers->disk()) {
+      KvStorage& storage = core_->runner.kv_storage();
+      const int n_layers = int(model_->kv_layout().size());
+      const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
+      for (int32_t i = a.ckpt_blocks; i < n; ++i) {
+        gather_tier_block(storage, n_layers, seq.blocks[size_t(i)], core_->tier_buf.data());
+        if (!disk->enqueue(seq.block_hashes[size_t(i)], core_->tier_buf.data())) break;  // queue full: next time
+        a.ckpt_blocks = i + 1;
+      }
+    }
+  }
+  Checkpoint c;
+  c.key = a.ckpt_key;
+  c.run = a.ckpt_run;
+  c.generation = a.n_generated;
+  c.generated.assign(seq.tokens.begin() + seq.n_prompt, seq.tokens.end());
+  c.sampler = a.sampler.save();
+  auto r = core_->checkpoints->write(c);
+  if (!r.ok()) log::warn("checkpoint of request {} not written: {}", a.req.id, r.error().to_string());
 }
 
 void Engine::setup_kv_tiers(bool unsupported) {
@@ -350,6 +422,10 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   if (r.vocab_limit > 0) {
     r.sampling.vocab_limit = r.sampling.vocab_limit > 0 ? std::min(r.sampling.vocab_limit, r.vocab_limit) : r.vocab_limit;
   }
+  std::string ckpt_key;
+  if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs) {
+    ckpt_key = checkpoint_key(r, prefix_namespace_, eos_ids_, !r.sampling.has_seed);
+  }
   if (!r.sampling.has_seed) {
     std::random_device rd;
     r.sampling.seed = (uint64_t(rd()) << 32) ^ uint64_t(rd());
@@ -359,7 +435,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   if (!sampler.ok()) return sampler.error();
   auto channel = std::make_shared<StreamChannel>();
   auto stream = std::make_shared<RequestStream>(r.id, channel);
-  PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now()};
+  PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now(), std::move(ckpt_key)};
   STRATA_RETURN_IF_ERROR(queue_.push(std::move(p)));
   return stream;
 }
@@ -412,6 +488,10 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
     s.n_prompt = int32_t(s.tokens.size());
     s.prompt_logprobs = a->req.prompt_logprobs;
     s.reuse_prefix = !a->req.prompt_logprobs;  // the logits of every prompt position are needed
+    if (!a->ckpt_key.empty()) {
+      a->ckpt_run = core_->checkpoints->new_run();
+      resume_from_checkpoint(*a);
+    }
     Sequence* seq = &a->seq;
     core_->active.emplace(s.id, std::move(a));
     core_->sched.add(seq);
@@ -520,7 +600,11 @@ void Engine::commit(const StepPlan& plan, const float* logits) {
       e.logprobs.push_back(std::move(lp));
     }
     a.channel->push(std::move(e));
-    if (a.n_generated >= a.req.max_tokens) finish(a, FinishReason::kLength, "");
+    if (a.n_generated >= a.req.max_tokens) {
+      finish(a, FinishReason::kLength, "");
+    } else if (!a.ckpt_key.empty() && a.n_generated % options_.checkpoint_every == 0) {
+      write_checkpoint(a);
+    }
   }
 }
 
@@ -528,6 +612,10 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   const double now = now_s();
   const double pin = a.req.session_id.empty() ? 0.0 : now + options_.session_ttl_s;
   core_->sched.finish(&a.seq, now, pin);
+  // A finished generation is never resumed; a cancelled or failed one keeps its checkpoint.
+  if (!a.ckpt_key.empty() && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {
+    core_->checkpoints->remove(a.ckpt_key, a.ckpt_run, a.n_generated);
+  }
   if (a.in_queue) {
     a.in_queue = false;
     queue_.left_queue();

@@ -57,6 +57,12 @@ struct EngineOptions {
   // the model at create(); the pools are sized by the codec'd bytes per token and the codec
   // config is part of the prefix-cache namespace. quant_start > 0 is refused (kUnsupported).
   KvCodecConfig kv_codecs;
+  // Generation checkpoints (engine/checkpoint.h): every this many generated tokens an in-flight
+  // request persists its generated ids, sampler state and (through the disk tier) its KV; an
+  // identical request later resumes there. 0: off. Requests asking for logprobs are not
+  // checkpointed. checkpoint_dir empty: <kv_disk_dir>/checkpoints.
+  int32_t checkpoint_every = 0;
+  std::string checkpoint_dir;
 };
 
 // The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
@@ -125,6 +131,12 @@ class Engine {
   void publish_stats();
   // Opens the lower KV tiers the options ask for and hooks them to the pool and the scheduler.
   void setup_kv_tiers(bool unsupported);
+  // Opens the checkpoint store when options_.checkpoint_every > 0.
+  void setup_checkpoints();
+  // Resumes a just-admitted request from its checkpoint, if one is stored.
+  void resume_from_checkpoint(Active& a);
+  // Persists a's KV blocks (disk tier) and its checkpoint file.
+  void write_checkpoint(Active& a);
   double now_s() const;
 
   std::unique_ptr<Model> model_;

@@ -65,6 +65,7 @@ struct PendingRequest {
   Sampler sampler;
   std::shared_ptr<StreamChannel> channel;
   std::chrono::steady_clock::time_point submitted;
+  std::string checkpoint_key;  // engine/checkpoint.h; empty: not checkpointed
 };
 
 class RequestQueue {

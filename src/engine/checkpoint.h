@@ -1,0 +1,84 @@
+// Generation checkpoints: what an in-flight request needs to resume after a restart with the
+// exact output of an uninterrupted run. The KV itself goes through the disk KV tier (blocks
+// keyed by the prefix-cache chain hash); a checkpoint file holds the rest: the generated ids
+// (the last one is the pending token, sampled but without KV yet) and the sampler state.
+//
+// A checkpoint is keyed by everything that determines the output (checkpoint_key): the prefix
+// namespace (model, shape, KV codecs), prompt ids, sampling params, the seed (or the fact that
+// the engine drew one), max_tokens, stop ids, EOS handling and vocab limit. The file stores the
+// whole key, so a hash collision is a miss, never a wrong resume.
+//
+// File (little-endian): "STRCKPT1", u32 version, u64 run, i64 generation, u32 key bytes + key,
+// u32 n + n i32 generated ids, u32 bytes + Sampler::save() bytes, u64 XXH3 of all before.
+// Written as <hash>.ckpt.tmp, fsynced, renamed, directory fsynced. A file that fails to parse
+// or whose checksum does not match is moved to <dir>/quarantine with a log line and ignored.
+//
+// Ordering: each request gets a run id. remove() retires its run, and a later write of a
+// retired run is refused, so a late write cannot resurrect a finished request. remove() deletes
+// the file only when it holds that run's write or an older generation, so it never deletes a
+// newer write (of another run of the same request). All methods are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+
+namespace strata {
+
+struct Checkpoint {
+  std::string key;                 // checkpoint_key() of the request
+  uint64_t run = 0;                // the writer's run id (CheckpointStore::new_run)
+  int64_t generation = 0;          // generated tokens when written; grows with each write
+  std::vector<int32_t> generated;  // generated ids, the pending token last
+  std::string sampler;             // Sampler::save() after the pending token was accepted
+};
+
+// The identity of a request's output. seed_drawn: the request came without a seed (the engine
+// draws one, recorded in the sampler state), so the seed value is not part of the key.
+std::string checkpoint_key(const GenerationRequest& r, const std::string& prefix_namespace,
+                           const std::vector<int32_t>& eos_ids, bool seed_drawn);
+
+// The file format (see above); decode errors name what is wrong.
+std::string encode_checkpoint(const Checkpoint& c);
+Result<Checkpoint> decode_checkpoint(std::string_view bytes);
+
+class CheckpointStore {
+ public:
+  // Creates the directory and removes stale temporary files. Errors name the directory.
+  static Result<std::unique_ptr<CheckpointStore>> open(const std::string& dir);
+
+  // A fresh run id, unique across restarts (random base, counter).
+  uint64_t new_run();
+  // The checkpoint stored for key; nullopt when there is none, when the file is bad
+  // (quarantined, logged) or when it holds another key (a hash collision).
+  std::optional<Checkpoint> load(const std::string& key);
+  // Writes atomically. False (nothing written) when c.run was retired; kIo errors name the file.
+  Result<bool> write(const Checkpoint& c);
+  // Retires run and deletes key's file if it holds run's write or a generation <= generation.
+  void remove(const std::string& key, uint64_t run, int64_t generation);
+
+  std::filesystem::path path_of(const std::string& key) const;
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  explicit CheckpointStore(std::filesystem::path dir);
+  // Reads and decodes path; quarantines a bad file. nullopt: no file or bad file.
+  std::optional<Checkpoint> read_locked(const std::filesystem::path& path);
+  void quarantine_locked(const std::filesystem::path& path, const std::string& why);
+
+  std::filesystem::path dir_;
+  std::mutex mu_;
+  std::unordered_set<uint64_t> retired_;
+  uint64_t run_base_ = 0;
+  uint64_t next_run_ = 0;
+};
+
+}  // namespace strata

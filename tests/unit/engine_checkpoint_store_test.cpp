@@ -1,0 +1,145 @@
+// CheckpointStore and the checkpoint file format: round trip, atomic files, checksums and
+// quarantine, the key covering every output-determining field, and the write/delete orderings
+// (a retired run cannot write again; a deletion never removes a newer write of another run).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/checkpoint.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("strata_ckpt_unit_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+Checkpoint sample(const std::string& key, uint64_t run, int32_t n) {
+  Checkpoint c;
+  c.key = key;
+  c.run = run;
+  for (int32_t i = 0; i < n; ++i) c.generated.push_back(100 + i);
+  c.generation = n;
+  c.sampler = std::string("sampler-state-") + std::to_string(n);
+  return c;
+}
+
+TEST(EngineCheckpointFormat, RoundTripsAndRejectsDamage) {
+  const Checkpoint c = sample("k", 42, 8);
+  const std::string bytes = encode_checkpoint(c);
+  auto d = decode_checkpoint(bytes);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_EQ(d->key, c.key);
+  EXPECT_EQ(d->run, c.run);
+  EXPECT_EQ(d->generation, c.generation);
+  EXPECT_EQ(d->generated, c.generated);
+  EXPECT_EQ(d->sampler, c.sampler);
+  for (size_t i = 0; i < bytes.size(); i += 7) {
+    std::string bad = bytes;
+    bad[i] = char(bad[i] ^ 0x01);
+    EXPECT_FALSE(decode_checkpoint(bad).ok()) << "flipped byte " << i;
+  }
+  EXPECT_FALSE(decode_checkpoint(bytes.substr(0, bytes.size() - 1)).ok());
+  EXPECT_FALSE(decode_checkpoint("").ok());
+}
+
+TEST(EngineCheckpointKey, CoversEveryOutputField) {
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.sampling.temperature = 0.7f;
+  r.sampling.seed = 5;
+  r.sampling.has_seed = true;
+  const std::vector<int32_t> eos = {2};
+  const std::string base = checkpoint_key(r, "ns", eos, false);
+  EXPECT_EQ(base, checkpoint_key(r, "ns", eos, false));
+  auto differs = [&](GenerationRequest x, const std::string& ns = "ns", bool drawn = false) {
+    return checkpoint_key(x, ns, eos, drawn) != base;
+  };
+  EXPECT_TRUE(differs(r, "other-codec"));
+  EXPECT_TRUE(differs(r, "ns", true));
+  { auto x = r; x.prompt.push_back(4); EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.sampling.seed = 6; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.sampling.temperature = 0.8f; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.sampling.top_p = 0.5f; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.sampling.top_k = 3; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.sampling.logit_bias = {{7, 1.0f}}; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.max_tokens = 17; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.stop_ids = {9}; EXPECT_TRUE(differs(x)); }
+  { auto x = r; x.ignore_eos = true; EXPECT_TRUE(differs(x)); }
+  EXPECT_NE(checkpoint_key(r, "ns", {3}, false), base);
+  // A drawn seed is not part of the key: the identical unseeded request finds it.
+  { auto x = r; x.sampling.seed = 77; EXPECT_EQ(checkpoint_key(x, "ns", eos, true), checkpoint_key(r, "ns", eos, true)); }
+}
+
+TEST(EngineCheckpointStore, WritesLoadsAndQuarantines) {
+  const fs::path dir = fresh_dir("store");
+  auto store = CheckpointStore::open(dir.string());
+  ASSERT_TRUE(store.ok()) << store.error().to_string();
+  CheckpointStore& s = **store;
+  EXPECT_FALSE(s.load("a").has_value());
+  const uint64_t run = s.new_run();
+  EXPECT_NE(run, s.new_run());
+  auto w = s.write(sample("a", run, 8));
+  ASSERT_TRUE(w.ok() && *w);
+  auto got = s.load("a");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->generated.size(), 8u);
+  EXPECT_FALSE(s.load("b").has_value());
+  // No temporary file is left behind.
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+
+  const fs::path p = s.path_of("a");
+  {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  EXPECT_FALSE(s.load("a").has_value());
+  EXPECT_FALSE(fs::exists(p));
+  EXPECT_TRUE(fs::exists(dir / "quarantine" / p.filename()));
+  fs::remove_all(dir);
+}
+
+TEST(EngineCheckpointStore, DeletionAndLateWritesOrder) {
+  const fs::path dir = fresh_dir("order");
+  auto store = CheckpointStore::open(dir.string());
+  ASSERT_TRUE(store.ok());
+  CheckpointStore& s = **store;
+  const uint64_t a = s.new_run(), b = s.new_run();
+  ASSERT_TRUE(*s.write(sample("k", a, 8)));
+  s.remove("k", a, 20);  // run a finished
+  EXPECT_FALSE(s.load("k").has_value());
+  // A late write of the finished run does not resurrect it.
+  auto late = s.write(sample("k", a, 16));
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(*late);
+  EXPECT_FALSE(s.load("k").has_value());
+
+  // Run b's newer write is not deleted by a deletion of an older generation of another run.
+  const uint64_t c = s.new_run();
+  ASSERT_TRUE(*s.write(sample("k", b, 24)));
+  s.remove("k", c, 16);
+  ASSERT_TRUE(s.load("k").has_value());
+  EXPECT_EQ(s.load("k")->run, b);
+  // A run that finished past it deletes it (it resumed from it, or got further).
+  s.remove("k", c, 24);
+  EXPECT_FALSE(s.load("k").has_value());
+  fs::remove_all(dir);
+}
+
+TEST(EngineCheckpointStore, OpenNamesTheDirectory) {
+  const fs::path file = fresh_dir("notadir");
+  { std::ofstream(file) << "x"; }
+  auto store = CheckpointStore::open(file.string());
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.error().message.find(file.string()), std::string::npos);
+  fs::remove(file);
+}
+
+}  // namespace
+}  // namespace strata
