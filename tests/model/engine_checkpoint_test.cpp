@@ -219,6 +219,26 @@ TEST_P(EngineCheckpointTest, AnotherRequestDoesNotResume) {
   EXPECT_EQ(files_in(ckpt_dir(), ".ckpt").size(), 1u);
 }
 
+// Without a seed the engine draws one; the checkpoint records it (in the sampler state), so the
+// identical unseeded request resumes the interrupted run's stream.
+TEST_P(EngineCheckpointTest, UnseededRequestResumesWithTheDrawnSeed) {
+  if (!seeded_) GTEST_SKIP() << "greedy requests use no seed";
+  const int32_t v = vocab();
+  ASSERT_GT(v, 3);
+  auto r = request(v, true);
+  r.sampling.has_seed = false;
+  r.sampling.seed = 0;
+  const auto seen = crash_after(r, 20);
+  ASSERT_GE(seen.size(), 20u);
+  auto e = make_engine(name_, pool_, opts_);
+  ASSERT_TRUE(e);
+  const Resumed res = run_recording_first(*e, r);
+  ASSERT_GE(res.first_event_tokens, 16u);
+  ASSERT_EQ(res.outcome.tokens.size(), size_t(r.max_tokens));
+  EXPECT_TRUE(std::equal(seen.begin(), seen.end(), res.outcome.tokens.begin()));
+  EXPECT_TRUE(files_in(ckpt_dir(), ".ckpt").empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, EngineCheckpointTest,
                          ::testing::Combine(::testing::Values("qwen3-tiny", "llama3-tiny"), ::testing::Bool()),
                          [](const auto& info) {
