@@ -62,12 +62,18 @@ class KvStorage {
   // Bytes of one token of one layer (K and V, all KV heads) in the layer's codec.
   static int64_t layer_bytes_per_token(const KvLayerSpec& s);
 
+  // The storage holding sequences' converted blocks (SeqSpan::n_quant_blocks): the same layout
+  // apart from each layer's codec and the block count. Not owned; nullptr: none.
+  void set_quant(KvStorage* quant) { quant_ = quant; }
+  KvStorage* quant() const { return quant_; }
+
  private:
   std::vector<KvLayerSpec> layout_;
   std::vector<std::vector<float>> k_, v_;  // per owning layer; f32 words holding the rows' bytes
   int32_t n_blocks_ = 0;
   int32_t n_window_blocks_ = 0;
   int32_t block_size_ = 16;
+  KvStorage* quant_ = nullptr;
 };
 
 // Re-encodes block `src_block` of `layer` in `src` into block `dst_block` of the same layer in

@@ -16,6 +16,10 @@ struct SeqSpan {
   // (KvStorage's window pools); entries of blocks wholly behind every window may be -1 (their
   // blocks went back to the pool; attention never reads them). Empty: those layers use block_table.
   std::vector<int32_t> window_block_table;
+  // Delayed quantization: block_table entries [0, n_quant_blocks) are ids into the pools of
+  // KvStorage::quant() (the sequence's older blocks, converted to a codec); later entries are
+  // ids into the storage's own pools. Layers reading window_block_table ignore it.
+  int32_t n_quant_blocks = 0;
   int32_t state_slot = -1;     // recurrent-state slot (hybrid families), -1 when none
   bool logits_last = true;     // produce logits for the span's last token
   bool logits_all = false;     // produce logits for every token of the span (prompt logprobs)

@@ -35,6 +35,11 @@ const std::vector<int32_t>& layer_table(const SeqSpan& s, const KvStorage& kv, i
   return kv.window_paged(layer) && !s.window_block_table.empty() ? s.window_block_table : s.block_table;
 }
 
+// Leading entries of the table `layer` reads that are ids into kv.quant()'s pools.
+int32_t quant_blocks(const SeqSpan& s, const KvStorage& kv, int layer) {
+  return &layer_table(s, kv, layer) == &s.block_table ? s.n_quant_blocks : 0;
+}
+
 bool f32_rows(const KvStorage& kv, int layer) {
   return kv.k_format(layer).kind == KvRowKind::kF32 && kv.v_format(layer).kind == KvRowKind::kF32;
 }
@@ -51,6 +56,7 @@ void write_kv_codec(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int
       const int32_t pos = s.pos0 + i;
       const size_t bi = size_t(pos / bs);
       STRATA_CHECK(bi < table.size(), "block table does not cover the span's positions");
+      STRATA_CHECK(int32_t(bi) >= quant_blocks(s, kv, layer), "write_kv into a converted block");
       const int32_t block = table[bi];
       STRATA_CHECK(block >= 0 && block < kv.n_blocks(layer), "block id outside the KV pool");
       slots.push_back(int64_t(block) * bs + pos % bs);
@@ -87,6 +93,7 @@ void write_kv(const StepBatch& batch, KvStorage& kv, int layer, const float* k, 
       const size_t bi = size_t(pos / bs);
       const std::vector<int32_t>& table = layer_table(s, kv, layer);
       STRATA_CHECK(bi < table.size(), "block table does not cover the span's positions");
+      STRATA_CHECK(int32_t(bi) >= quant_blocks(s, kv, layer), "write_kv into a converted block");
       const int32_t block = table[bi];
       STRATA_CHECK(block >= 0 && block < kv.n_blocks(layer), "block id outside the KV pool");
       const int64_t slot = int64_t(block) * bs + pos % bs;
@@ -122,6 +129,16 @@ void attend_codec(ThreadPool& pool, const SeqSpan& s, KvStorage& kv, int layer, 
   a.scale = p.scale;
   a.softcap = p.softcap;
   a.window = p.window;
+  a.n_prefix_blocks = quant_blocks(s, kv, layer);
+  if (a.n_prefix_blocks > 0) {
+    // Older blocks converted to the quant storage's codec, newer ones here: read per block.
+    STRATA_CHECK(kv.quant() != nullptr, "a span has converted blocks but the KV storage has no quant storage");
+    KvStorage& qkv = *kv.quant();
+    a.k_pool_prefix = qkv.k_rows(layer);
+    a.v_pool_prefix = qkv.v_rows(layer);
+    a.k_fmt_prefix = qkv.k_format(layer);
+    a.v_fmt_prefix = qkv.v_format(layer);
+  }
   cpu::paged_attention_codec(pool, a);
 }
 
@@ -133,7 +150,7 @@ void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, 
   int64_t t0 = 0;
   for (const auto& s : batch.seqs) {
     if (s.n_tokens == 0) continue;
-    if (codec) {
+    if (codec || quant_blocks(s, kv, layer) > 0) {
       attend_codec(pool, s, kv, layer, p, q + t0 * p.n_heads * p.head_dim, out + t0 * p.n_heads * p.head_dim_v);
       t0 += s.n_tokens;
       continue;
