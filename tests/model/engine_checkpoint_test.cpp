@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "../support/engine_test_support.h"
 #include "engine/checkpoint.h"
@@ -114,6 +115,16 @@ class EngineCheckpointTest : public ::testing::TestWithParam<std::tuple<std::str
       if (!ev || ev->final) break;
       seen.insert(seen.end(), ev->tokens.begin(), ev->tokens.end());
     }
+    // Before any shutdown persistence: the checkpoints already handed the sequence's full
+    // blocks (prompt and generated) to the disk tier (the pool is large enough that nothing was
+    // demoted by eviction).
+    EXPECT_TRUE(e->flush_kv_tiers(30.0));
+    int64_t written = 0;
+    for (int i = 0; i < 200 && written < 3; ++i) {
+      written = e->stats().kv_tiers.disk.written_blocks;
+      if (written < 3) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(written, 3);
     e->shutdown();
     for (;;) {
       auto ev = (*s)->next(std::chrono::seconds(10));
