@@ -231,7 +231,9 @@ void register_serve(CLI::App& app) {
                   "Every N generated tokens a request checkpoints (KV via the disk tier); an identical request "
                   "after a restart resumes there (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + v; },
+          "N >= 0"));
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
   cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek or none")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
