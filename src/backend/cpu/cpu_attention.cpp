@@ -1,5 +1,6 @@
 // paged_attention: each query's visible keys are processed in fixed segments and folded in
-// order (cpu_simd_body.inc). With many queries (prefill) a task is a whole query; with few
+// order (cpu_simd_body.inc). With many queries (prefill) a task is a tile of consecutive
+// queries (a whole query when a sliding window gives them different segments); with few
 // (decode) a task is one segment of one query and the folds follow, so long contexts still
 // use every thread. Both schedules run the same arithmetic: a query's output bits do not
 // depend on how its sequence was chunked into calls or on the thread count.
@@ -53,6 +54,22 @@ void paged_attention(ThreadPool& pool, const PagedAttentionArgs& a) {
     return scratch.data();
   };
 
+  const int64_t n_tiles = (int64_t(a.n_q) + detail::kAttnTile - 1) / detail::kAttnTile;
+  if (a.window <= 0 && n_tiles >= 2 * pool.size()) {
+    // Tile-per-task: kAttnTile consecutive queries share each key and value load. Tiles are
+    // taken from both ends, as queries are below.
+    const size_t tile_floats = size_t(detail::attention_tile_scratch_floats(a));
+    pool.parallel_for(n_tiles, [&](int64_t b, int64_t e, int) {
+      thread_local std::vector<float> tile_scratch;
+      if (tile_scratch.size() < tile_floats) tile_scratch.resize(tile_floats);
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t tile = (i % 2 == 0) ? i / 2 : n_tiles - 1 - i / 2;
+        const int32_t t0 = int32_t(tile * detail::kAttnTile);
+        k->attention_tile(a, t0, std::min(detail::kAttnTile, a.n_q - t0), tile_scratch.data());
+      }
+    });
+    return;
+  }
   if (a.n_q >= 2 * pool.size()) {
     // Query-per-task. Later queries see more keys: task i takes queries from both ends
     // (0, n-1, 1, n-2, ...) so the static split hands every thread a similar load.

@@ -66,7 +66,7 @@ struct Vec {
 const SimdKernels& simd_kernels_avx512() {
   static const SimdKernels k = {&rms_norm_impl, &gated_act_impl, &add_impl, &mul_impl, &act_only_impl, &softmax_impl,
                                     &rope_token_impl, &attention_query_impl,
-                                    &attention_part_impl, &attention_merge_impl};
+                                    &attention_part_impl, &attention_merge_impl, &attention_tile_impl};
   return k;
 }
 

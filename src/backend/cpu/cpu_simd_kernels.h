@@ -29,6 +29,9 @@ struct SimdKernels {
   void (*attention_query)(const PagedAttentionArgs& a, int32_t t, float* scratch);
   void (*attention_part)(const PagedAttentionArgs& a, int32_t t, int64_t seg, float* scratch, float* part);
   void (*attention_merge)(const PagedAttentionArgs& a, int32_t t, const float* parts, int64_t n_seg, float* scratch);
+  // Queries [t0, t0 + nq) (nq <= kAttnTile, a.window <= 0) with the same bits as
+  // attention_query on each; scratch: attention_tile_scratch_floats.
+  void (*attention_tile)(const PagedAttentionArgs& a, int32_t t0, int32_t nq, float* scratch);
 };
 
 // Keys per attention segment: a fixed constant, part of the numerics (see cpu_simd_body.inc).
@@ -37,6 +40,13 @@ constexpr int64_t kAttnSegment = 64;
 // Floats of per-thread scratch the attention kernels need for `a`.
 inline int64_t attention_scratch_floats(const PagedAttentionArgs& a) {
   return int64_t(a.n_heads) * (kAttnSegment + 16) + 2 * int64_t(a.n_heads) * (a.head_dim_v + 2);
+}
+
+// Consecutive queries per attention_tile call: each key and value row loaded feeds them all.
+constexpr int32_t kAttnTile = 4;
+
+inline int64_t attention_tile_scratch_floats(const PagedAttentionArgs& a) {
+  return kAttnTile * attention_scratch_floats(a);
 }
 
 // Visible keys of query t and their segment count.
