@@ -162,6 +162,36 @@ TEST(BackendBatchInvariance, AttentionChunking) {
   }
 }
 
+TEST(BackendBatchInvariance, AttentionPrefillTilesMatchSingleQueries) {
+  // Long full-attention prefills run tiles of consecutive queries that share key and value
+  // loads; every query must still get the bits it gets alone (one query per call), across
+  // head dims, GQA group sizes, soft-cap, a non-zero start position and SIMD levels.
+  const int32_t n_tok = 203, n_heads = 8;
+  for (auto level : test::simd_levels()) {
+    test::SimdCap cap(level);
+    SCOPED_TRACE(test::level_name(level));
+    for (int32_t head_dim : {8, 64, 128, 256}) {
+      for (int32_t n_kv_heads : {2, 8}) {
+        for (float softcap : {0.0f, 30.0f}) {
+          for (int32_t pos0 : {0, 37}) {
+            const int32_t n_ctx = pos0 + n_tok;
+            const test::PagedKv kv(n_ctx, 16, n_kv_heads, head_dim, head_dim, 80 + head_dim + n_kv_heads);
+            const auto q = random_floats(size_t(n_ctx) * n_heads * head_dim, 90 + head_dim, -2.0f, 2.0f);
+            const size_t n_out = size_t(n_ctx) * n_heads * head_dim;
+            ThreadPool pool2(2), pool1(1);
+            std::vector<float> at_once(n_out, 0.0f), single(n_out, 0.0f);
+            attention_chunk(pool2, kv, q, pos0, n_tok, n_heads, n_kv_heads, head_dim, 0, softcap, at_once);
+            for (int32_t t = pos0; t < n_ctx; ++t)
+              attention_chunk(pool1, kv, q, t, 1, n_heads, n_kv_heads, head_dim, 0, softcap, single);
+            EXPECT_TRUE(bitwise_equal(at_once.data(), single.data(), n_out))
+                << "head_dim " << head_dim << " kv heads " << n_kv_heads << " softcap " << softcap << " pos0 " << pos0;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(BackendBatchInvariance, AttentionLongContextDecodeMatchesPrefill) {
   // 700 tokens span many key segments: prefill computes whole queries per task, decode
   // splits a query's segments across threads and folds them afterwards; bits must agree.
