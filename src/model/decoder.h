@@ -43,4 +43,8 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
 // Maps hidden_act / hidden_activation to a kernel activation.
 Result<cpu::Activation> activation_from_name(const std::string& name);
 
+// Gemma 2's decoder settings ((1 + w) and sandwich norms, embedding scale, query_pre_attn_scalar,
+// soft-caps); Gemma 3 adds q/k norms on top.
+Result<DecoderSpec> gemma2_decoder_spec(const ModelConfig& cfg);
+
 }  // namespace strata

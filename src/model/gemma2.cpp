@@ -9,7 +9,7 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_gemma2(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> gemma2_decoder_spec(const ModelConfig& cfg) {
   DecoderSpec spec;
   spec.norm_one_plus_w = true;
   spec.sandwich_norms = true;
@@ -23,7 +23,13 @@ Result<std::unique_ptr<Model>> load_gemma2(const ModelConfig& cfg, const WeightL
   spec.attn_scale = float(1.0 / std::sqrt(scalar));
   spec.attn_softcap = cfg.attn_softcap;
   spec.final_softcap = cfg.final_softcap;
-  return load_decoder(cfg, weights, pool, spec);
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_gemma2(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = gemma2_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  return load_decoder(cfg, weights, pool, *spec);
 }
 
 }  // namespace strata
