@@ -42,6 +42,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& name, ThreadPool& 
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;         // per generated token, when asked for
   std::vector<TokenLogprobs> prompt_logprobs;
   StreamEvent final;
 };
@@ -56,6 +57,7 @@ inline Outcome drain(RequestStream& s, std::chrono::seconds timeout = std::chron
       return o;
     }
     o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
+    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
     if (!e->prompt_logprobs.empty()) o.prompt_logprobs = e->prompt_logprobs;
     if (e->final) {
       o.final = *e;

@@ -8,11 +8,15 @@
 #include <map>
 #include <thread>
 
+#include "../support/engine_test_support.h"
 #include "core/check.h"
 #include "engine/engine.h"
 
 namespace strata {
 namespace {
+
+using test::drain;
+using test::Outcome;
 
 constexpr int32_t kVocab = 64;
 constexpr int32_t kPoison = 63;  // a prompt holding it makes forward() throw InvariantError
@@ -82,31 +86,6 @@ class FakeModel final : public Model {
  private:
   int32_t window_;
 };
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;
-  std::vector<TokenLogprobs> prompt_logprobs;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(20));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
-    if (!e->prompt_logprobs.empty()) o.prompt_logprobs = e->prompt_logprobs;
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
-}
 
 std::unique_ptr<Engine> make_engine(ThreadPool& pool, EngineOptions o, FakeModel** raw = nullptr) {
   auto m = std::make_unique<FakeModel>(pool);

@@ -11,12 +11,16 @@
 #include <map>
 #include <thread>
 
+#include "../support/engine_test_support.h"
 #include "core/check.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 
 namespace strata {
 namespace {
+
+using test::drain;
+using test::Outcome;
 
 constexpr int32_t kVocab = 64;
 
@@ -154,27 +158,6 @@ std::vector<int32_t> reference_greedy(const FakeModel& m, std::vector<int32_t> t
     tokens.push_back(next);
   }
   return out;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(20));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
 }
 
 GenerationRequest greedy_request(const std::string& id, int32_t n_prompt, uint64_t salt, int32_t max_tokens) {
