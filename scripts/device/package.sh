@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# Builds the CUDA tests and benchmarks here (cuda-release preset: sm_90, static Debian
-# libraries) and copies stripped binaries to .device/bin, the folder `carry` sends to the GPU
-# machine. Usage: scripts/device/package.sh
+# Builds CUDA targets here (cuda-release preset: sm_90, static Debian libraries) and copies
+# stripped binaries to a folder that `carry` sends to the GPU machine.
+# Usage: scripts/device/package.sh [target...]
+#   STRATA_CUDA_BUILD  build directory (default build-cuda; one per person building at once)
+#   STRATA_DEVICE_BIN  destination (default .device/bin)
+# With no targets: the GPU tests, the GPU benchmark and the strata binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cmake --preset cuda-release >/dev/null
-targets=(gpu_kernels_test gpu_attention_test gpu_golden_test bench_cuda_llama)
-cmake --build build-cuda -j2 --target "${targets[@]}"
-mkdir -p .device/bin
+build=${STRATA_CUDA_BUILD:-build-cuda}
+dest=${STRATA_DEVICE_BIN:-.device/bin}
+if [ ! -f "$build/build.ninja" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA=ON -DSTRATA_STATIC_DEPS=ON >/dev/null
+fi
+if [ $# -gt 0 ]; then
+  targets=("$@")
+else
+  targets=(gpu_kernels_test gpu_attention_test gpu_golden_test bench_cuda_llama strata)
+  for f in tests/gpu/*_test.cpp; do
+    t=$(basename "$f" .cpp)
+    [[ " ${targets[*]} " == *" $t "* ]] || targets+=("$t")
+  done
+fi
+cmake --build "$build" -j2 --target "${targets[@]}"
+mkdir -p "$dest"
 for t in "${targets[@]}"; do
-  f=$(find build-cuda -name "$t" -type f -perm -u+x | head -1)
-  strip -o ".device/bin/$t" "$f"
+  f=$(find "$build" -name "$t" -type f -perm -u+x | head -1)
+  strip -o "$dest/$t" "$f"
 done
-ls -la .device/bin
+ls -la "$dest"

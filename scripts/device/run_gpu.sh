@@ -8,7 +8,7 @@ out=${OUT:-/tmp/strata-gpu}
 mkdir -p "$out"
 export STRATA_SOURCE_DIR=$PWD
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-bin=.device/bin
+bin=${STRATA_DEVICE_BIN:-.device/bin}
 if ldd $bin/bench_cuda_llama | grep -q "not found"; then
   extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
