@@ -53,6 +53,15 @@ class Sampler {
   // speculative acceptance and for tests.
   void distribution(const float* logits, int32_t vocab, float* probs);
 
+  // Consumes and returns the 64-bit draw the next non-greedy sample() would use, for a sampler
+  // that runs elsewhere (backend/cuda/sampling.h documents how a draw maps to a token); the
+  // stream and save() stay here. Greedy requests must not call it (sample() draws nothing).
+  uint64_t next_draw() { return rng_.next_u64(); }
+  // The penalty history as sample() applies it: distinct prompt + generated ids (only with a
+  // repetition penalty) and (id, occurrences among generated tokens), one entry per id.
+  std::span<const int32_t> seen_ids() const { return seen_; }
+  std::span<const std::pair<int32_t, int32_t>> token_counts() const { return counts_; }
+
   // Raw-model logprobs of token and its top_n alternatives over the real vocabulary (see
   // logprobs.h); independent of the processors above.
   Status logprobs(const float* logits, int32_t vocab, int32_t token, int32_t top_n, TokenLogprobs* out) const;
