@@ -40,19 +40,23 @@ struct Engine::Active {
 
 struct Engine::Core {
   Core(Model& model, const KvPlan& plan, const EngineOptions& o, SchedulerOptions so,
-       std::unique_ptr<SchedulingPolicy> policy)
+       std::unique_ptr<SchedulingPolicy> policy, std::unique_ptr<StepExecutor> executor)
       : kv(plan.n_blocks, o.block_size),
         kv_window(plan.n_window_blocks > 0 ? std::make_unique<KvCacheManager>(plan.n_window_blocks, o.block_size)
                                            : nullptr),
         snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
         sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
-        runner(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
-               plan.has_state ? o.max_num_seqs : 0) {}
+        exec(executor ? std::move(executor)
+                      : std::make_unique<ModelRunner>(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
+                                                      plan.has_state ? o.max_num_seqs : 0)),
+        runner(*exec) {}
   KvCacheManager kv;                             // full-attention layers
   std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any
   std::unique_ptr<StateSnapshotStore> snapshots; // recurrent-state snapshots, hybrid families
   Scheduler sched;
-  ModelRunner runner;
+  std::unique_ptr<StepExecutor> exec;  // the host ModelRunner unless the engine was given one
+  StepExecutor& runner;
+  std::vector<uint8_t> want_logits;    // per logit row of the step being run
   std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
   uint64_t next_id = 1;
   EngineStats stats;
@@ -62,6 +66,14 @@ struct Engine::Core {
 };
 
 namespace {
+
+// Whether a's next token is the argmax of the raw logits (greedy with nothing that reshapes
+// the row, no logprobs): an executor may then hand back that token without the logits.
+bool argmax_only(const GenerationRequest& r, const Sampler& sampler, int32_t vocab) {
+  const SamplingParams& p = sampler.params();
+  return r.logprobs < 0 && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.vocab_limit <= 0 || p.vocab_limit >= vocab);
+}
 
 std::string namespace_identity(const Model& model, const EngineOptions& o) {
   const ModelConfig& c = model.config();
@@ -204,20 +216,40 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options) {
+  return create(std::move(model), std::move(options), nullptr);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options,
+                                               std::unique_ptr<StepExecutor> executor) {
   if (!model) return make_error(ErrorCode::kInvalidArgument, "no model");
+  if (executor) {
+    if (options.kv_blocks != 0 && options.kv_blocks != executor->n_kv_blocks()) {
+      return make_error(ErrorCode::kInvalidArgument, "kv_blocks " + std::to_string(options.kv_blocks) +
+                                                         " differs from the executor's KV pool of " +
+                                                         std::to_string(executor->n_kv_blocks()) + " blocks");
+    }
+    options.kv_blocks = executor->n_kv_blocks();
+  }
   STRATA_RETURN_IF_ERROR(check_model(*model));
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
   STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
   try {
-    return std::make_unique<Engine>(std::move(model), std::move(options));
+    return std::make_unique<Engine>(std::move(model), std::move(options), std::move(executor));
   } catch (const std::invalid_argument& e) {  // a KV tier that cannot open (names its directory)
     return make_error(ErrorCode::kInvalidArgument, e.what());
   }
 }
 
-Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
+Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_ptr<StepExecutor> executor)
     : model_(std::move(model)), options_(std::move(options)), queue_(std::max(options_.max_queued, 1)), t0_(Clock::now()) {
   if (!model_) throw std::invalid_argument("no model");
+  if (executor) {
+    if (options_.kv_blocks != 0 && options_.kv_blocks != executor->n_kv_blocks()) {
+      throw std::invalid_argument("kv_blocks " + std::to_string(options_.kv_blocks) + " differs from the executor's KV pool of " +
+                                  std::to_string(executor->n_kv_blocks()) + " blocks");
+    }
+    options_.kv_blocks = executor->n_kv_blocks();
+  }
   if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
   auto kv_plan = plan_blocks(*model_, options_);
   if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().to_string());
@@ -237,7 +269,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   so.window = kv_plan->window;
   so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
   so.state_snapshot_interval = options_.state_snapshot_interval;
-  core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value());
+  core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value(), std::move(executor));
   core_->stats.alive = true;
   core_->stats.kv = core_->kv.stats(0.0);
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
@@ -290,11 +322,9 @@ void Engine::write_checkpoint(Active& a) {
   Sequence& seq = a.seq;
   if (core_->tiers) {
     if (DiskTier* disk = core_->tiers->disk()) {
-      KvStorage& storage = core_->runner.kv_storage();
-      const int n_layers = int(model_->kv_layout().size());
       const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
       for (int32_t i = a.ckpt_blocks; i < n; ++i) {
-        gather_tier_block(storage, n_layers, seq.blocks[size_t(i)], core_->tier_buf.data());
+        core_->runner.read_block(seq.blocks[size_t(i)], core_->tier_buf.data());
         if (!disk->enqueue(seq.block_hashes[size_t(i)], core_->tier_buf.data())) break;  // queue full: next time
         a.ckpt_blocks = i + 1;
       }
@@ -320,24 +350,22 @@ void Engine::setup_kv_tiers(bool unsupported) {
                                                   : "prefix caching is off");
     return;
   }
-  KvStorage& storage = core_->runner.kv_storage();
-  const int n_layers = int(model_->kv_layout().size());
+  const std::vector<int64_t> tensors = core_->runner.block_tensor_bytes();
   std::string identity = namespace_identity(*model_, options_) + ";tensors=";
-  for (int64_t b : tier_tensor_bytes(storage, n_layers)) identity += std::to_string(b) + ",";
-  auto tiers = make_kv_tiers(storage, n_layers, identity, options_.kv_host_bytes, options_.kv_disk_dir,
-                             options_.kv_disk_bytes);
+  for (int64_t b : tensors) identity += std::to_string(b) + ",";
+  auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes);
   if (!tiers.ok()) throw std::invalid_argument(tiers.error().to_string());
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
   Core* c = core_.get();
-  c->kv.set_evict_hook([c, &storage, n_layers](int32_t block, uint64_t hash) {
-    gather_tier_block(storage, n_layers, block, c->tier_buf.data());
+  c->kv.set_evict_hook([c](int32_t block, uint64_t hash) {
+    c->runner.read_block(block, c->tier_buf.data());
     c->tiers->demote(hash, c->tier_buf.data());
   });
   c->sched.set_lower_tiers([c](uint64_t hash) { return c->tiers->contains(hash); },
-                           [c, &storage, n_layers](uint64_t hash, int32_t block) {
+                           [c](uint64_t hash, int32_t block) {
                              if (!c->tiers->fetch(hash, c->tier_buf.data())) return false;
-                             scatter_tier_block(storage, n_layers, block, c->tier_buf.data());
+                             c->runner.write_block(block, c->tier_buf.data());
                              return true;
                            });
 }
@@ -361,13 +389,11 @@ void Engine::shutdown() {
   if (core_ && core_->tiers && !tiers_persisted_) {
     // The pool's cached blocks go down to disk too, so a restart finds them.
     tiers_persisted_ = true;
-    KvStorage& storage = core_->runner.kv_storage();
-    const int n_layers = int(model_->kv_layout().size());
     const BlockPool& pool = core_->kv.pool();
     if (DiskTier* disk = core_->tiers->disk()) {
       for (int32_t q = 0; q < pool.n_idle_queues(); ++q) {
         for (int32_t id = pool.idle_front(q); id >= 0; id = pool.idle_next(id)) {
-          gather_tier_block(storage, n_layers, id, core_->tier_buf.data());
+          core_->runner.read_block(id, core_->tier_buf.data());
           disk->enqueue(pool.meta(id).hash, core_->tier_buf.data());
         }
       }
@@ -526,13 +552,24 @@ void Engine::step() {
       STRATA_CHECK(snap != nullptr && snap->position == span.pos0, "a planned state restore has its snapshot");
       core_->runner.load_state(span.seq->state_slot, snap->data.data());
     }
-    const float* logits = core_->runner.run(plan);
+    // Rows whose token is the plain argmax need no logits on the host when the executor
+    // hands back its greedy tokens (a GPU: no [rows, vocab] transfer).
+    std::vector<uint8_t>& want = core_->want_logits;
+    want.clear();
+    for (const auto& span : plan.spans) {
+      if (span.logits_all) want.insert(want.end(), size_t(span.n_tokens), uint8_t(1));
+      else if (span.sample) want.push_back([&] {
+        const Active& a = *core_->active.at(span.seq->id);
+        return argmax_only(a.req, a.sampler, core_->runner.vocab());
+      }() ? 0 : 1);
+    }
+    const StepRows& rows = core_->runner.run(plan, want);
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
       float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));
       if (dst != nullptr) core_->runner.save_state(span.seq->state_slot, dst);
     }
-    commit(plan, logits);
+    commit(plan, rows);
   } catch (const std::exception& e) {
     log::error("step failed: {}", e.what());
     for (const auto& span : plan.spans) {
@@ -542,8 +579,9 @@ void Engine::step() {
   }
 }
 
-void Engine::commit(const StepPlan& plan, const float* logits) {
+void Engine::commit(const StepPlan& plan, const StepRows& rows) {
   const int32_t vocab = core_->runner.vocab();
+  const float* logits = rows.logits;
   size_t row = 0;
   for (const auto& span : plan.spans) {
     Active& a = *core_->active.at(span.seq->id);
@@ -551,9 +589,10 @@ void Engine::commit(const StepPlan& plan, const float* logits) {
     const int32_t lp_from = seq.prompt_logprob_pos;
     core_->sched.commit(span);
     const int32_t n_rows = span.logits_all ? span.n_tokens : (span.sample ? 1 : 0);
-    const float* base = logits + row * size_t(vocab);
+    const size_t first_row = row;
     row += size_t(n_rows);
     if (span.logits_all) {
+      const float* base = logits + size_t(rows.host_row[first_row]) * size_t(vocab);
       const int32_t top_n = std::max(a.req.logprobs, 0);
       for (int32_t r = 0; r < span.n_tokens; ++r) {
         const int32_t p = span.pos0 + r;
@@ -573,8 +612,11 @@ void Engine::commit(const StepPlan& plan, const float* logits) {
       }
     }
     if (!span.sample) continue;
-    const float* last = base + size_t(n_rows - 1) * size_t(vocab);
-    const int32_t token = a.sampler.sample(last, vocab);
+    const size_t last_row = first_row + size_t(n_rows - 1);
+    const int32_t host_row = rows.host_row[last_row];
+    const float* last = host_row >= 0 ? logits + size_t(host_row) * size_t(vocab) : nullptr;
+    // Without host logits the row is the executor's greedy token (argmax_only said so).
+    const int32_t token = last != nullptr ? a.sampler.sample(last, vocab) : rows.argmax.at(last_row);
     a.sampler.accept(token);
     ++a.n_generated;
     ++core_->stats.generated_tokens;

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "engine/request.h"
 #include "engine/request_queue.h"
+#include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/model.h"
 
@@ -76,8 +77,14 @@ class Engine {
   // its value, and models whose KV layout it cannot page (kUnsupported: a layer sharing the KV
   // of a layer of the other attention kind, or no attention KV at all).
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model, EngineOptions options);
+  // Runs the steps on `executor` (engine/step_executor.h, e.g. a GPU) instead of a host
+  // ModelRunner; `model` then only describes the shapes (config, KV and state layout) and its
+  // forward is never called. The engine plans with exactly executor->n_kv_blocks() blocks
+  // (options.kv_blocks must be 0 or that count).
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model, EngineOptions options,
+                                                std::unique_ptr<StepExecutor> executor);
   // As create(); throws std::invalid_argument with the same message on refusal.
-  Engine(std::unique_ptr<Model> model, EngineOptions options);
+  Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_ptr<StepExecutor> executor = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -125,7 +132,7 @@ class Engine {
   void run_loop();
   void admit_new(std::vector<PendingRequest> incoming);
   void step();
-  void commit(const struct StepPlan& plan, const float* logits);
+  void commit(const struct StepPlan& plan, const struct StepRows& rows);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
   void fail_all(const std::string& message, bool drain_queue);
   void publish_stats();

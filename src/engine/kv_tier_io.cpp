@@ -54,7 +54,11 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes) {
-  const std::vector<int64_t> tensors = tier_tensor_bytes(kv, n_layers);
+  return make_kv_tiers(tier_tensor_bytes(kv, n_layers), identity, host_bytes, disk_dir, disk_bytes);
+}
+
+Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensors, const std::string& identity,
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes) {
   int64_t block_bytes = 0;
   for (int64_t b : tensors) block_bytes += b;
   std::unique_ptr<DiskTier> disk;

@@ -26,5 +26,8 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 // `identity`. Errors name the directory.
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes);
+// The same for blocks whose tensors have the given bytes (StepExecutor::block_tensor_bytes()).
+Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensor_bytes, const std::string& identity,
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes);
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "engine/kv_tier_io.h"
 
 namespace strata {
 
@@ -11,6 +12,7 @@ ModelRunner::ModelRunner(Model& model, const std::vector<KvLayerSpec>& layout, i
     : model_(model),
       kv_(layout, n_blocks, block_size, n_window_blocks > 0 ? n_window_blocks : -1),
       window_paged_(n_window_blocks > 0),
+      n_layers_(int(layout.size())),
       state_layout_(model.state_layout()),
       vocab_(model.config().vocab_size) {
   for (const auto& s : state_layout_) {
@@ -69,6 +71,27 @@ const float* ModelRunner::run(const StepPlan& plan) {
   logits_.resize(size_t(batch_.n_logit_rows()) * size_t(vocab_));
   model_.forward(batch_, kv_, state_floats_ > 0 ? &state_ : nullptr, logits_.data());
   return logits_.data();
+}
+
+const StepRows& ModelRunner::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) {
+  rows_.logits = run(plan);
+  const int64_t n = batch_.n_logit_rows();
+  rows_.host_row.resize(size_t(n));
+  for (int64_t r = 0; r < n; ++r) rows_.host_row[size_t(r)] = int32_t(r);
+  rows_.argmax.clear();
+  return rows_;
+}
+
+std::vector<int64_t> ModelRunner::block_tensor_bytes() const {
+  return tier_tensor_bytes(kv_, n_layers_);
+}
+
+void ModelRunner::read_block(int32_t block, uint8_t* out) {
+  gather_tier_block(kv_, n_layers_, block, out);
+}
+
+void ModelRunner::write_block(int32_t block, const uint8_t* in) {
+  scatter_tier_block(kv_, n_layers_, block, in);
 }
 
 }  // namespace strata

@@ -1,0 +1,52 @@
+// StepExecutor: what the engine needs from the thing that runs a StepPlan, wherever the weights
+// and the KV pool live (host: ModelRunner; a GPU: backend/cuda/cuda_executor.h). The engine
+// plans with exactly n_kv_blocks() blocks, reads per logit row either host logits or the
+// executor's greedy token, and moves KV blocks and recurrent state through host bytes (KV
+// tiers, checkpoints, prefix snapshots).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/step_plan.h"
+
+namespace strata {
+
+// Logit rows of one step, in plan order (per span: every position with logits_all, else its
+// last one with sample, else none).
+struct StepRows {
+  const float* logits = nullptr;    // host rows [n_host_rows, vocab] f32
+  std::vector<int32_t> host_row;    // [n_rows]: index of the row in `logits`, or -1 when only
+                                    // the greedy token is on the host
+  std::vector<int32_t> argmax;      // [n_rows] greedy token (lowest id on ties), or empty when
+                                    // the executor hands every row as logits
+};
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+
+  // Runs the plan. want_logits [n_rows]: rows whose f32 logits the engine reads on the host;
+  // the others may come back as the greedy token only. Valid until the next run(). Throws
+  // std::exception on a failed step (the engine ends the step's requests).
+  virtual const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) = 0;
+  virtual int32_t vocab() const = 0;
+  // Blocks of the full-attention KV pool the block ids index.
+  virtual int32_t n_kv_blocks() const = 0;
+  // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
+  virtual bool device_argmax() const = 0;
+
+  // Floats of one slot's recurrent state over every layer (0: no recurrent state).
+  virtual int64_t state_floats() const = 0;
+  virtual void save_state(int32_t slot, float* dst /*[state_floats()]*/) = 0;
+  virtual void load_state(int32_t slot, const float* src /*[state_floats()]*/) = 0;
+
+  // One full-attention KV block over every layer that owns full-attention KV as flat bytes:
+  // per layer the K rows then the V rows, [block_size, n_kv_heads] rows each in the layer's
+  // row format. block_tensor_bytes() lists the bytes of each of those tensors in order.
+  virtual std::vector<int64_t> block_tensor_bytes() const = 0;
+  virtual void read_block(int32_t block, uint8_t* out) = 0;
+  virtual void write_block(int32_t block, const uint8_t* in) = 0;
+};
+
+}  // namespace strata
