@@ -686,4 +686,65 @@ Status CudaDecoder::forward(const StepBatch& batch, int32_t* argmax, float* logi
   return Status();
 }
 
+Status CudaDecoder::forward_rows(const StepBatch& batch, int32_t* argmax, const int32_t* rows, int64_t n, float* logits) {
+  STRATA_RETURN_IF_ERROR(enqueue(batch));
+  const int64_t n_rows = n_logit_rows_;
+  const size_t row_bytes = size_t(cfg_.vocab_size) * 4;
+  if (batch.n_tokens() > 0 && n_rows > 0) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(argmax, buf_->argmax, size_t(n_rows) * 4, cudaMemcpyDeviceToHost, stream_));
+    // Runs of consecutive rows go in one copy each (a prompt-logprobs span is one run).
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i + 1;
+      while (j < n && rows[j] == rows[j - 1] + 1) ++j;
+      if (rows[i] < 0 || rows[j - 1] >= n_rows) return make_error(ErrorCode::kOutOfRange, "logit row outside the step's rows");
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(logits + size_t(i) * size_t(cfg_.vocab_size), buf_->logits + size_t(rows[i]) * size_t(cfg_.vocab_size),
+                                        size_t(j - i) * row_bytes, cudaMemcpyDeviceToHost, stream_));
+      i = j;
+    }
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+int64_t CudaDecoder::kv_block_bytes() const { return kv_->layout().bytes_per_block(); }
+
+namespace {
+// Bytes of one block of one layer's K (or V) region.
+size_t kv_part_bytes(const KvPoolLayout& l) { return size_t(l.block_size) * size_t(l.n_kv_heads) * size_t(l.head_dim) * 2; }
+}  // namespace
+
+Status CudaDecoder::read_kv_block(int32_t block, uint8_t* out) {
+  if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
+  const size_t part = kv_part_bytes(kv_->layout());
+  const size_t elems = part / 2;
+  for (int l = 0; l < kv_->layout().n_layers; ++l) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->k(l) + size_t(block) * elems, part, cudaMemcpyDeviceToHost, stream_));
+    out += part;
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->v(l) + size_t(block) * elems, part, cudaMemcpyDeviceToHost, stream_));
+    out += part;
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
+  if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
+  const size_t part = kv_part_bytes(kv_->layout());
+  const size_t elems = part / 2;
+  for (int l = 0; l < kv_->layout().n_layers; ++l) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->k(l) + size_t(block) * elems, in, part, cudaMemcpyHostToDevice, stream_));
+    in += part;
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->v(l) + size_t(block) * elems, in, part, cudaMemcpyHostToDevice, stream_));
+    in += part;
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+int64_t CudaDecoder::arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options) {
+  std::vector<int32_t> index;
+  const auto types = rope_types(cfg, &index);
+  return int64_t(arena_bytes(dims_of(cfg), options, cfg.tie_embeddings, int(types.size())));
+}
+
 }  // namespace strata::cuda

@@ -71,6 +71,19 @@ class CudaDecoder {
   Status forward(const StepBatch& batch, int32_t* argmax, float* logits = nullptr);
   // Enqueues the step without waiting; results land in device buffers (for timing).
   Status enqueue(const StepBatch& batch);
+  // As forward(), but copies only the logit rows listed in `rows` (n of them, ascending) to
+  // `logits` [n, vocab]; the greedy token of every row still goes to `argmax`.
+  Status forward_rows(const StepBatch& batch, int32_t* argmax, const int32_t* rows, int64_t n, float* logits);
+
+  // Bytes of one KV block over every layer: per layer the K rows then the V rows,
+  // [block_size, n_kv_heads, head_dim] bf16 each.
+  int64_t kv_block_bytes() const;
+  // Copies KV block `block` of every layer to / from host bytes laid out as kv_block_bytes()
+  // says (waits for the stream).
+  Status read_kv_block(int32_t block, uint8_t* out);
+  Status write_kv_block(int32_t block, const uint8_t* in);
+  // Device bytes the weights and step scratch of this shape take (the KV pool aside).
+  static int64_t arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options);
 
   struct Layer;
   struct Buffers;

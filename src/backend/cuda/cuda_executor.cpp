@@ -1,0 +1,188 @@
+#include "backend/cuda/cuda_executor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+
+namespace strata::cuda {
+
+namespace {
+
+// The Engine's view of a model whose forward runs on the device: shapes only.
+class ShapeModel final : public Model {
+ public:
+  explicit ShapeModel(ModelConfig cfg) : Model(std::move(cfg), pool()) {}
+  std::vector<KvLayerSpec> kv_layout() const override {
+    std::vector<KvLayerSpec> v(size_t(config_.n_layers));
+    for (auto& s : v) {
+      s.n_kv_heads = config_.n_kv_heads;
+      s.head_dim_k = config_.head_dim;
+      s.head_dim_v = config_.head_dim;
+    }
+    return v;
+  }
+  void forward(const StepBatch&, KvStorage&, StateStorage*, float*) override {
+    throw std::logic_error("the device model's forward runs in CudaExecutor");
+  }
+
+ private:
+  static ThreadPool& pool() {
+    static ThreadPool p(1);
+    return p;
+  }
+};
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder) : decoder_(std::move(decoder)) {}
+
+const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) {
+  batch_.tokens.clear();
+  batch_.seqs.resize(plan.spans.size());
+  for (size_t i = 0; i < plan.spans.size(); ++i) {
+    const ScheduledSpan& span = plan.spans[i];
+    const Sequence& seq = *span.seq;
+    STRATA_CHECK(int64_t(span.pos0) + span.n_tokens <= seq.n_tokens(), "span past the sequence's tokens");
+    batch_.tokens.insert(batch_.tokens.end(), seq.tokens.begin() + span.pos0, seq.tokens.begin() + span.pos0 + span.n_tokens);
+    SeqSpan& s = batch_.seqs[i];
+    s.n_tokens = span.n_tokens;
+    s.pos0 = span.pos0;
+    s.block_table.assign(seq.blocks.begin(), seq.blocks.end());
+    s.window_block_table.clear();
+    s.state_slot = -1;
+    s.logits_last = span.sample;
+    s.logits_all = span.logits_all;
+  }
+  const int64_t n_rows = batch_.n_logit_rows();
+  STRATA_CHECK(int64_t(want_logits.size()) == n_rows, "want_logits has one entry per logit row");
+  host_rows_.clear();
+  rows_.host_row.assign(size_t(n_rows), -1);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    if (want_logits[size_t(r)] == 0) continue;
+    rows_.host_row[size_t(r)] = int32_t(host_rows_.size());
+    host_rows_.push_back(int32_t(r));
+  }
+  const size_t vocab = size_t(decoder_->config().vocab_size);
+  if (logits_.size() < host_rows_.size() * vocab) logits_.resize(host_rows_.size() * vocab);
+  rows_.argmax.resize(size_t(n_rows));
+  Status st = decoder_->forward_rows(batch_, rows_.argmax.data(), host_rows_.data(), int64_t(host_rows_.size()), logits_.data());
+  if (!st.ok()) throw std::runtime_error("CUDA step: " + st.error().to_string());
+  rows_.logits = logits_.data();
+  return rows_;
+}
+
+std::vector<int64_t> CudaExecutor::block_tensor_bytes() const {
+  const ModelConfig& c = decoder_->config();
+  const int64_t part = decoder_->kv_block_bytes() / (2 * int64_t(c.n_layers));
+  return std::vector<int64_t>(size_t(2 * c.n_layers), part);
+}
+
+void CudaExecutor::read_block(int32_t block, uint8_t* out) {
+  Status st = decoder_->read_kv_block(block, out);
+  if (!st.ok()) throw std::runtime_error("KV block copy to the host: " + st.error().to_string());
+}
+
+void CudaExecutor::write_block(int32_t block, const uint8_t* in) {
+  Status st = decoder_->write_kv_block(block, in);
+  if (!st.ok()) throw std::runtime_error("KV block copy to the device: " + st.error().to_string());
+}
+
+KvCodecConfig cuda_kv_codecs() {
+  KvCodecConfig c;
+  c.default_spec.codec = KvCodec::kBf16;
+  return c;
+}
+
+bool cuda_device_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs) {
+  auto refuse = [&](const std::string& what) {
+    return make_error(ErrorCode::kUnsupported, "--device cuda: " + what);
+  };
+  const std::string& t = cfg.model_type;
+  if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3") {
+    return refuse("model type '" + t + "' has no CUDA forward (llama, mistral, qwen2, qwen3); use --device cpu");
+  }
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    if (cfg.is_sliding(l)) {
+      return refuse("model type '" + t + "' has sliding-window layers (layer " + std::to_string(l) +
+                    "), which the CUDA engine does not page yet; use --device cpu");
+    }
+  }
+  auto exact = [](const KvCodecSpec& s) { return s.codec == KvCodec::kAuto || s.codec == KvCodec::kBf16; };
+  if (!exact(codecs.default_spec)) {
+    return refuse(std::string("--kv-cache-dtype ") + kv_codec_name(codecs.default_spec.codec) +
+                  " is not supported on the GPU yet (auto or bf16)");
+  }
+  for (const auto& l : codecs.layers) {
+    if (!exact(l.spec)) {
+      return refuse("--kv-config layer " + std::to_string(l.layer_idx) + " codec " + kv_codec_name(l.spec.codec) +
+                    " is not supported on the GPU yet (auto or bf16)");
+    }
+  }
+  if (codecs.quant_start > 0) return refuse("--kv-quant-start is not supported on the GPU");
+  return Status();
+}
+
+Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const CudaEngineOptions& o) {
+  if (!cuda_device_present()) return make_error(ErrorCode::kUnsupported, "--device cuda: no CUDA device is present");
+  auto cfg = load_model_config(dir);
+  if (!cfg.ok()) return cfg.error();
+  STRATA_RETURN_IF_ERROR(check_cuda_engine_support(*cfg, KvCodecConfig{}));
+  if (o.block_size < 1) return make_error(ErrorCode::kInvalidArgument, "block_size must be >= 1");
+  const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : cfg->max_position;
+  if (max_len <= 0) return make_error(ErrorCode::kInvalidArgument, "--max-model-len must be set: the config gives no maximum position");
+  CudaModelOptions mo;
+  mo.block_size = o.block_size;
+  mo.max_tokens = o.max_batch_tokens;
+  mo.max_seqs = o.max_num_seqs;
+  mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
+  // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
+  mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
+  if (o.kv_cache_bytes > 0) {
+    mo.kv_cache_bytes = o.kv_cache_bytes;
+  } else {
+    if (!(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--gpu-memory-fraction must be in (0, 1], got " + std::to_string(o.gpu_memory_fraction));
+    }
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return make_error(ErrorCode::kUnsupported, "cudaMemGetInfo failed");
+    // What the process holds already (context) counts against the fraction; the cuBLASLt
+    // handle and the pinned metadata take a little more, kept aside.
+    const int64_t reserve = int64_t(512) << 20;
+    const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
+                           CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
+    if (budget <= 0) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        "--gpu-memory-fraction " + std::to_string(o.gpu_memory_fraction) + " of " + std::to_string(total_b) +
+                            " bytes leaves no room for the KV cache after the weights and scratch (" +
+                            std::to_string(CudaDecoder::arena_bytes_for(*cfg, mo)) + " bytes)");
+    }
+    mo.kv_cache_bytes = budget;
+  }
+  Result<std::unique_ptr<CudaDecoder>> dec = o.random_weights ? CudaDecoder::random(*cfg, mo, o.seed, o.random_scale)
+                                                              : CudaDecoder::load(dir, mo);
+  if (!dec.ok()) {
+    Error e = dec.error();
+    e.message = "--device cuda: " + e.message;
+    return e;
+  }
+  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB)", cfg->model_type,
+            (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
+            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20);
+  CudaEngineParts parts;
+  parts.shape = std::make_unique<ShapeModel>((*dec)->config());
+  parts.executor = std::make_unique<CudaExecutor>(std::move(dec).value());
+  return parts;
+}
+
+}  // namespace strata::cuda

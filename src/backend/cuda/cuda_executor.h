@@ -1,0 +1,82 @@
+// CudaExecutor: the engine's StepExecutor over a CudaDecoder. Weights and the KV block pool
+// live on the device; the engine plans with exactly the device pool's block count. A step
+// hands back the device's greedy token for rows that need no logits and copies only the rows
+// the engine samples or scores on the host.
+//
+// make_cuda_engine_parts() is what `--device cuda` builds: the decoder (weights from the
+// checkpoint or drawn on the device), the executor, and a shape-only Model the Engine reads
+// config and KV layout from (its forward is never called).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "engine/step_executor.h"
+#include "kv/codec/kv_codec_config.h"
+#include "model/model.h"
+
+namespace strata::cuda {
+
+class CudaExecutor final : public StepExecutor {
+ public:
+  explicit CudaExecutor(std::unique_ptr<CudaDecoder> decoder);
+
+  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) override;
+  int32_t vocab() const override { return decoder_->config().vocab_size; }
+  int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
+  bool device_argmax() const override { return true; }
+  // The CUDA forward has no recurrent-state families.
+  int64_t state_floats() const override { return 0; }
+  void save_state(int32_t, float*) override {}
+  void load_state(int32_t, const float*) override {}
+  std::vector<int64_t> block_tensor_bytes() const override;
+  void read_block(int32_t block, uint8_t* out) override;
+  void write_block(int32_t block, const uint8_t* in) override;
+
+  CudaDecoder& decoder() { return *decoder_; }
+
+ private:
+  std::unique_ptr<CudaDecoder> decoder_;
+  StepBatch batch_;
+  std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
+  std::vector<float> logits_;       // [host rows, vocab]
+  StepRows rows_;
+};
+
+struct CudaEngineOptions {
+  // Device KV pool: kv_cache_bytes > 0 takes exactly that; else gpu_memory_fraction of the
+  // device's total memory holds the weights, the step scratch and the KV pool (what is left).
+  int64_t kv_cache_bytes = 0;
+  double gpu_memory_fraction = 0.9;
+  int32_t block_size = 16;
+  int32_t max_batch_tokens = 2048;  // tokens of one step
+  int32_t max_num_seqs = 64;        // sequences of one step
+  int32_t max_model_len = 0;        // 0: the config's max_position_embeddings
+  bool random_weights = false;      // --load-format dummy: uniform weights drawn on the device
+  uint64_t seed = 1;
+  float random_scale = 0.02f;
+};
+
+struct CudaEngineParts {
+  std::unique_ptr<Model> shape;  // config and KV layout for the Engine; no forward
+  std::unique_ptr<CudaExecutor> executor;
+};
+
+// Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
+// CudaDecoder lacks, sliding-window layers, recurrent state, a KV codec other than auto/bf16.
+Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
+
+// Loads (or draws) the model in `dir` on the current device and sizes its KV pool. The KV
+// codec the engine must then use is bf16 (cuda_kv_codecs()).
+Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const CudaEngineOptions& options);
+
+// The engine's KV codec config for the device pool: bf16 rows in every layer.
+KvCodecConfig cuda_kv_codecs();
+
+// Whether a CUDA device is present.
+bool cuda_device_present();
+
+}  // namespace strata::cuda
