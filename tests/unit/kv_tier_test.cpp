@@ -1,14 +1,16 @@
 // The host and disk KV tiers: the disk format round-trips and survives a reopen (index rebuilt
 // from the directory); a checksum mismatch, a truncated file, a foreign model identity and a
 // wrong format version each get the file quarantined (moved to quarantine/), not loaded, no
-// crash; the byte budget deletes the oldest files; the writer queue drops and counts when full;
-// the host tier keeps its byte budget LRU.
+// crash; the byte budget deletes the least recently used files; the writer queue drops and
+// counts when full; the host tier keeps its byte budget LRU; session pins keep blocks in both
+// tiers past LRU eviction until they expire.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
+#include <thread>
 #include <unistd.h>
 
 #include "kv/disk/disk_tier.h"
@@ -206,6 +208,77 @@ TEST(KvDiskTier, BudgetEvictsOldestFiles) {
   fs::remove_all(dir);
 }
 
+TEST(KvDiskTier, BudgetEvictsLeastRecentlyUsedFiles) {
+  const fs::path dir = fresh_dir("budget_lru");
+  auto o = options(dir);
+  auto probe = open_ok(o);
+  ASSERT_TRUE(probe);
+  write_blocks(*probe, 1, 1);
+  const int64_t file_bytes = probe->stats().bytes;
+  probe.reset();
+  fs::remove_all(dir);
+  o.max_bytes = 2 * file_bytes + file_bytes / 2;  // two files fit, three do not
+  auto t = open_ok(o);
+  ASSERT_TRUE(t);
+  write_blocks(*t, 10, 1);
+  write_blocks(*t, 20, 1);
+  std::vector<uint8_t> out(static_cast<size_t>(t->block_bytes()));
+  ASSERT_TRUE(t->read(10, out.data()));  // 10 is now the most recently used: 20 goes first
+  write_blocks(*t, 30, 1);
+  EXPECT_TRUE(t->contains(10));
+  EXPECT_FALSE(t->contains(20));
+  EXPECT_TRUE(t->contains(30));
+  // A repeated demotion of a block on disk uses its file too: 10 again, so 30 goes.
+  ASSERT_TRUE(t->enqueue(10, block(10, t->block_bytes()).data()));
+  write_blocks(*t, 40, 1);
+  EXPECT_TRUE(t->contains(10));
+  EXPECT_FALSE(t->contains(30));
+  EXPECT_TRUE(t->contains(40));
+  EXPECT_EQ(t->stats().evicted_files, 2);
+  EXPECT_EQ(files_in(dir).size(), 2u);
+  fs::remove_all(dir);
+}
+
+TEST(KvDiskTier, SessionPinKeepsFilesPastTheBudgetUntilItExpires) {
+  const fs::path dir = fresh_dir("pin");
+  auto o = options(dir);
+  auto probe = open_ok(o);
+  ASSERT_TRUE(probe);
+  write_blocks(*probe, 1, 1);
+  const int64_t file_bytes = probe->stats().bytes;
+  probe.reset();
+  fs::remove_all(dir);
+  o.max_bytes = 2 * file_bytes + file_bytes / 2;
+  auto t = open_ok(o);
+  ASSERT_TRUE(t);
+  const double now = tier_clock_s();
+  t->pin(10, now + 600.0);  // before the block is written: the pin waits for it
+  write_blocks(*t, 10, 1);
+  t->pin(20, now + 3.0);
+  write_blocks(*t, 20, 1);
+  write_blocks(*t, 30, 1);  // over budget: 10 and 20 are pinned, so the unpinned newcomer goes
+  EXPECT_TRUE(t->contains(10));
+  EXPECT_TRUE(t->contains(20));
+  EXPECT_FALSE(t->contains(30));
+  std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(now + 3.1))));  // 20's pin expires
+  write_blocks(*t, 40, 1);
+  EXPECT_TRUE(t->contains(10));  // least recently used, but pinned
+  EXPECT_FALSE(t->contains(20));
+  EXPECT_TRUE(t->contains(40));
+  EXPECT_EQ(t->stats().pinned_evicted_files, 0);
+  // Only pinned files left over the budget: the budget still holds, least recently used first.
+  t->pin(40, now + 600.0);
+  t->pin(50, now + 600.0);
+  write_blocks(*t, 50, 1);
+  EXPECT_FALSE(t->contains(10));
+  EXPECT_TRUE(t->contains(40));
+  EXPECT_TRUE(t->contains(50));
+  EXPECT_EQ(t->stats().pinned_evicted_files, 1);
+  EXPECT_LE(t->stats().bytes, o.max_bytes);
+  fs::remove_all(dir);
+}
+
 TEST(KvDiskTier, FullQueueDropsAndCounts) {
   const fs::path dir = fresh_dir("queue");
   auto o = options(dir);
@@ -241,6 +314,75 @@ TEST(KvHostTier, KeepsItsByteBudgetLeastRecentlyUsedFirst) {
   EXPECT_EQ(h.bytes(), 300);
   EXPECT_EQ(*h.get(4), d);
   EXPECT_EQ(h.evictions(), 1);
+}
+
+TEST(KvHostTier, SessionPinExemptsFromLruUntilItExpires) {
+  HostTier h(300);
+  const auto a = block(1, 100), b = block(2, 100), c = block(3, 100);
+  const double now = tier_clock_s();
+  h.pin(1, now + 600.0);
+  h.put(1, a.data(), 100);
+  h.put(2, b.data(), 100);
+  h.pin(3, now + 0.3);
+  h.put(3, c.data(), 100);
+  h.put(4, block(4, 100).data(), 100);  // 1 is least recent but pinned: 2 goes
+  EXPECT_TRUE(h.contains(1));
+  EXPECT_FALSE(h.contains(2));
+  EXPECT_TRUE(h.contains(3));
+  h.put(5, block(5, 100).data(), 100);  // 1 and 3 pinned: 4 goes
+  EXPECT_TRUE(h.contains(1));
+  EXPECT_TRUE(h.contains(3));
+  EXPECT_FALSE(h.contains(4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // 3's pin expires
+  h.put(6, block(6, 100).data(), 100);
+  EXPECT_TRUE(h.contains(1));
+  EXPECT_FALSE(h.contains(3));
+  EXPECT_TRUE(h.contains(5));
+  EXPECT_TRUE(h.contains(6));
+  EXPECT_EQ(*h.get(1), a);
+  EXPECT_EQ(h.pinned_evictions(), 0);
+  // Everything pinned: an unpinned newcomer is not kept, a pinned one takes the LRU pinned place.
+  h.pin(5, now + 600.0);
+  h.pin(6, now + 600.0);
+  h.put(7, block(7, 100).data(), 100);
+  EXPECT_FALSE(h.contains(7));
+  EXPECT_TRUE(h.contains(1) && h.contains(5) && h.contains(6));
+  h.pin(8, now + 600.0);
+  h.put(8, block(8, 100).data(), 100);
+  EXPECT_TRUE(h.contains(8));
+  EXPECT_FALSE(h.contains(5));  // 1 was read above, so 5 is the least recently used
+  EXPECT_EQ(h.pinned_evictions(), 1);
+  EXPECT_EQ(h.bytes(), 300);
+}
+
+TEST(KvTiers, PinReachesBothTiers) {
+  const fs::path dir = fresh_dir("tiers_pin");
+  auto o = options(dir);
+  auto probe = open_ok(o);
+  ASSERT_TRUE(probe);
+  write_blocks(*probe, 1, 1);
+  const int64_t file_bytes = probe->stats().bytes;
+  probe.reset();
+  fs::remove_all(dir);
+  o.max_bytes = file_bytes + file_bytes / 2;  // one file fits
+  auto disk = open_ok(o);
+  ASSERT_TRUE(disk);
+  KvTiers tiers(192, 192 * 2, std::move(disk));
+  const uint64_t pinned[] = {1};
+  tiers.pin(pinned, tier_clock_s() + 600.0);
+  for (uint64_t h = 1; h <= 4; ++h) {
+    tiers.demote(h, block(h, 192).data());
+    ASSERT_TRUE(tiers.flush(10.0));
+  }
+  EXPECT_TRUE(tiers.contains_host(1));
+  EXPECT_FALSE(tiers.contains_host(2));
+  EXPECT_TRUE(tiers.disk()->contains(1));
+  EXPECT_FALSE(tiers.disk()->contains(2));
+  std::vector<uint8_t> out(192);
+  ASSERT_TRUE(tiers.fetch(1, out.data()));
+  EXPECT_EQ(out, block(1, 192));
+  EXPECT_EQ(tiers.stats().pinned_blocks, 1);
+  fs::remove_all(dir);
 }
 
 TEST(KvTiers, DiskHitAfterHostEvictionAndCounts) {

@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "core/log.h"
+#include "kv/host/host_tier.h"
 
 namespace strata {
 
@@ -145,7 +147,7 @@ Status DiskTier::scan() {
     }
     add_file_locked(seq, std::move(e));
   }
-  enforce_budget_locked(0);
+  enforce_budget_locked();
   log::info("kv disk tier {}: {} files, {} blocks, {} bytes", options_.dir.string(), files_.size(), index_.size(),
             total_bytes_);
   return Status();
@@ -199,6 +201,7 @@ std::string DiskTier::load_header(const fs::path& path, FileEntry& entry) const 
 void DiskTier::add_file_locked(uint64_t seq, FileEntry entry) {
   for (size_t i = 0; i < entry.hashes.size(); ++i) index_[entry.hashes[i]] = Loc{seq, int32_t(i)};
   total_bytes_ += entry.bytes;
+  entry.last_use = ++use_tick_;
   files_[seq] = std::move(entry);
 }
 
@@ -236,14 +239,44 @@ void DiskTier::quarantine_locked(uint64_t seq, const std::string& reason) {
   quarantine_path(path, reason);
 }
 
-void DiskTier::enforce_budget_locked(uint64_t) {
+bool DiskTier::file_pinned_locked(const FileEntry& f, double now) const {
+  if (pins_.empty()) return false;
+  for (uint64_t h : f.hashes) {
+    auto it = pins_.find(h);
+    if (it != pins_.end() && it->second > now) return true;
+  }
+  return false;
+}
+
+void DiskTier::enforce_budget_locked() {
   std::error_code ec;
+  const double now = tier_clock_s();
   while (total_bytes_ > options_.max_bytes && !files_.empty()) {
-    auto oldest = files_.begin();
-    const fs::path path = oldest->second.path;
-    remove_file_locked(oldest->first);
+    // Least recently used unpinned file; a pinned one only when all are pinned.
+    auto victim = files_.end(), pinned_victim = files_.end();
+    for (auto it = files_.begin(); it != files_.end(); ++it) {
+      auto& best = file_pinned_locked(it->second, now) ? pinned_victim : victim;
+      if (best == files_.end() || it->second.last_use < best->second.last_use) best = it;
+    }
+    if (victim == files_.end()) {
+      victim = pinned_victim;
+      ++counters_.pinned_evicted_files;
+    }
+    const fs::path path = victim->second.path;
+    remove_file_locked(victim->first);
     fs::remove(path, ec);
     ++counters_.evicted_files;
+  }
+}
+
+void DiskTier::pin(uint64_t hash, double until) {
+  std::lock_guard<std::mutex> lock(mu_);
+  double& u = pins_[hash];
+  u = std::max(u, until);
+  if (pins_.size() > 2 * pins_pruned_at_ + 1024) {  // amortized sweep of expired pins
+    const double now = tier_clock_s();
+    std::erase_if(pins_, [now](const auto& p) { return p.second <= now; });
+    pins_pruned_at_ = pins_.size();
   }
 }
 
@@ -255,7 +288,11 @@ bool DiskTier::contains(uint64_t hash) const {
 bool DiskTier::enqueue(uint64_t hash, const uint8_t* data) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.count(hash) || queued_.count(hash)) return true;
+    if (auto it = index_.find(hash); it != index_.end()) {
+      files_.at(it->second.seq).last_use = ++use_tick_;  // demoted again: still in use
+      return true;
+    }
+    if (queued_.count(hash)) return true;
     if (queued_bytes_ + block_bytes_ > options_.queue_bytes) {
       ++counters_.dropped_blocks;
       return false;
@@ -280,10 +317,12 @@ bool DiskTier::read(uint64_t hash, uint8_t* out) {
     auto it = index_.find(hash);
     if (it == index_.end()) return false;
     seq = it->second.seq;
-    const FileEntry& f = files_.at(seq);
+    FileEntry& f = files_.at(seq);
+    f.last_use = ++use_tick_;
     path = f.path;
     offset = f.data_offset + int64_t(it->second.index) * stride();
   }
+  if (options_.read_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(options_.read_delay_s));
   std::vector<uint8_t> buf(static_cast<size_t>(stride()));
   std::string why;
   if (!read_at(path, offset, buf.data(), buf.size())) {
@@ -383,7 +422,7 @@ void DiskTier::writer_loop() {
     if (ok) {
       counters_.written_blocks += int64_t(group.size());
       add_file_locked(seq, std::move(entry));
-      enforce_budget_locked(seq);
+      enforce_budget_locked();
     } else {
       ++counters_.write_errors;
       log::warn("kv disk tier: writing {} blocks to {} failed", group.size(), options_.dir.string());

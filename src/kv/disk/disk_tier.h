@@ -13,7 +13,11 @@
 // index is rebuilt from the directory (oldest first) and writing continues after the newest.
 // A file whose header, identity, version, layout or size is wrong (found at startup) or whose
 // tensor checksum fails (found at read) is moved to quarantine/ with a log line; its blocks are
-// simply misses. Over the byte budget, the oldest files are deleted.
+// simply misses. Over the byte budget, the least recently used files are deleted (a read or a
+// repeated demotion of one of its blocks uses a file; at startup, files count as used in write
+// order). Session pins (pin()) exempt a file holding a pinned block until the pin expires:
+// unpinned files go first, pinned ones only when nothing else is left over the budget. Pins
+// live in memory only.
 //
 // Demotion goes through enqueue(): a queue capped in bytes feeds the writer thread; what does
 // not fit is dropped and counted. All methods are thread-safe.
@@ -42,6 +46,7 @@ struct DiskTierOptions {
   int32_t max_group_blocks = 64;               // blocks per file at most
   std::string identity;                        // must match for a file to be loaded
   std::vector<int64_t> tensor_bytes;           // one block's tensors, in order
+  double read_delay_s = 0.0;                   // > 0: each read sleeps this long (a slow device, for tests)
 };
 
 struct DiskTierStats {
@@ -55,6 +60,7 @@ struct DiskTierStats {
   int64_t quarantined_files = 0;
   int64_t read_blocks = 0;
   int64_t write_errors = 0;
+  int64_t pinned_evicted_files = 0;  // budget, with every file left pinned
 };
 
 class DiskTier {
@@ -76,6 +82,9 @@ class DiskTier {
   // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
   // an unreadable file quarantines the file and is a miss.
   bool read(uint64_t hash, uint8_t* out);
+  // Exempts the file holding `hash` (now or once written) from budget eviction until `until`
+  // (tier_clock_s(), kv/host/host_tier.h); keeps the later expiry.
+  void pin(uint64_t hash, double until);
   // Waits until the queue is written, at most `timeout_s`. False when the deadline passed first.
   bool flush(double timeout_s);
   DiskTierStats stats() const;
@@ -87,6 +96,7 @@ class DiskTier {
     int64_t bytes = 0;
     std::vector<uint64_t> hashes;
     int64_t data_offset = 0;  // first block's data
+    uint64_t last_use = 0;    // use_tick_ of its latest use
   };
   struct Loc {
     uint64_t seq = 0;   // file
@@ -105,7 +115,8 @@ class DiskTier {
   void quarantine_path(const std::filesystem::path& path, const std::string& reason);
   void add_file_locked(uint64_t seq, FileEntry entry);
   void remove_file_locked(uint64_t seq);
-  void enforce_budget_locked(uint64_t keep_seq);
+  void enforce_budget_locked();
+  bool file_pinned_locked(const FileEntry& f, double now) const;
   void writer_loop();
   bool write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry);
   int64_t stride() const;  // bytes of one block in a file (data + checksums)
@@ -121,6 +132,9 @@ class DiskTier {
   int64_t queued_bytes_ = 0;
   int64_t total_bytes_ = 0;
   uint64_t next_seq_ = 1;
+  uint64_t use_tick_ = 0;
+  std::unordered_map<uint64_t, double> pins_;  // hash -> expiry (tier_clock_s())
+  size_t pins_pruned_at_ = 0;
   bool writing_ = false;
   bool stop_ = false;
   DiskTierStats counters_;

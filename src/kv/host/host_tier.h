@@ -1,8 +1,15 @@
 // HostTier: KV blocks evicted from the device pool, kept in host memory under a byte budget,
 // least recently used first out. Keys are the blocks' chained prefix hashes (prefix_index.h);
-// values are one block's bytes in the layout the engine gathers them in. Driven by one thread.
+// values are one block's bytes in the layout the engine gathers them in.
+//
+// Session pins: pin(hash, until) keeps a block (present now or put later) out of LRU eviction
+// until `until` (seconds of std::chrono::steady_clock, tier_clock_s()). Over the budget,
+// unpinned blocks go first, least recently used first; pinned ones go only when nothing
+// unpinned is left and the incoming block is pinned too (an unpinned block that would need a
+// pinned one's room is not kept). Not thread-safe: KvTiers locks around it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -11,31 +18,47 @@
 
 namespace strata {
 
+// The clock session pins of the lower KV tiers are stated in: seconds of steady_clock.
+inline double tier_clock_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 class HostTier {
  public:
   explicit HostTier(int64_t max_bytes) : max_bytes_(max_bytes) {}
 
-  // Stores a copy of `n` bytes under `hash` (refreshing it when present), evicting the least
-  // recently used blocks past the budget. A block larger than the budget is not kept.
+  // Stores a copy of `n` bytes under `hash` (refreshing it when present), evicting past the
+  // budget as the header says. A block larger than the budget is not kept.
   void put(uint64_t hash, const uint8_t* data, size_t n);
   bool contains(uint64_t hash) const { return map_.count(hash) > 0; }
   // The block's bytes (and it becomes most recently used), null when absent.
   const std::vector<uint8_t>* get(uint64_t hash);
+  // Exempts `hash` from LRU eviction until `until` (tier_clock_s()); keeps the later expiry.
+  void pin(uint64_t hash, double until);
+  bool pinned(uint64_t hash, double now) const;
 
   int64_t bytes() const { return bytes_; }
   int64_t n_blocks() const { return int64_t(map_.size()); }
   int64_t evictions() const { return evictions_; }
+  // Blocks evicted while still pinned (the budget held only pinned blocks).
+  int64_t pinned_evictions() const { return pinned_evictions_; }
 
  private:
   struct Entry {
     std::vector<uint8_t> data;
     std::list<uint64_t>::iterator lru;
   };
+  void erase(uint64_t hash);
+  void prune_pins(double now);
+
   int64_t max_bytes_;
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
+  int64_t pinned_evictions_ = 0;
   std::list<uint64_t> lru_;  // most recent at the front
   std::unordered_map<uint64_t, Entry> map_;
+  std::unordered_map<uint64_t, double> pins_;  // hash -> expiry (tier_clock_s())
+  size_t pins_pruned_at_ = 0;                  // pins_.size() after the last sweep
 };
 
 }  // namespace strata

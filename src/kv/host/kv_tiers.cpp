@@ -10,32 +10,54 @@ KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTi
       disk_(std::move(disk)) {}
 
 void KvTiers::demote(uint64_t hash, const uint8_t* data) {
-  ++demoted_;
-  if (host_) host_->put(hash, data, size_t(block_bytes_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++demoted_;
+    if (host_) host_->put(hash, data, size_t(block_bytes_));
+  }
   if (disk_) disk_->enqueue(hash, data);
 }
 
 bool KvTiers::contains(uint64_t hash) const {
-  return (host_ && host_->contains(hash)) || (disk_ && disk_->contains(hash));
+  return contains_host(hash) || (disk_ && disk_->contains(hash));
+}
+
+bool KvTiers::contains_host(uint64_t hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_ && host_->contains(hash);
+}
+
+void KvTiers::pin(std::span<const uint64_t> hashes, double until) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_ += int64_t(hashes.size());
+    if (host_) for (uint64_t h : hashes) host_->pin(h, until);
+  }
+  if (disk_) for (uint64_t h : hashes) disk_->pin(h, until);
 }
 
 bool KvTiers::fetch(uint64_t hash, uint8_t* out) {
-  if (host_) {
-    if (const auto* d = host_->get(hash)) {
-      std::memcpy(out, d->data(), d->size());
-      ++host_hits_;
-      return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_) {
+      if (const auto* d = host_->get(hash)) {
+        std::memcpy(out, d->data(), d->size());
+        ++host_hits_;
+        return true;
+      }
     }
   }
-  if (disk_ && disk_->contains(hash)) {
-    if (disk_->read(hash, out)) {
-      ++disk_hits_;
-      if (host_) host_->put(hash, out, size_t(block_bytes_));
-      return true;
-    }
+  if (!disk_ || !disk_->contains(hash)) return false;
+  // The read runs unlocked: demotions go on meanwhile.
+  const bool ok = disk_->read(hash, out);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ok) {
     ++failures_;
+    return false;
   }
-  return false;
+  ++disk_hits_;
+  if (host_) host_->put(hash, out, size_t(block_bytes_));
+  return true;
 }
 
 bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s); }
@@ -43,15 +65,20 @@ bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s)
 KvTierStats KvTiers::stats() const {
   KvTierStats s;
   s.enabled = true;
-  if (host_) {
-    s.host_blocks = host_->n_blocks();
-    s.host_bytes = host_->bytes();
-    s.host_evictions = host_->evictions();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_) {
+      s.host_blocks = host_->n_blocks();
+      s.host_bytes = host_->bytes();
+      s.host_evictions = host_->evictions();
+      s.host_pinned_evictions = host_->pinned_evictions();
+    }
+    s.demoted_blocks = demoted_;
+    s.host_hit_blocks = host_hits_;
+    s.disk_hit_blocks = disk_hits_;
+    s.promote_failures = failures_;
+    s.pinned_blocks = pinned_;
   }
-  s.demoted_blocks = demoted_;
-  s.host_hit_blocks = host_hits_;
-  s.disk_hit_blocks = disk_hits_;
-  s.promote_failures = failures_;
   if (disk_) s.disk = disk_->stats();
   return s;
 }

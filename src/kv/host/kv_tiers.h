@@ -7,11 +7,20 @@
 // the device index finds a block in host memory, else on disk (a disk hit is copied up to the
 // host tier). Only the full-attention pool's blocks are tiered: models with sliding-window
 // layers or recurrent state (which need the window pool or a state snapshot as well) run
-// without tiers. The engine thread drives this; the disk tier has its own writer thread.
+// without tiers.
+//
+// Sessions: pin() keeps a session's blocks in both tiers past LRU eviction until the session's
+// TTL (HostTier, DiskTier say how the budgets treat pinned blocks); a block pinned while still
+// in the device pool keeps the pin when it demotes later.
+//
+// Thread-safe: the engine thread demotes and looks up, the promotion thread
+// (engine/kv_tier_promoter.h) fetches, the disk tier has its own writer thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <vector>
 
 #include "kv/disk/disk_tier.h"
@@ -24,10 +33,12 @@ struct KvTierStats {
   int64_t host_blocks = 0;
   int64_t host_bytes = 0;
   int64_t host_evictions = 0;
+  int64_t host_pinned_evictions = 0;  // pinned blocks the host budget had to drop
   int64_t demoted_blocks = 0;
   int64_t host_hit_blocks = 0;
   int64_t disk_hit_blocks = 0;
   int64_t promote_failures = 0;  // a block listed in a tier that could not be read
+  int64_t pinned_blocks = 0;     // session pins set, since start
   DiskTierStats disk;
 };
 
@@ -39,6 +50,10 @@ class KvTiers {
   int64_t block_bytes() const { return block_bytes_; }
   void demote(uint64_t hash, const uint8_t* data);
   bool contains(uint64_t hash) const;
+  bool contains_host(uint64_t hash) const;
+  // Session pin: each block stays out of LRU eviction in both tiers until `until`
+  // (tier_clock_s(), kv/host/host_tier.h).
+  void pin(std::span<const uint64_t> hashes, double until);
   // Copies the block into `out` (block_bytes()); false on a miss or an unreadable block.
   bool fetch(uint64_t hash, uint8_t* out);
   // Waits for the disk writer's queue, at most timeout_s. True when nothing is left queued.
@@ -50,7 +65,8 @@ class KvTiers {
   int64_t block_bytes_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
-  int64_t demoted_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0;
+  mutable std::mutex mu_;  // host_ and the counters; disk_ locks itself
+  int64_t demoted_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0, pinned_ = 0;
 };
 
 }  // namespace strata
