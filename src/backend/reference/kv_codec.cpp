@@ -62,6 +62,7 @@ int32_t kv_default_group(KvCodec c, int32_t dim) {
 }
 
 KvRowFormat kv_key_format(const KvCodecSpec& spec, int32_t dim) {
+  if (spec.part == KvCodecPart::kValuesOnly) return {KvRowKind::kF32, dim, 0};
   const int32_t g = spec.group_size > 0 ? spec.group_size : kv_default_group(spec.codec, dim);
   switch (spec.codec) {
     case KvCodec::kAuto: return {KvRowKind::kF32, dim, 0};
@@ -75,8 +76,9 @@ KvRowFormat kv_key_format(const KvCodecSpec& spec, int32_t dim) {
 }
 
 KvRowFormat kv_value_format(const KvCodecSpec& spec, int32_t dim) {
+  if (spec.part == KvCodecPart::kKeysOnly) return {KvRowKind::kF32, dim, 0};
   if (spec.codec == KvCodec::kTurbo) return {KvRowKind::kTurbo3, dim, 0};
-  return kv_key_format(spec, dim);
+  return kv_key_format({spec.codec, spec.group_size}, dim);
 }
 
 const char* kv_format_problem(const KvRowFormat& f) {

@@ -25,9 +25,15 @@ namespace strata {
 // The per-layer choice. kAuto is the compute dtype (f32 on the CPU).
 enum class KvCodec : uint8_t { kAuto, kBf16, kFp8, kInt8, kInt4, kTurbo };
 
+// Which of a layer's rows the codec stores; the other side stays f32. Only for accuracy
+// analysis (bench_kv_accuracy splits a codec's error into its key and value parts): the flags
+// always give kBoth.
+enum class KvCodecPart : uint8_t { kBoth, kKeysOnly, kValuesOnly };
+
 struct KvCodecSpec {
   KvCodec codec = KvCodec::kAuto;
   int32_t group_size = 0;  // affine groups along the head dim (int8/int4/turbo keys); 0: codec default
+  KvCodecPart part = KvCodecPart::kBoth;
   bool operator==(const KvCodecSpec&) const = default;
 };
 

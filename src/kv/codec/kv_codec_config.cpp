@@ -29,6 +29,8 @@ std::string kv_codec_spec_name(const KvCodecSpec& spec) {
     s += '/';
     s += std::to_string(spec.group_size);
   }
+  if (spec.part == KvCodecPart::kKeysOnly) s += "(keys)";
+  if (spec.part == KvCodecPart::kValuesOnly) s += "(values)";
   return s;
 }
 
