@@ -5,12 +5,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/log.h"
@@ -19,6 +23,7 @@
 #include "model/registry.h"
 #include "server/http_server.h"
 #include "server/request_mapping.h"
+#include "server/supervisor.h"
 
 namespace strata::cli {
 
@@ -57,6 +62,10 @@ struct ServeArgs {
   int32_t state_snapshot_interval = 512;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
+  bool supervise = false;
+  bool supervised_child = false;
+  bool checkpoint_every_given = false;
+  int max_restarts_per_minute = 5;
 };
 
 // The repository's demo model: $STRATA_MODEL, else models/strata-demo in a directory above
@@ -92,6 +101,41 @@ int fail(const Error& e) {
   return e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kUnsupported ? 2 : 1;
 }
 
+// --supervise: this process keeps the port and runs the engine in a child (server/supervisor.h).
+// Streams resume from checkpoints, so they default to every 32 tokens, in a private directory
+// when no --checkpoint-dir or --kv-disk-dir is given.
+int run_supervised(const ServeArgs& a) {
+  if (a.max_restarts_per_minute < 1) {
+    return fail(make_error(ErrorCode::kInvalidArgument,
+                           "--max-restarts-per-minute must be >= 1, got " + std::to_string(a.max_restarts_per_minute)));
+  }
+  std::vector<std::string> extra;
+  const int32_t every = a.checkpoint_every_given ? a.checkpoint_every : 32;
+  if (!a.checkpoint_every_given) extra = {"--checkpoint-every", "32"};
+  server::SupervisorOptions so;
+  if (every > 0 && a.checkpoint_dir.empty() && a.kv_disk_dir.empty()) {
+    std::error_code ec;
+    std::string pattern = (fs::temp_directory_path(ec) / "strata-checkpoints-XXXXXX").string();
+    if (ec || !mkdtemp(pattern.data())) {
+      return fail(make_error(ErrorCode::kIo, "--supervise: cannot create a checkpoint directory '" + pattern + "'"));
+    }
+    so.temp_dir = pattern;
+    extra.insert(extra.end(), {"--checkpoint-dir", pattern});
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return fail(make_error(ErrorCode::kIo, "--supervise: cannot find this executable (/proc/self/exe)"));
+  so.child_argv = server::child_command_line(server::own_command_line(), exe.string(), extra);
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.max_body_bytes = size_t(a.max_body_bytes);
+  so.http_threads = a.http_threads > 0 ? a.http_threads : a.max_num_seqs + 8;
+  so.max_restarts_per_minute = a.max_restarts_per_minute;
+  so.stop_timeout_s = a.kv_flush_timeout + 30.0;
+  return server::run_supervisor(so);
+}
+
 int run_serve(ServeArgs a) {
   if (a.model_dir.empty()) a.model_dir = default_model_dir();
   if (!a.api_key_file.empty()) {
@@ -107,6 +151,7 @@ int run_serve(ServeArgs a) {
     return fail(make_error(ErrorCode::kInvalidArgument,
                            "--state-snapshot-interval must be >= 1, got " + std::to_string(a.state_snapshot_interval)));
   }
+  if (a.supervise) return run_supervised(a);
 
   // SIGINT/SIGTERM go to one waiting thread; block them before any other thread starts.
   sigset_t signals;
@@ -174,6 +219,7 @@ int run_serve(ServeArgs a) {
   ho.max_body_bytes = size_t(a.max_body_bytes);
   ho.http_threads = a.http_threads;
   ho.max_num_seqs = a.max_num_seqs;
+  ho.supervised = a.supervised_child;
   server::HttpServer http(**engine, *served, ho);
   auto port = http.bind();
   if (!port.ok()) return fail(port.error());
@@ -188,9 +234,27 @@ int run_serve(ServeArgs a) {
             name, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
             (*engine)->kv_bytes_per_token(), served->max_model_len,
             server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
+  // Under --supervise a stopped engine loop (a device fault) ends this process: the
+  // supervisor restarts it and re-sends what was in flight.
+  std::atomic<bool> serving{true};
+  std::thread engine_watch;
+  if (a.supervised_child) {
+    engine_watch = std::thread([&serving, &engine] {
+      while (serving.load()) {
+        if (!(*engine)->alive()) {
+          log::error("the engine loop stopped: exiting for the supervisor to restart the engine process");
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));  // streams send their "lost" part
+          std::_Exit(3);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
   std::printf("strata serve: listening on http://%s:%d\n", a.host.c_str(), *port);
   std::fflush(stdout);
   const bool ok = http.run();
+  serving = false;
+  if (engine_watch.joinable()) engine_watch.join();
   (*engine)->shutdown();
   // Wake the signal thread if the listener ended on its own.
   pthread_kill(waiter.native_handle(), SIGTERM);
@@ -251,7 +315,17 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--min-p", a->min_p, "Default min_p");
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "Default repetition_penalty");
   cmd->add_option("--max-tokens", a->max_tokens, "Default max_tokens (default: the rest of the context)");
-  cmd->callback([a] { exit_code() = run_serve(*a); });
+  cmd->add_flag("--supervise", a->supervise,
+                "Run the engine in a child process that is restarted when it dies; streams resume from their "
+                "checkpoints (--checkpoint-every defaults to 32)");
+  cmd->add_option("--max-restarts-per-minute", a->max_restarts_per_minute,
+                  "Under --supervise: engine restarts allowed within a minute before the server gives up")
+      ->capture_default_str();
+  cmd->add_flag("--supervised-child", a->supervised_child, "The engine process of --supervise")->group("");
+  cmd->callback([a, cmd] {
+    a->checkpoint_every_given = cmd->count("--checkpoint-every") > 0;
+    exit_code() = run_serve(*a);
+  });
 }
 
 }  // namespace strata::cli

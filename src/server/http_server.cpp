@@ -9,6 +9,7 @@
 #include "server/api_response.h"
 #include "server/connection_watch.h"
 #include "server/output_assembler.h"
+#include "server/supervisor.h"
 
 namespace strata::server {
 
@@ -87,6 +88,93 @@ struct Generation {
     return out;
   }
 };
+
+// The X-Strata-* headers of a supervising process (supervisor.h); empty when absent or malformed.
+struct SupervisedHeaders {
+  std::optional<uint64_t> seed;
+  std::string response_id;
+  std::optional<int64_t> created;
+  bool stream_parts = false;
+};
+
+SupervisedHeaders read_supervised_headers(const httplib::Request& req) {
+  SupervisedHeaders h;
+  try {
+    if (req.has_header(kSeedHeader)) h.seed = std::stoull(req.get_header_value(kSeedHeader));
+    if (req.has_header(kCreatedHeader)) h.created = std::stoll(req.get_header_value(kCreatedHeader));
+  } catch (const std::exception&) {
+    log::warn("ignoring a malformed {} or {} header", kSeedHeader, kCreatedHeader);
+  }
+  h.response_id = req.get_header_value(kResponseIdHeader);
+  h.stream_parts = req.get_header_value(kStreamPartsHeader) == "1";
+  return h;
+}
+
+// A stream for the supervising process: every token is assembled on its own and its SSE text
+// is followed by a part marker (": strata-part token N", N counting generated tokens), the
+// opening text by "start" and the closing text by "end". The text of token N depends only on
+// tokens 1..N, so a resumed request, which replays its checkpointed tokens, produces the same
+// parts and the supervisor skips those its client already has. A stream cut by a dead engine
+// ends with "lost" and no closing events, so the supervisor re-sends it.
+bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, ServerMetrics& metrics) {
+  auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+  auto part = [](const std::string& label) { return std::string(kPartPrefix) + label + "\n\n"; };
+  auto vanish = [&] {
+    if (!gen.cancel_sent) {
+      gen.cancel_sent = true;
+      gen.stream->cancel();
+      metrics.count_disconnect();
+    }
+    return false;
+  };
+  if (!write(gen.builder->start() + part("start"))) return vanish();
+  FinishState fin;
+  bool final = false;
+  int64_t n_tokens = 0;
+  while (!final) {
+    auto ev = gen.stream->next(kPoll);
+    if (!ev) {
+      if (peer_closed(gen.fd)) return vanish();
+      continue;
+    }
+    if (!ev->prompt_logprobs.empty()) gen.builder->prompt_logprobs(ev->prompt_logprobs);
+    const bool with_logprobs = ev->logprobs.size() == ev->tokens.size();
+    for (size_t i = 0; i < ev->tokens.size(); ++i) {
+      StreamEvent one;
+      one.tokens = {ev->tokens[i]};
+      if (with_logprobs) one.logprobs = {ev->logprobs[i]};
+      bool unused = false;
+      const std::string text = gen.feed(one, &unused, &fin);
+      if (!write(text + part("token " + std::to_string(++n_tokens)))) return vanish();
+    }
+    if (ev->final) {
+      StreamEvent end = std::move(*ev);
+      end.tokens.clear();
+      end.logprobs.clear();
+      end.prompt_logprobs.clear();
+      gen.feed(end, &final, &fin);
+    }
+  }
+  if (fin.reason == FinishReason::kError && !fin.stop_string && !engine.alive()) {
+    write(part("lost"));
+    return false;
+  }
+  metrics.count_usage(fin.usage);
+  std::string tail;
+  if (fin.reason == FinishReason::kError && !fin.stop_string) {
+    ApiError e;
+    e.status = 500;
+    e.message = "generation failed: " + fin.error;
+    tail = gen.builder->stream_error(e);
+  } else {
+    std::vector<ToolCall> calls;
+    OutputDelta last = gen.assembler->finish(&calls);
+    tail = gen.builder->finish(last, calls, fin);
+  }
+  write(tail + part("end"));
+  sink.done();
+  return true;
+}
 
 }  // namespace
 
@@ -212,6 +300,13 @@ void HttpServer::install_routes() {
   s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     json card = {{"id", model_.name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
                  {"max_model_len", model_.max_model_len}, {"vocab_size", model_.tokenizer.vocab_size()}};
+    // The shape clients such as `strata bench serve` compute rooflines from.
+    const ModelConfig& mc = engine_.model_config();
+    card["strata"] = {{"model_type", mc.model_type}, {"n_layers", mc.n_layers}, {"hidden", mc.hidden},
+                      {"intermediate", mc.intermediate}, {"n_heads", mc.n_heads}, {"n_kv_heads", mc.n_kv_heads},
+                      {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"tied", mc.tie_embeddings},
+                      {"kv_bytes_per_token", engine_.kv_bytes_per_token()}, {"kv_blocks", engine_.n_kv_blocks()},
+                      {"block_size", engine_.block_size()}};
     write_json(res, {{"object", "list"}, {"data", json::array({card})}});
     metrics_.count_request(req.path, 200);
   });
@@ -289,6 +384,8 @@ void HttpServer::install_routes() {
                                                                     : parse_messages_request(body, limits, &r);
       if (perr) return fail(*perr);
       if (r.session_id.empty()) r.session_id = req.get_header_value("X-Session-Id");
+      const SupervisedHeaders sup = options_.supervised ? read_supervised_headers(req) : SupervisedHeaders{};
+      if (!r.seed && sup.seed) r.seed = sup.seed;
       PreparedRequest p;
       if (auto e = prepare_request(r, model_, &p)) return fail(*e);
       if (!engine_.alive()) {
@@ -298,9 +395,10 @@ void HttpServer::install_routes() {
         return fail(e);
       }
       ResponseContext ctx;
-      ctx.id = random_id(id_prefix(kind));
+      ctx.id = sup.response_id.empty() ? random_id(id_prefix(kind)) : sup.response_id;
       ctx.model = model_.name;
-      ctx.created = std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+      ctx.created = sup.created ? *sup.created
+                                : std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
       ctx.include_usage = r.include_usage;
       ctx.logprobs = r.logprobs;
       ctx.echo = r.echo;
@@ -342,6 +440,8 @@ void HttpServer::install_routes() {
         OutputDelta last = gen->assembler->finish(&calls);
         gen->builder->finish(last, calls, fin);
         if (fin.reason == FinishReason::kError && !fin.stop_string) {
+          // The supervising process re-sends a request its dead engine failed.
+          if (options_.supervised && !engine_.alive()) res.set_header(kEngineDownHeader, "1");
           ApiError e;
           e.status = 500;
           e.message = "generation failed: " + fin.error;
@@ -354,6 +454,15 @@ void HttpServer::install_routes() {
 
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
+      if (sup.stream_parts) {
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [this, gen](size_t, httplib::DataSink& sink) { return stream_parts(*gen, sink, engine_, metrics_); },
+            [gen](bool) {
+              if (!gen->stream->done() && !gen->cancel_sent) gen->stream->cancel();
+            });
+        return;
+      }
       res.set_chunked_content_provider(
           "text/event-stream",
           [this, gen](size_t, httplib::DataSink& sink) {

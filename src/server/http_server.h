@@ -27,6 +27,10 @@ struct HttpOptions {
   size_t max_body_bytes = size_t(32) << 20;  // bytes
   int http_threads = 0;                 // 0: max_num_seqs + 8
   int max_num_seqs = 64;
+  // Run as the engine process of `strata serve --supervise` (supervisor.h): the X-Strata-*
+  // headers of the supervising process are honored (pinned seed, response id and created,
+  // stream parts) and a stream cut by a dead engine ends without its closing events.
+  bool supervised = false;
 };
 
 class HttpServer {
