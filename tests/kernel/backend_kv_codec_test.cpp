@@ -91,6 +91,54 @@ TEST(KvCodecFormat, E4m3Codes) {
   }
 }
 
+// Every float goes to the nearest finite e4m3 value, ties to the even code, saturating at
+// +-448: checked against a search over all codes, on magnitudes spread over the whole range
+// (subnormals included) and on every midpoint between neighbouring codes.
+TEST(KvCodecFormat, E4m3IsNearestEvenEverywhere) {
+  std::vector<std::pair<float, int>> codes;  // (value, code) of the non-negative finite codes
+  for (int c = 0; c < 0x7f; ++c) codes.push_back({e4m3_to_f32(uint8_t(c)), c});
+  auto nearest = [&](float x) {
+    const float a = std::min(std::fabs(x), 448.0f);
+    int best = 0;
+    for (const auto& [v, c] : codes) {
+      const float d = std::fabs(v - a), db = std::fabs(codes[size_t(best)].first - a);
+      if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return uint8_t((x < 0 ? 0x80 : 0) | best);
+  };
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> expo(-12.0f, 9.5f);
+  std::vector<float> xs;
+  for (int i = 0; i < 20000; ++i) xs.push_back((i % 2 ? -1.0f : 1.0f) * std::exp2(expo(rng)));
+  for (size_t i = 0; i + 1 < codes.size(); ++i) xs.push_back(0.5f * (codes[i].first + codes[i + 1].first));
+  for (float x : xs) ASSERT_EQ(f32_to_e4m3(x), nearest(x)) << x;
+}
+
+// The 3-bit codebook is the Lloyd-Max quantizer of N(0, 1): each level is the centroid of the
+// standard normal over its cell (cells cut at the midpoints between levels).
+TEST(KvCodecFormat, LloydMaxLevelsAreUnitGaussianCentroids) {
+  const double pi = 3.14159265358979323846;
+  auto pdf = [&](double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * pi); };
+  auto cdf = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  for (int c = 0; c < 8; ++c) {
+    const double lo = c == 0 ? -INFINITY : 0.5 * (kLloydMax3[c - 1] + kLloydMax3[c]);
+    const double hi = c == 7 ? INFINITY : 0.5 * (kLloydMax3[c] + kLloydMax3[c + 1]);
+    const double pl = std::isinf(lo) ? 0.0 : pdf(lo), ph = std::isinf(hi) ? 0.0 : pdf(hi);
+    const double centroid = (pl - ph) / (cdf(hi) - cdf(lo));
+    EXPECT_NEAR(kLloydMax3[c], centroid, 2e-4) << c;
+  }
+}
+
+// Analysis specs code one side only; the other stays f32.
+TEST(KvCodecFormat, KeysOnlyAndValuesOnlySpecs) {
+  EXPECT_EQ(kv_key_format({KvCodec::kFp8, 0, KvCodecPart::kKeysOnly}, 64).kind, KvRowKind::kFp8);
+  EXPECT_EQ(kv_value_format({KvCodec::kFp8, 0, KvCodecPart::kKeysOnly}, 64).kind, KvRowKind::kF32);
+  EXPECT_EQ(kv_key_format({KvCodec::kTurbo, 32, KvCodecPart::kValuesOnly}, 64).kind, KvRowKind::kF32);
+  EXPECT_EQ(kv_value_format({KvCodec::kTurbo, 32, KvCodecPart::kValuesOnly}, 64).kind, KvRowKind::kTurbo3);
+  EXPECT_EQ(kv_value_format({KvCodec::kInt4, 32, KvCodecPart::kValuesOnly}, 64), (KvRowFormat{KvRowKind::kAffine4, 64, 32}));
+  EXPECT_EQ(kv_key_format({KvCodec::kInt8, 0}, 64), kv_key_format({KvCodec::kInt8, 0, KvCodecPart::kBoth}, 64));
+}
+
 // Encode then decode random rows; check each format's error bound.
 TEST(KvCodecFormat, RoundTripErrorBounds) {
   const int32_t dims[] = {8, 64, 128};
