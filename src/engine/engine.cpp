@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "engine/checkpoint.h"
+#include "engine/kv_conversion.h"
 #include "engine/kv_tier_io.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -60,6 +61,7 @@ struct Engine::Core {
   std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
   uint64_t next_id = 1;
   EngineStats stats;
+  std::unique_ptr<KvConversion> conversion;  // --kv-quant-start: the codec pool and the conversion
   std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
   std::vector<uint8_t> tier_buf;   // one block's bytes
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
@@ -117,7 +119,7 @@ Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvC
   if (config.quant_start > 0) {
     return make_error(ErrorCode::kUnsupported, "--kv-quant-start " + std::to_string(config.quant_start) +
                                                    ": converting a sequence's exact KV to the codec after a number of "
-                                                   "tokens is not supported yet (use 0)");
+                                                   "tokens runs in the engine only (use 0 here)");
   }
   std::vector<KvLayerSpec> layout = model.kv_layout();
   std::vector<KvCodecLayerDims> dims(layout.size());
@@ -147,9 +149,19 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
 
   KvPlan plan;
-  auto layout = resolve_kv_layout(model, o.kv_codecs);
+  if (o.kv_codecs.quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(o.kv_codecs.quant_start));
+  const bool quant = o.kv_codecs.quant_start > 0;  // the pool holds exact KV; the codecs go to a second one
+  auto layout = resolve_kv_layout(model, quant ? KvCodecConfig{} : o.kv_codecs);
   if (!layout.ok()) return layout.error();
   plan.layout = std::move(layout).value();
+  if (quant) {
+    auto q = plan_kv_quant(model, o, KvStorage::bytes_per_token(plan.layout));
+    if (!q.ok()) return q.error();
+    plan.n_blocks = q->pools.n_exact_blocks;
+    plan.n_quant_blocks = q->pools.n_quant_blocks;
+    plan.quant_layout = std::move(q->layout);
+    return plan;
+  }
   int64_t full_bytes = 0, window_bytes = 0;  // per token, over the layers owning KV of each kind
   for (const auto& s : plan.layout) {
     if (!s.has_kv || s.shares_with >= 0) continue;
@@ -266,10 +278,26 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   kv_bytes_per_token_ = KvStorage::bytes_per_token(kv_plan->layout);
   prefix_namespace_ = namespace_identity(*model_, options_);
   so.prefix_salt = prefix_namespace_salt(prefix_namespace_);
+  if (kv_plan->n_quant_blocks > 0) {
+    // Exact blocks live under the exact namespace, converted ones under the codecs' (KvConversion).
+    prefix_namespace_ += ";quant_start=" + std::to_string(options_.kv_codecs.quant_start);
+    EngineOptions exact = options_;
+    exact.kv_codecs = KvCodecConfig{};
+    so.prefix_salt = prefix_namespace_salt(namespace_identity(*model_, exact));
+  }
   so.window = kv_plan->window;
   so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
   so.state_snapshot_interval = options_.state_snapshot_interval;
   core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value(), std::move(executor));
+  if (kv_plan->n_quant_blocks > 0) {
+    auto* host = dynamic_cast<ModelRunner*>(&core_->runner);
+    if (host == nullptr) throw std::invalid_argument("--kv-quant-start needs the host model runner");
+    n_quant_blocks_ = kv_plan->n_quant_blocks;
+    core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, n_quant_blocks_,
+                                                       prefix_namespace_salt(prefix_namespace_), core_->kv,
+                                                       host->kv_storage(), kv_plan->quant_layout);
+    core_->sched.set_kv_conversion(core_->conversion.get());
+  }
   core_->stats.alive = true;
   core_->stats.kv = core_->kv.stats(0.0);
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
@@ -432,9 +460,10 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
                ") = " + std::to_string(n_prompt + r.max_tokens) + " exceeds max_model_len " + std::to_string(max_model_len_));
   }
   const int64_t blocks = (n_prompt + r.max_tokens + options_.block_size - 1) / options_.block_size;
-  if (blocks > n_blocks_) {
+  const int64_t capacity = int64_t(n_blocks_) + n_quant_blocks_;  // both pools under --kv-quant-start
+  if (blocks > capacity) {
     return bad("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
-               ") needs " + std::to_string(blocks) + " KV blocks; the pool holds " + std::to_string(n_blocks_));
+               ") needs " + std::to_string(blocks) + " KV blocks; the pool holds " + std::to_string(capacity));
   }
   if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs) {
     return bad("logprobs must be -1 (none) or in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(r.logprobs));
@@ -526,6 +555,10 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
 
 void Engine::step() {
   const double now = now_s();
+  if (core_->conversion) {
+    // Sequences past --kv-quant-start move their full blocks to the codec pool before planning.
+    for (Sequence* seq : core_->sched.running()) core_->conversion->convert(seq, now, options_.prefix_caching);
+  }
   StepPlan plan;
   try {
     plan = core_->sched.schedule(now);
@@ -704,6 +737,10 @@ void Engine::publish_stats() {
   s.waiting = int32_t(core_->sched.waiting().size());
   s.kv = core_->kv.stats(now_s());
   if (core_->kv_window) s.kv_window = core_->kv_window->stats(now_s());
+  if (core_->conversion) {
+    s.kv_quant = core_->conversion->pool().stats(now_s());
+    s.kv_converted_blocks = core_->conversion->converted_blocks();
+  }
   if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
   if (core_->tiers) s.kv_tiers = core_->tiers->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();

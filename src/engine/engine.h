@@ -56,8 +56,11 @@ struct EngineOptions {
   double kv_flush_timeout_s = 10.0;  // shutdown waits this long for the disk writer
   // The codec each layer stores its KV in (default: auto, the compute dtype). Resolved against
   // the model at create(); the pools are sized by the codec'd bytes per token and the codec
-  // config is part of the prefix-cache namespace. quant_start > 0 is refused (kUnsupported).
+  // config is part of the prefix-cache namespace. quant_start > 0 (--kv-quant-start): the pool
+  // above holds exact KV and a second pool the codecs; a sequence's full blocks move there once
+  // it passes quant_start tokens (engine/kv_conversion.h, which says how the bytes are split).
   KvCodecConfig kv_codecs;
+  int32_t kv_quant_blocks = 0;  // quant_start > 0: > 0 sets the codec pool's blocks (else derived)
   // Generation checkpoints (engine/checkpoint.h): every this many generated tokens an in-flight
   // request persists its generated ids, sampler state and (through the disk tier) its KV; an
   // identical request later resumes there. 0: off. Requests asking for logprobs are not
@@ -68,7 +71,8 @@ struct EngineOptions {
 
 // The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
 // errors name the flag and value (an unknown layer, a group size that does not fit the head
-// dim, ...); quant_start > 0 is kUnsupported for now.
+// dim, ...). quant_start > 0 is kUnsupported here: the engine converts sequences itself and
+// calls this with quant_start 0 for each of its two layouts.
 Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvCodecConfig& config);
 
 class Engine {
@@ -111,6 +115,8 @@ class Engine {
   int32_t n_kv_blocks() const { return n_blocks_; }
   // Blocks of the sliding-window layers' pool; 0 when the model has no such layer.
   int32_t n_kv_window_blocks() const { return n_window_blocks_; }
+  // Blocks of the codec pool of --kv-quant-start (0: none); n_kv_blocks() is then the exact pool.
+  int32_t n_kv_quant_blocks() const { return n_quant_blocks_; }
   int32_t block_size() const { return options_.block_size; }
   // Bytes of KV one token takes over all layers that own KV, in their resolved codecs.
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
@@ -125,6 +131,8 @@ class Engine {
     int32_t window = 0;           // largest sliding window, 0: none
     bool has_state = false;       // recurrent-state layers
     std::vector<KvLayerSpec> layout;  // the model's KV layout with each layer's resolved codec
+    int32_t n_quant_blocks = 0;             // --kv-quant-start: the codec pool (layout is then exact)
+    std::vector<KvLayerSpec> quant_layout;  // the codec pool's layout
   };
   static Status check_model(const Model& model);
   static Result<KvPlan> plan_blocks(const Model& model, const EngineOptions& options);
@@ -150,6 +158,7 @@ class Engine {
   EngineOptions options_;
   int32_t n_blocks_ = 0;
   int32_t n_window_blocks_ = 0;
+  int32_t n_quant_blocks_ = 0;
   int32_t max_model_len_ = 0;
   int64_t kv_bytes_per_token_ = 0;
   std::string prefix_namespace_;

@@ -59,6 +59,7 @@ const float* ModelRunner::run(const StepPlan& plan) {
     s.n_tokens = span.n_tokens;
     s.pos0 = span.pos0;
     s.block_table = seq.blocks;
+    s.n_quant_blocks = seq.n_quant_blocks;
     if (window_paged_) {
       s.window_block_table = seq.window_blocks;
     } else {

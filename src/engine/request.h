@@ -71,6 +71,8 @@ struct EngineStats {
   int32_t waiting = 0;       // queued in the scheduler, preempted ones included
   KvCacheStats kv;           // blocks used / free / cached (pinned)
   KvCacheStats kv_window;    // the sliding-window layers' pool (n_blocks 0: the model has none)
+  KvCacheStats kv_quant;     // --kv-quant-start's codec pool (n_blocks 0: none)
+  int64_t kv_converted_blocks = 0;  // blocks converted into the codec pool (shared ones not counted)
   StateSnapshotStats state_snapshots;  // recurrent-state snapshots (hybrid families)
   KvTierStats kv_tiers;      // host and disk KV tiers (enabled false: none)
   int64_t steps = 0;

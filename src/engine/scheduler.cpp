@@ -5,6 +5,7 @@
 #include <span>
 
 #include "core/check.h"
+#include "engine/kv_conversion.h"
 
 namespace strata {
 
@@ -101,6 +102,7 @@ int32_t Scheduler::allocate_upto(Sequence* seq, int32_t n_tokens, double now) {
 }
 
 void Scheduler::release_all(Sequence* seq, double now, double pin_until) {
+  if (conversion_) conversion_->release(seq, now, pin_until);  // the codec pool's leading blocks
   kv_.release(seq->blocks, now, pin_until);
   if (kv_window_) {
     kv_window_->release(std::span<const int32_t>(seq->window_blocks).subspan(size_t(seq->window_first)), now, pin_until);
@@ -198,7 +200,11 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
     const int32_t limit = int32_t(std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs)));
     hit_blocks = reusable_blocks(seq, limit);
     const std::span<const uint64_t> hashes(seq->block_hashes);
-    seq->blocks = kv_.acquire_cached(hashes.first(size_t(hit_blocks)));
+    if (conversion_) {
+      hit_blocks = conversion_->acquire_prefix(seq, hit_blocks, limit);
+    } else {
+      seq->blocks = kv_.acquire_cached(hashes.first(size_t(hit_blocks)));
+    }
     STRATA_CHECK(int32_t(seq->blocks.size()) == hit_blocks, "counted blocks could not be acquired");
     if (kv_window_) {
       const int32_t first = window_first_block(hit_blocks * bs);
@@ -308,6 +314,7 @@ void Scheduler::commit(const ScheduledSpan& span) {
                         std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
     for (int32_t i = seq->n_published; i < n_full; ++i) {
       const uint64_t h = seq->block_hashes[size_t(i)];
+      if (i < seq->n_quant_blocks || (conversion_ && !KvConversion::exact_publishable(seq))) continue;
       kv_.publish(seq->blocks[size_t(i)], h);
       if (kv_window_ && seq->window_blocks[size_t(i)] >= 0) kv_window_->publish(seq->window_blocks[size_t(i)], h);
     }

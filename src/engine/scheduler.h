@@ -41,6 +41,8 @@ struct SchedulerOptions {
   int32_t state_snapshot_interval = 512;  // tokens between state snapshots, a multiple of the block size
 };
 
+class KvConversion;
+
 class Scheduler {
  public:
   // kv: the full-attention layers' pool. kv_window: the sliding-window layers' pool (required
@@ -67,6 +69,10 @@ class Scheduler {
     tier_load_ = std::move(load);
   }
   int64_t tier_hit_blocks() const { return tier_hit_blocks_; }
+  // --kv-quant-start: a sequence's leading blocks may live in the conversion's codec pool
+  // (engine/kv_conversion.h); admission takes prefix hits from either pool, releases free both,
+  // and exact blocks are published only while their sequence reads nothing converted.
+  void set_kv_conversion(KvConversion* conversion) { conversion_ = conversion; }
 
   const std::vector<Sequence*>& running() const { return running_; }
   const std::vector<Sequence*>& waiting() const { return waiting_; }
@@ -119,6 +125,7 @@ class Scheduler {
   std::function<bool(uint64_t)> tier_contains_;
   std::function<bool(uint64_t, int32_t)> tier_load_;
   int64_t tier_hit_blocks_ = 0;
+  KvConversion* conversion_ = nullptr;
 };
 
 }  // namespace strata

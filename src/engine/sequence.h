@@ -27,6 +27,9 @@ struct Sequence {
   std::vector<int32_t> blocks;  // block table, covers at least n_computed tokens
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks of `tokens`
   int32_t n_published = 0;      // leading blocks already offered to the prefix index
+  // --kv-quant-start: blocks[0, n_quant_blocks) are ids in the codec pool (converted blocks),
+  // the rest ids in the exact pool (engine/kv_conversion.h).
+  int32_t n_quant_blocks = 0;
   // Block table of the sliding-window layers (a KV pool of their own): entries [0, window_first)
   // are -1, their blocks lay wholly behind the window and went back to that pool.
   std::vector<int32_t> window_blocks;

@@ -410,10 +410,10 @@ TEST(EngineCodec, BadConfigsAreRefusedNamingTheFlagAndValue) {
 
   KvCodecConfig quant_start;
   quant_start.default_spec = {KvCodec::kInt4, 0};
-  quant_start.quant_start = 256;
+  quant_start.quant_start = -256;
   e = create(quant_start);
-  EXPECT_EQ(e.code, ErrorCode::kUnsupported);
-  EXPECT_NE(e.message.find("--kv-quant-start 256"), std::string::npos) << e.message;
+  EXPECT_EQ(e.code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(e.message.find("--kv-quant-start must be >= 0, got -256"), std::string::npos) << e.message;
 }
 
 }  // namespace

@@ -1,0 +1,170 @@
+#include "engine/kv_conversion.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+#include "engine/engine.h"
+#include "kv/prefix_index.h"
+
+namespace strata {
+
+Result<KvQuantPools> plan_kv_quant_pools(int64_t kv_cache_bytes, int32_t kv_blocks, int32_t kv_quant_blocks,
+                                         int32_t block_size, int32_t quant_start, int32_t max_num_seqs,
+                                         int32_t max_batch_tokens, int64_t exact_bytes, int64_t quant_bytes) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
+  if (quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(quant_start));
+  if (kv_quant_blocks < 0) return bad("kv_quant_blocks must be >= 0, got " + std::to_string(kv_quant_blocks));
+  const int64_t bs = block_size;
+  // One sequence holds ceil((N + 1) / bs) exact blocks when it passes N, plus the block it grows into.
+  const int64_t one_seq = (int64_t(quant_start) + 1 + bs - 1) / bs + 1;
+  const int64_t cap = int64_t(1) << 30;
+  KvQuantPools p;
+  if (kv_blocks > 0) {
+    if (kv_blocks < one_seq) {
+      return bad("kv_blocks " + std::to_string(kv_blocks) + " cannot hold the " + std::to_string(quant_start) +
+                 " exact tokens of --kv-quant-start in blocks of " + std::to_string(block_size) + "; at least " +
+                 std::to_string(one_seq) + " are needed");
+    }
+    p.n_exact_blocks = kv_blocks;
+    p.n_quant_blocks = kv_quant_blocks > 0 ? kv_quant_blocks : kv_blocks;
+    return p;
+  }
+  const int64_t exact_block = exact_bytes * bs, quant_block = quant_bytes * bs;
+  const int64_t want = int64_t(max_num_seqs) * ((quant_start + bs - 1) / bs + 1) + (max_batch_tokens + bs - 1) / bs;
+  int64_t n_exact = std::min(want, kv_cache_bytes / 2 / exact_block);
+  n_exact = std::max(n_exact, one_seq);
+  const int64_t left = kv_cache_bytes - n_exact * exact_block;
+  const int64_t n_quant = kv_quant_blocks > 0 ? kv_quant_blocks : (left > 0 ? left / quant_block : 0);
+  if (n_exact * exact_block > kv_cache_bytes || n_quant < 2) {
+    return bad("kv_cache_bytes " + std::to_string(kv_cache_bytes) + " cannot hold the exact KV of --kv-quant-start " +
+               std::to_string(quant_start) + " (" + std::to_string(n_exact) + " blocks of " +
+               std::to_string(exact_block) + " bytes) and 2 codec blocks of " + std::to_string(quant_block) + " bytes");
+  }
+  p.n_exact_blocks = int32_t(std::min(n_exact, cap));
+  p.n_quant_blocks = int32_t(std::min(n_quant, cap));
+  return p;
+}
+
+Result<KvQuantPlan> plan_kv_quant(const Model& model, const EngineOptions& o, int64_t exact_bytes) {
+  const int32_t n = o.kv_codecs.quant_start;
+  const std::string flag = "--kv-quant-start " + std::to_string(n);
+  for (const auto& s : model.kv_layout()) {
+    if (s.has_kv && s.window > 0) {
+      return make_error(ErrorCode::kUnsupported, flag + ": models with sliding-window layers keep their codec from the first token");
+    }
+  }
+  for (const auto& s : model.state_layout()) {
+    if (s.has_state) return make_error(ErrorCode::kUnsupported, flag + ": models with recurrent state are not supported");
+  }
+  if (o.kv_host_bytes > 0 || !o.kv_disk_dir.empty()) {
+    return make_error(ErrorCode::kUnsupported, flag + " with the lower KV tiers (kv_host_bytes " +
+                                                   std::to_string(o.kv_host_bytes) + ", kv_disk_dir '" + o.kv_disk_dir +
+                                                   "') is not supported; turn one of them off");
+  }
+  KvCodecConfig codecs = o.kv_codecs;
+  codecs.quant_start = 0;
+  auto layout = resolve_kv_layout(model, codecs);
+  if (!layout.ok()) return layout.error();
+  bool lossy = false;
+  for (const auto& s : *layout) lossy = lossy || (s.has_kv && s.shares_with < 0 && s.codec.codec != KvCodec::kAuto);
+  if (!lossy) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      flag + ": no layer has a codec to convert to (set --kv-cache-dtype or --kv-config)");
+  }
+  KvQuantPlan plan;
+  plan.layout = std::move(layout).value();
+  auto pools = plan_kv_quant_pools(o.kv_cache_bytes, o.kv_blocks, o.kv_quant_blocks, o.block_size, n, o.max_num_seqs,
+                                   o.max_batch_tokens, exact_bytes, KvStorage::bytes_per_token(plan.layout));
+  if (!pools.ok()) return pools.error();
+  plan.pools = *pools;
+  return plan;
+}
+
+KvConversion::KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t codec_salt,
+                           KvCacheManager& exact_pool, KvStorage& exact, const std::vector<KvLayerSpec>& quant_layout)
+    : quant_start_(quant_start),
+      codec_salt_(codec_salt),
+      exact_pool_(exact_pool),
+      exact_(exact),
+      pool_(n_quant_blocks, exact.block_size()),
+      // Sliding-window layers never read converted blocks: their pools stay empty here.
+      storage_(quant_layout, n_quant_blocks, exact.block_size(), 0) {
+  STRATA_CHECK(quant_start_ > 0, "delayed quantization needs a start");
+  for (int l = 0; l < int(quant_layout.size()); ++l) {
+    const KvLayerSpec& s = quant_layout[size_t(l)];
+    if (s.has_kv && s.shares_with < 0 && s.window == 0) layers_.push_back(l);
+  }
+  exact_.set_quant(&storage_);
+}
+
+uint64_t KvConversion::codec_hash(uint64_t exact_hash) const {
+  return chain_block_hash(exact_hash, codec_salt_, std::span<const int32_t>());
+}
+
+int32_t KvConversion::convert(Sequence* seq, double now, bool prefix_caching) {
+  if (seq->n_computed <= quant_start_) return 0;
+  const int32_t n_full = std::min(seq->n_computed / exact_.block_size(), int32_t(seq->blocks.size()));
+  int32_t moved = 0;
+  for (int32_t i = seq->n_quant_blocks; i < n_full; ++i) {
+    const bool hashed = prefix_caching && size_t(i) < seq->block_hashes.size();
+    const uint64_t h = hashed ? codec_hash(seq->block_hashes[size_t(i)]) : 0;
+    int32_t dst = -1;
+    if (hashed) {
+      const auto got = pool_.acquire_cached(std::span<const uint64_t>(&h, 1));
+      if (!got.empty()) {
+        dst = got[0];  // another sequence converted this prefix already: share its block
+        ++shared_;
+      }
+    }
+    if (dst < 0) {
+      dst = pool_.allocate(now);
+      if (dst < 0) break;  // the codec pool is full of referenced blocks: try again next step
+      const int32_t src = seq->blocks[size_t(i)];
+      for (int l : layers_) convert_kv_block(exact_, l, src, storage_, dst);
+      if (hashed) pool_.publish(dst, h);
+      ++converted_;
+    }
+    exact_pool_.release(std::span<const int32_t>(&seq->blocks[size_t(i)], 1), now);
+    seq->blocks[size_t(i)] = dst;
+    seq->n_quant_blocks = i + 1;
+    ++moved;
+  }
+  return moved;
+}
+
+int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit) {
+  STRATA_CHECK(seq->blocks.empty() && seq->n_quant_blocks == 0, "admission starts from no blocks");
+  const std::span<const uint64_t> hashes = std::span<const uint64_t>(seq->block_hashes).first(size_t(limit));
+  int32_t quant_hits = 0;
+  if (seq->n_tokens() > quant_start_) {
+    while (quant_hits < limit) {
+      if (pool_.index().find(codec_hash(hashes[size_t(quant_hits)])) < 0) break;
+      ++quant_hits;
+    }
+  }
+  if (quant_hits == 0 || quant_hits < exact_hits) {
+    seq->blocks = exact_pool_.acquire_cached(hashes.first(size_t(exact_hits)));
+    STRATA_CHECK(int32_t(seq->blocks.size()) == exact_hits, "counted blocks could not be acquired");
+    return exact_hits;
+  }
+  std::vector<uint64_t> codec_hashes;
+  for (int32_t i = 0; i < quant_hits; ++i) codec_hashes.push_back(codec_hash(hashes[size_t(i)]));
+  seq->blocks = pool_.acquire_cached(codec_hashes);
+  STRATA_CHECK(int32_t(seq->blocks.size()) == quant_hits, "counted codec blocks could not be acquired");
+  seq->n_quant_blocks = quant_hits;
+  // Exact blocks of the same chain may follow (computed with exact KV before them).
+  const int32_t more = exact_pool_.count_cached(hashes.subspan(size_t(quant_hits)));
+  const auto tail = exact_pool_.acquire_cached(hashes.subspan(size_t(quant_hits), size_t(more)));
+  seq->blocks.insert(seq->blocks.end(), tail.begin(), tail.end());
+  return quant_hits + int32_t(tail.size());
+}
+
+void KvConversion::release(Sequence* seq, double now, double pin_until) {
+  const size_t n = size_t(std::min<int32_t>(seq->n_quant_blocks, int32_t(seq->blocks.size())));
+  pool_.release(std::span<const int32_t>(seq->blocks).first(n), now, pin_until);
+  seq->blocks.erase(seq->blocks.begin(), seq->blocks.begin() + std::ptrdiff_t(n));
+  seq->n_quant_blocks = 0;
+}
+
+}  // namespace strata

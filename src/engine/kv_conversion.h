@@ -1,0 +1,112 @@
+// KvConversion: delayed KV quantization (--kv-quant-start N). A sequence keeps exact KV until
+// it passes N tokens; from then on, after every step, its full blocks are re-encoded into a
+// second block pool held in the configured codec, one layer at a time (each block of each
+// layer straight from its exact block into its codec block, no other scratch), and read from
+// there (Sequence::n_quant_blocks, SeqSpan::n_quant_blocks). The exact blocks go back to their
+// pool, cached if published.
+//
+// Prefix cache: the exact pool publishes under the exact namespace (the scheduler's salt, the
+// codec part "kv:auto") and only blocks computed while the sequence read nothing converted; the
+// codec pool publishes converted blocks under the codec namespace: hash = chain_block_hash(the
+// block's exact-namespace hash, codec salt, no tokens), so the two never meet. Published blocks
+// are never written: conversion always writes a fresh codec block (or takes the one another
+// sequence already converted under the same hash). A sequence whose tokens pass N may start
+// from converted blocks; one that stays within N reads exact blocks only.
+//
+// Budget split (plan_kv_quant_pools): the exact pool gets what the running sequences hold
+// before conversion, max_num_seqs x (ceil(N / block) + 1) blocks plus one step's tokens, at most
+// half of kv_cache_bytes but never less than one sequence's need (ceil((N + 1) / block) + 1);
+// the rest of the bytes go to the codec pool at its (smaller) bytes per token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/sequence.h"
+#include "kv/kv_cache_manager.h"
+#include "model/kv_storage.h"
+#include "model/model.h"
+
+namespace strata {
+
+struct KvQuantPools {
+  int32_t n_exact_blocks = 0;  // the exact pool (the runner's storage)
+  int32_t n_quant_blocks = 0;  // the codec pool
+};
+
+// Splits the KV budget between the two pools. exact_bytes / quant_bytes: bytes of one token
+// over all layers in the exact and in the codec layout. kv_blocks > 0: the exact pool has that
+// many blocks and the codec pool kv_quant_blocks (0: as many). Errors name the option and value.
+Result<KvQuantPools> plan_kv_quant_pools(int64_t kv_cache_bytes, int32_t kv_blocks, int32_t kv_quant_blocks,
+                                         int32_t block_size, int32_t quant_start, int32_t max_num_seqs,
+                                         int32_t max_batch_tokens, int64_t exact_bytes, int64_t quant_bytes);
+
+struct EngineOptions;
+
+struct KvQuantPlan {
+  std::vector<KvLayerSpec> layout;  // the model's layout in the codecs (the codec pool's rows)
+  KvQuantPools pools;
+};
+
+// Checks that --kv-quant-start (options.kv_codecs.quant_start > 0) can run with these options
+// and this model, and plans the codec pool: the codecs must store something other than exact
+// f32 (kInvalidArgument), the model must have neither sliding-window layers nor recurrent
+// state and the lower KV tiers must be off (kUnsupported); errors name the flag and value.
+// exact_bytes: bytes of one token in the exact layout.
+Result<KvQuantPlan> plan_kv_quant(const Model& model, const EngineOptions& options, int64_t exact_bytes);
+
+class KvConversion {
+ public:
+  // exact: the runner's storage (the exact pool's bytes); quant_layout: the model's layout with
+  // each layer's codec (the codec pool's row formats). The codec storage is attached to `exact`
+  // (KvStorage::set_quant) so attention finds it.
+  KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t codec_salt, KvCacheManager& exact_pool,
+               KvStorage& exact, const std::vector<KvLayerSpec>& quant_layout);
+
+  int32_t quant_start() const { return quant_start_; }
+  KvCacheManager& pool() { return pool_; }
+  const KvCacheManager& pool() const { return pool_; }
+  KvStorage& storage() { return storage_; }
+  int64_t converted_blocks() const { return converted_; }
+  int64_t shared_blocks() const { return shared_; }
+
+  // The codec-namespace hash of a block whose exact-namespace hash is `exact_hash`.
+  uint64_t codec_hash(uint64_t exact_hash) const;
+
+  // After a step: once seq has passed quant_start tokens, moves its full blocks past
+  // n_quant_blocks into the codec pool (while the pool has blocks to give; the rest wait for a
+  // later step). Publishes the new blocks when prefix caching is on (seq->block_hashes cover
+  // them). Returns the blocks moved.
+  int32_t convert(Sequence* seq, double now, bool prefix_caching);
+
+  // Admission: seq holds nothing yet and block_hashes covers its prompt's full blocks. When
+  // its tokens pass quant_start and the codec pool holds a longer chain of its leading blocks
+  // than the exact pool's `exact_hits`, takes that chain (references held) as seq->blocks[0,
+  // n) with n_quant_blocks = n, then continues with exact-pool blocks after it; else takes the
+  // exact chain. Returns the leading blocks seq now holds, at most `limit`.
+  int32_t acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit);
+
+  // Whether the exact block completed now may be published under the exact namespace: only
+  // while the sequence reads nothing converted (its KV is then exactly what exact KV gives).
+  static bool exact_publishable(const Sequence* seq) { return seq->n_quant_blocks == 0; }
+
+  // Releases seq's codec blocks (blocks[0, n_quant_blocks)) and drops them from seq->blocks;
+  // the exact ones after them stay for the caller to release.
+  void release(Sequence* seq, double now, double pin_until);
+
+ private:
+  int32_t quant_start_;
+  uint64_t codec_salt_;
+  KvCacheManager& exact_pool_;
+  KvStorage& exact_;
+  KvCacheManager pool_;
+  KvStorage storage_;
+  std::vector<int> layers_;  // layers converted: own their KV and read block_table
+  int64_t converted_ = 0;
+  int64_t shared_ = 0;
+};
+
+}  // namespace strata
