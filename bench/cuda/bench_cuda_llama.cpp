@@ -134,7 +134,7 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   // weight rows before the wait); cuBLASLt once.
   const LaunchTuning saved = launch_tuning();
   std::vector<LaunchTuning> tunings = {saved};
-  if (gemv_rows > 0) tunings = {{false, 0}, {true, 0}, {true, 1024}, {true, 4096}};
+  if (gemv_rows > 0) tunings = {{false, 0}, {true, 0}, {true, 1024}};
   for (const LaunchTuning& tune : tunings) {
     set_launch_tuning(tune);
     std::vector<double> t;
@@ -237,6 +237,106 @@ void prefill_attention_only(cudaStream_t st) {
     cudaFree(p);
 }
 
+// Decode attention alone: 32 back-to-back launches (one per layer) of the split-KV kernel for
+// one sequence at `ctx` cached tokens (32/8 heads, head_dim 128, 32 splits), unfused (QKV
+// post, attention, combine: 3 launches) and fused (1 launch): the attention share of a step.
+void decode_attention_only(cudaStream_t st, int32_t ctx) {
+  const int32_t nh = 32, nkv = 8, hd = 128, bs = 16, splits = 32, layers = 32;
+  const int32_t rows = (nh + 2 * nkv) * hd, n_blocks = ctx / bs + 2;
+  uint16_t *q = nullptr, *o = nullptr, *k = nullptr, *v = nullptr;
+  float *qkv = nullptr, *po = nullptr, *pml = nullptr, *freq = nullptr;
+  int32_t* meta = nullptr;
+  int64_t* slot = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&q), size_t(nh) * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&o), size_t(nh) * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&k), size_t(n_blocks) * bs * nkv * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&v), size_t(n_blocks) * bs * nkv * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&qkv), size_t(rows) * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&po), size_t(splits) * nh * hd * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pml), size_t(splits) * nh * 2 * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&freq), size_t(hd / 2) * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot), 8));
+  launch_fill_random_bf16(k, int64_t(n_blocks) * bs * nkv * hd, 41, 1.0f, st);
+  launch_fill_random_bf16(v, int64_t(n_blocks) * bs * nkv * hd, 42, 1.0f, st);
+  launch_fill_f32(qkv, rows, 0.5f, st);
+  launch_fill_f32(freq, hd / 2, 0.01f, st);
+  // meta: table [n_blocks], q_start {0, 1}, pos0 {ctx}, tile_seq {0}, tile_q0 {0}, counters [nkv]
+  std::vector<int32_t> h(size_t(n_blocks) + 6 + nkv, 0);
+  for (int32_t i = 0; i < n_blocks; ++i) h[size_t(i)] = i;
+  h[size_t(n_blocks) + 1] = 1;
+  h[size_t(n_blocks) + 2] = ctx;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&meta), h.size() * 4));
+  STRATA_CUDA_CHECK(cudaMemcpy(meta, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t slot_h = ctx;
+  STRATA_CUDA_CHECK(cudaMemcpy(slot, &slot_h, 8, cudaMemcpyHostToDevice));
+  QkvPostArgs post{};
+  post.qkv = qkv;
+  post.positions = meta + n_blocks + 2;
+  post.inv_freq = freq;
+  post.slot_mapping = slot;
+  post.q_out = q;
+  post.k_pool = k;
+  post.v_pool = v;
+  post.n = 1;
+  post.n_heads = nh;
+  post.n_kv_heads = nkv;
+  post.head_dim = hd;
+  post.rot_dim = hd;
+  post.attn_factor = 1.0f;
+  post.norm_eps = 1e-5f;
+  PagedAttentionArgs a{};
+  a.q = q;
+  a.out = o;
+  a.k_pool = k;
+  a.v_pool = v;
+  a.block_tables = meta;
+  a.seq_q_start = meta + n_blocks;
+  a.seq_pos0 = meta + n_blocks + 2;
+  a.tile_seq = meta + n_blocks + 3;
+  a.tile_q0 = meta + n_blocks + 4;
+  a.partial_out = po;
+  a.partial_ml = pml;
+  a.n_tokens = 1;
+  a.n_tiles = 1;
+  a.tokens_per_tile = 1;
+  a.n_splits = splits;
+  a.max_blocks_per_seq = n_blocks;
+  a.block_size = bs;
+  a.n_heads = nh;
+  a.n_kv_heads = nkv;
+  a.head_dim = hd;
+  a.scale = 0.0883883f;
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  for (const bool fused : {false, true}) {
+    PagedAttentionArgs f = a;
+    if (fused) {
+      f.post = post;
+      f.split_counters = meta + n_blocks + 6;
+    }
+    std::vector<double> t;
+    for (int rep = 0; rep < 13; ++rep) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+      for (int l = 0; l < layers; ++l) {
+        if (!fused) launch_qkv_post(post, st);
+        launch_paged_attention(f, st);
+        launch_attention_combine(f, st);
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
+    }
+    std::printf("decode attention alone, %s, ctx %d, 32 splits, x32 layers: %.3f ms (%.2f us per layer)\n",
+                fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, median(t),
+                1000.0 * median(t) / layers);
+  }
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
+                  static_cast<void*>(qkv), static_cast<void*>(po), static_cast<void*>(pml), static_cast<void*>(freq),
+                  static_cast<void*>(meta), static_cast<void*>(slot)})
+    cudaFree(p);
+}
+
 ModelConfig llama8b() {
   ModelConfig c;
   c.model_type = "llama";
@@ -274,6 +374,8 @@ int main(int argc, char** argv) {
   gemm_only_decode(st, bw, 0);
   gemm_only_decode(st, bw, 1);
   prefill_attention_only(st);
+  decode_attention_only(st, 512);
+  decode_attention_only(st, 2048);
 
   const ModelConfig cfg = llama8b();
   CudaModelOptions opt;
@@ -302,69 +404,75 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<int32_t> am(8);
 
-  // Decode: a fresh prompt (512 tokens, or 2048 to show the cost of a longer context), then
-  // batch-1 greedy steps, each synchronizing on its token: launched kernel by kernel, then
-  // replayed from the step's CUDA graph under each launch setting. Every phase starts from its
-  // own prompt, so settings are compared at the same context; two repeat earlier phases to
-  // show the spread.
+  // Decode: fresh prompts (512 tokens, or 2048 to show the cost of a longer context), then
+  // greedy steps of `batch` sequences together, each step synchronizing on its tokens:
+  // launched kernel by kernel or replayed from the step's CUDA graph, with the unfused layer
+  // (fuse 0: separate norm, QKV post, combine and activation kernels) or the fused one. Every
+  // phase starts from its own prompts, so settings are compared at the same context; some
+  // repeat earlier phases to show the spread.
   {
-    struct Phase { bool graphs; LaunchTuning tune; int32_t max_splits; int32_t prompt; };
+    struct Phase { bool graphs; int32_t fuse_rows; int32_t prompt; int32_t batch; };
     const LaunchTuning saved = launch_tuning();
-    const std::vector<Phase> phases = {
-        {false, saved, 32, 512},       {true, {false, 0}, 16, 512},  {true, {true, 0}, 16, 512},
-        {true, {true, 0}, 32, 512},    {true, {false, 0}, 16, 512},  {true, {true, 0}, 32, 512},
-        {true, {true, 0}, 16, 2048},   {true, {true, 0}, 32, 2048}};
-    SeqSpan sp0;
-    for (int32_t i = 0; i < (2048 + decode_steps + 5 + 16) / 16 + 1; ++i) sp0.block_table.push_back(i);
+    const std::vector<Phase> phases = {{true, 0, 512, 1},  {true, 2, 512, 1},  {false, 2, 512, 1}, {true, 2, 512, 1},
+                                       {true, 0, 2048, 1}, {true, 2, 2048, 1}, {true, 0, 512, 2},  {true, 2, 512, 2},
+                                       {true, 0, 512, 4},  {true, 4, 512, 4},  {true, 0, 512, 1}};
+    const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
-      const bool graphs = phase.graphs;
       StepBatch b;
-      SeqSpan sp = sp0;
-      sp.n_tokens = phase.prompt;
-      for (int32_t i = 0; i < phase.prompt; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
-      b.seqs = {sp};
-      set_launch_tuning(phase.tune);
-      m.set_max_splits(phase.max_splits);
+      for (int32_t s = 0; s < phase.batch; ++s) {
+        SeqSpan sp;
+        for (int32_t i = 0; i < blocks_per_seq; ++i) sp.block_table.push_back(s * blocks_per_seq + i);
+        sp.n_tokens = phase.prompt;
+        for (int32_t i = 0; i < phase.prompt; ++i) b.tokens.push_back((i * 7919 + s * 31) % int32_t(V));
+        b.seqs.push_back(sp);
+      }
+      LaunchTuning tune = saved;
+      tune.fuse_decode_rows = phase.fuse_rows;
+      set_launch_tuning(tune);
       m.clear_cuda_graphs();
-      m.set_cuda_graphs(graphs);
-      if (auto s = m.forward(b, am.data()); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+      m.set_cuda_graphs(phase.graphs);
+      if (auto st = m.forward(b, am.data()); !st.ok()) {
+        std::fprintf(stderr, "%s\n", st.error().to_string().c_str());
         return 1;
       }
-      b.seqs[0].pos0 = phase.prompt;
-      b.seqs[0].n_tokens = 1;
-      b.tokens = {am[0]};
-      const int64_t ctx0 = b.seqs[0].pos0;
+      b.tokens.clear();
+      for (int32_t s = 0; s < phase.batch; ++s) {
+        b.seqs[size_t(s)].pos0 = phase.prompt;
+        b.seqs[size_t(s)].n_tokens = 1;
+        b.tokens.push_back(am[size_t(s)]);
+      }
+      const int64_t ctx0 = phase.prompt;
       std::vector<double> step_ms;
       for (int i = 0; i < decode_steps + 5; ++i) {
         STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
-        if (auto s = m.forward(b, am.data()); !s.ok()) {
-          std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+        if (auto st = m.forward(b, am.data()); !st.ok()) {
+          std::fprintf(stderr, "%s\n", st.error().to_string().c_str());
           return 1;
         }
         STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
         STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
         if (i >= 5) step_ms.push_back(elapsed_ms(e0, e1));  // device time of the step, launch gaps included
-        b.seqs[0].pos0 += 1;
-        b.tokens = {am[0]};
+        for (int32_t s = 0; s < phase.batch; ++s) {
+          b.seqs[size_t(s)].pos0 += 1;
+          b.tokens[size_t(s)] = am[size_t(s)];
+        }
       }
       const int64_t ctx = ctx0 + 5 + decode_steps / 2;
-      const double kv_bytes = double(L) * 2 * nkv * hd * 2 * double(ctx);
-      const double bytes_per_token = double(matmul_params) * 2 + double(H) * 2 + kv_bytes;
+      const double kv_bytes = double(L) * 2 * nkv * hd * 2 * double(ctx) * phase.batch;
+      const double bytes_per_step = double(matmul_params) * 2 + double(H) * 2 * phase.batch + kv_bytes;
       const double ms = median(step_ms);
       double mean = 0;
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
-      const double ceiling = bw / bytes_per_token;
-      std::printf("decode b=1 after %lld, %s, pdl %d, max splits %d: median step %.3f ms, mean %.3f ms (%zu steps) "
+      const double ceiling = bw / bytes_per_step;  // steps per second
+      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d: median step %.3f ms, mean %.3f ms (%zu steps) "
                   "-> %.1f tok/s (median)\n",
-                  static_cast<long long>(ctx0), graphs ? "CUDA graph" : "no graph", int(phase.tune.pdl),
-                  int(phase.max_splits), ms, mean, step_ms.size(), 1000.0 / ms);
-      std::printf("  bytes read per token %.3f GB -> bandwidth ceiling %.1f tok/s; ratio %.3f\n",
-                  bytes_per_token * 1e-9, ceiling, (1000.0 / ms) / ceiling);
+                  phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
+                  int(phase.fuse_rows), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
+      std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
+                  ceiling, (1000.0 / ms) / ceiling);
     }
     set_launch_tuning(saved);
-    m.set_max_splits(32);
   }
 
   // Prefill: one fresh 4096-token prompt (logits of the last token only).

@@ -184,5 +184,135 @@ TEST_F(GpuAttention, SplitKvDecode) {
   run_case(rng_, {8, 2, 64, 16, 100, 0.0f, seqs, 7});  // window with splits
 }
 
+// Decode fusion: the attention kernel making q, k and v from the QKV projection itself and
+// merging its splits in the last block, against launch_qkv_post + attention + combine (each
+// checked against the reference above): outputs within bf16 tolerance, the pools' new rows
+// equal.
+void run_fused_decode_case(std::mt19937& rng, int32_t nh, int32_t nkv, int32_t hd, int32_t rot, bool bias, bool norm,
+                           int32_t window, int32_t n_splits, const std::vector<int32_t>& pos) {
+  const int32_t n = int32_t(pos.size()), bs = 16, max_blocks = 64;
+  const int32_t rows = (nh + 2 * nkv) * hd;
+  const size_t pool_elems = size_t(n) * max_blocks * bs * nkv * hd;
+  const Bf16Data kp = random_bf16(rng, pool_elems, 1.0f);
+  const Bf16Data vp = random_bf16(rng, pool_elems, 1.0f);
+  const auto qkv = random_f32(rng, size_t(n) * rows, -2.0f, 2.0f);
+  const auto qkv_bias = random_f32(rng, size_t(rows), -0.5f, 0.5f);
+  const auto qn = random_f32(rng, size_t(hd), 0.5f, 1.5f);
+  const auto kn = random_f32(rng, size_t(hd), 0.5f, 1.5f);
+  std::vector<float> inv_freq(size_t(std::max(1, rot / 2)));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = float(std::pow(10000.0, -2.0 * double(i) / std::max(1, rot)));
+  std::vector<int32_t> perm(size_t(n) * max_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const size_t n_seqs = static_cast<size_t>(n);
+  std::vector<int32_t> tables = perm, q_start(n_seqs + 1), tile_seq(n_seqs), tile_q0(n_seqs, 0);
+  std::vector<int64_t> slots(n_seqs);
+  for (int32_t s = 0; s < n; ++s) {
+    q_start[size_t(s)] = s;
+    tile_seq[size_t(s)] = s;
+    slots[size_t(s)] = int64_t(tables[size_t(s) * max_blocks + pos[size_t(s)] / bs]) * bs + pos[size_t(s)] % bs;
+  }
+  q_start[size_t(n)] = n;
+  DeviceBuffer<float> dqkv(qkv.size()), dbias(qkv_bias.size()), dqn(qn.size()), dkn(kn.size()), dfreq(inv_freq.size());
+  DeviceBuffer<int32_t> dpos(pos.size()), dtables(tables.size()), dqs(q_start.size()), dts(tile_seq.size()), dtq(tile_q0.size()),
+      dcount(size_t(n) * nkv);
+  DeviceBuffer<int64_t> dslots(slots.size());
+  DeviceBuffer<uint16_t> dq(size_t(n) * nh * hd), dout_ref(dq.n), dout(dq.n), dk_ref(pool_elems), dv_ref(pool_elems),
+      dk(pool_elems), dv(pool_elems);
+  DeviceBuffer<float> dpo(size_t(n_splits) * dq.n), dpml(size_t(n_splits) * n * nh * 2);
+  dqkv.upload(qkv);
+  dbias.upload(qkv_bias);
+  dqn.upload(qn);
+  dkn.upload(kn);
+  dfreq.upload(inv_freq);
+  dpos.upload(pos);
+  dtables.upload(tables);
+  dqs.upload(q_start);
+  dts.upload(tile_seq);
+  dtq.upload(tile_q0);
+  dslots.upload(slots);
+  dk_ref.upload(kp.bits);
+  dv_ref.upload(vp.bits);
+  dk.upload(kp.bits);
+  dv.upload(vp.bits);
+  ASSERT_CUDA_OK(cudaMemset(dcount.p, 0, dcount.n * sizeof(int32_t)));
+  QkvPostArgs post{};
+  post.qkv = dqkv.p;
+  post.bias = bias ? dbias.p : nullptr;
+  post.q_norm = norm ? dqn.p : nullptr;
+  post.k_norm = norm ? dkn.p : nullptr;
+  post.positions = dpos.p;
+  post.inv_freq = dfreq.p;
+  post.slot_mapping = dslots.p;
+  post.q_out = dq.p;
+  post.k_pool = dk_ref.p;
+  post.v_pool = dv_ref.p;
+  post.n = n;
+  post.n_heads = nh;
+  post.n_kv_heads = nkv;
+  post.head_dim = hd;
+  post.rot_dim = rot;
+  post.attn_factor = 1.0f;
+  post.norm_eps = 1e-6f;
+  PagedAttentionArgs a{};
+  a.q = dq.p;
+  a.out = dout_ref.p;
+  a.k_pool = dk_ref.p;
+  a.v_pool = dv_ref.p;
+  a.block_tables = dtables.p;
+  a.seq_q_start = dqs.p;
+  a.seq_pos0 = dpos.p;  // one token per sequence: its position is the cached length
+  a.tile_seq = dts.p;
+  a.tile_q0 = dtq.p;
+  a.partial_out = dpo.p;
+  a.partial_ml = dpml.p;
+  a.n_tokens = n;
+  a.n_tiles = n;
+  a.tokens_per_tile = 1;
+  a.n_splits = n_splits;
+  a.max_blocks_per_seq = max_blocks;
+  a.block_size = bs;
+  a.n_heads = nh;
+  a.n_kv_heads = nkv;
+  a.head_dim = hd;
+  a.window = window;
+  a.scale = float(1.0 / std::sqrt(double(hd)));
+  dout_ref.poison();
+  launch_qkv_post(post, nullptr);
+  launch_paged_attention(a, nullptr);
+  launch_attention_combine(a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  post.k_pool = dk.p;
+  post.v_pool = dv.p;
+  a.k_pool = dk.p;
+  a.v_pool = dv.p;
+  a.out = dout.p;
+  a.post = post;
+  a.split_counters = dcount.p;
+  dpo.poison();
+  dout.poison();
+  for (int rep = 0; rep < 2; ++rep) {  // twice: the counters must be back at 0 after a launch
+    launch_paged_attention(a, nullptr);
+    launch_attention_combine(a, nullptr);  // nothing to do: merged in the kernel
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string what = "heads " + std::to_string(nh) + "/" + std::to_string(nkv) + " head_dim " + std::to_string(hd) +
+                             " splits " + std::to_string(n_splits) + " window " + std::to_string(window) + " rep " +
+                             std::to_string(rep);
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dout.download()), bf16_to_floats(dout_ref.download())), 1e-2) << what;
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dk.download()), bf16_to_floats(dk_ref.download())), 1e-2) << what << " k pool";
+    EXPECT_LE(max_norm_rel(bf16_to_floats(dv.download()), bf16_to_floats(dv_ref.download())), 0.0) << what << " v pool";
+    EXPECT_EQ(dcount.download(), std::vector<int32_t>(dcount.n, 0)) << what << " split counters";
+  }
+}
+
+TEST_F(GpuAttention, FusedDecodeMatchesUnfused) {
+  const std::vector<int32_t> pos = {511, 37, 0, 900, 16};
+  for (const int32_t splits : {1, 2, 7, 32}) run_fused_decode_case(rng_, 32, 8, 128, 128, false, false, 0, splits, pos);
+  run_fused_decode_case(rng_, 16, 2, 128, 128, true, true, 0, 32, pos);  // qwen3-like: bias, q/k norm
+  run_fused_decode_case(rng_, 8, 2, 64, 32, true, false, 100, 5, pos);   // partial rotary, window
+  run_fused_decode_case(rng_, 4, 4, 8, 8, false, false, 0, 3, pos);      // head_dim 8, no GQA
+}
+
 }  // namespace
 }  // namespace strata::cuda

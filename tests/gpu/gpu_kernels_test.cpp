@@ -77,6 +77,169 @@ TEST_F(GpuKernels, GemvBf16MatchesReference) {
   }
 }
 
+// The fused GEMV modes of decode against the unfused arithmetic on the reference: an RMSNorm'd
+// input given as bf16(u * w) plus partial sums of squares, the residual epilogue (x += y +
+// bias, the next norm's bf16(x * w) and per-block sums of squares), the gated activation over
+// gate and up rows.
+TEST_F(GpuKernels, GemvFusedModesMatchReference) {
+  struct Shape { int64_t m, n, k; };
+  for (const Shape s : {Shape{1, 1000, 512}, Shape{2, 4097, 1032}, Shape{3, 300, 4104}, Shape{4, 77, 8}, Shape{1, 130, 14336}}) {
+    for (const int one_plus_w : {0, 1}) {
+      const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " one_plus_w " +
+                               std::to_string(one_plus_w);
+      // Norm-scaled input: u rows, norm weight; the host splits each row's sum of squares into
+      // 3 uneven parts.
+      const auto u = random_f32(rng_, size_t(s.m * s.k), -2.0f, 2.0f);
+      const auto nw = random_f32(rng_, size_t(s.k), 0.5f, 1.5f);
+      std::vector<uint16_t> uw(u.size());
+      std::vector<float> ss(size_t(s.m) * 3, 0.0f);
+      for (int64_t r = 0; r < s.m; ++r) {
+        for (int64_t i = 0; i < s.k; ++i) {
+          const float v = u[size_t(r * s.k + i)];
+          const float w = one_plus_w ? 1.0f + nw[size_t(i)] : nw[size_t(i)];
+          uw[size_t(r * s.k + i)] = f32_to_bf16(v * w);
+          ss[size_t(r * 3 + (i < s.k / 5 ? 0 : (i < s.k / 2 ? 1 : 2)))] += v * v;
+        }
+      }
+      std::vector<float> h(u.size());
+      reference::rms_norm(u.data(), nw.data(), h.data(), s.m, s.k, 1e-5f, one_plus_w != 0);
+      const Bf16Data w = random_bf16(rng_, size_t(2 * s.n * s.k), 0.1f);  // gate rows, then up rows
+      std::vector<float> ref(size_t(s.m * s.n)), ref2(size_t(s.m * 2 * s.n));
+      reference::matmul(h.data(), s.m, s.k, DType::kBF16, w.bits.data(), s.n, nullptr, ref.data());
+      reference::matmul(h.data(), s.m, s.k, DType::kBF16, w.bits.data(), 2 * s.n, nullptr, ref2.data());
+      DeviceBuffer<uint16_t> dx(uw.size()), dw(w.bits.size()), dy16(ref.size());
+      DeviceBuffer<float> dss(ss.size()), dy32(ref.size());
+      dx.upload(uw);
+      dw.upload(w.bits);
+      dss.upload(ss);
+      dy32.poison();
+      GemvArgs a{};
+      a.x = dx.p;
+      a.w = dw.p;
+      a.y = dy32.p;
+      a.m = s.m;
+      a.n = s.n;
+      a.k = s.k;
+      a.in = GemvIn::kNormScaled;
+      a.out = GemvOut::kF32;
+      a.in_ss = dss.p;
+      a.in_ss_parts = 3;
+      a.in_eps = 1e-5f;
+      launch_gemv(a, nullptr);
+      EXPECT_LE(max_norm_rel(dy32.download(), ref), kBf16Tol) << what << " norm-scaled f32 out";
+
+      // Gated activation on the same input.
+      std::vector<float> g(ref.size()), up(ref.size()), act_ref(ref.size());
+      for (int64_t r = 0; r < s.m; ++r) {
+        for (int64_t i = 0; i < s.n; ++i) {
+          g[size_t(r * s.n + i)] = ref2[size_t(r * 2 * s.n + i)];
+          up[size_t(r * s.n + i)] = ref2[size_t(r * 2 * s.n + s.n + i)];
+        }
+      }
+      for (const Act act : {Act::kSilu, Act::kGeluTanh}) {
+        reference::gated_act(g.data(), up.data(), act_ref.data(), int64_t(g.size()),
+                             act == Act::kSilu ? cpu::Activation::kSilu : cpu::Activation::kGeluTanh);
+        dy16.poison();
+        a.y = dy16.p;
+        a.out = GemvOut::kGatedAct;
+        a.act = act;
+        launch_gemv(a, nullptr);
+        EXPECT_LE(max_norm_rel(bf16_to_floats(dy16.download()), act_ref), kBf16Tol) << what << " gated act";
+      }
+
+      // Residual epilogue on a plain input: x += x_in . w^T + bias, then the next norm's input.
+      const Bf16Data xin = random_bf16(rng_, size_t(s.m * s.k), 1.0f);
+      const auto res = random_f32(rng_, size_t(s.m * s.n), -2.0f, 2.0f);
+      const auto bias = random_f32(rng_, size_t(s.n), -0.5f, 0.5f);
+      const auto nw2 = random_f32(rng_, size_t(s.n), 0.5f, 1.5f);
+      std::vector<float> y(ref.size()), res_ref(ref.size()), nout_ref(ref.size());
+      std::vector<double> ss_ref(size_t(s.m), 0.0);
+      reference::matmul(xin.f.data(), s.m, s.k, DType::kBF16, w.bits.data(), s.n, nullptr, y.data());
+      for (int64_t r = 0; r < s.m; ++r) {
+        for (int64_t i = 0; i < s.n; ++i) {
+          const size_t j = size_t(r * s.n + i);
+          res_ref[j] = res[j] + (y[j] + bias[size_t(i)]);
+          nout_ref[j] = res_ref[j] * (one_plus_w ? 1.0f + nw2[size_t(i)] : nw2[size_t(i)]);
+          ss_ref[size_t(r)] += double(res_ref[j]) * res_ref[j];
+        }
+      }
+      const int64_t parts = gemv_blocks(s.n);
+      DeviceBuffer<uint16_t> dxin(xin.bits.size()), dnout(ref.size());
+      DeviceBuffer<float> dres(res.size()), dbias(bias.size()), dnw2(nw2.size()), dssout(size_t(s.m * parts));
+      dxin.upload(xin.bits);
+      dres.upload(res);
+      dbias.upload(bias);
+      dnw2.upload(nw2);
+      dnout.poison();
+      dssout.poison();
+      GemvArgs r{};
+      r.x = dxin.p;
+      r.w = dw.p;
+      r.y = dres.p;
+      r.m = s.m;
+      r.n = s.n;
+      r.k = s.k;
+      r.in = GemvIn::kPlain;
+      r.out = GemvOut::kResidual;
+      r.bias = dbias.p;
+      r.norm_w = dnw2.p;
+      r.norm_one_plus_w = one_plus_w;
+      r.norm_out = dnout.p;
+      r.ss_out = dssout.p;
+      launch_gemv(r, nullptr);
+      EXPECT_LE(max_norm_rel(dres.download(), res_ref), kF32Tol) << what << " residual";
+      EXPECT_LE(max_norm_rel(bf16_to_floats(dnout.download()), nout_ref), kBf16Tol) << what << " next norm input";
+      const auto parts_got = dssout.download();
+      std::vector<float> ss_got(size_t(s.m)), ss_want(size_t(s.m));
+      for (int64_t rr = 0; rr < s.m; ++rr) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < parts; ++b) sum += parts_got[size_t(rr * parts + b)];
+        ss_got[size_t(rr)] = float(sum);
+        ss_want[size_t(rr)] = float(ss_ref[size_t(rr)]);
+      }
+      EXPECT_LE(max_norm_rel(ss_got, ss_want), kF32Tol) << what << " sums of squares";
+    }
+  }
+}
+
+// The embedding with the first norm's input: bf16(row * w) and the row's sum of squares.
+TEST_F(GpuKernels, EmbeddingWithNormInput) {
+  const int32_t vocab = 500, hidden = 4096, n = 3;
+  const Bf16Data table = random_bf16(rng_, size_t(vocab) * hidden, 1.0f);
+  const auto nw = random_f32(rng_, size_t(hidden), 0.5f, 1.5f);
+  const std::vector<int32_t> ids = {7, 499, 7};
+  const float scale = 0.5f;
+  const size_t rows = static_cast<size_t>(n);
+  std::vector<float> ref(rows * hidden), nref(ref.size()), ssref(rows);
+  for (int t = 0; t < n; ++t) {
+    double ss = 0.0;
+    for (int c = 0; c < hidden; ++c) {
+      const float v = table.f[size_t(ids[size_t(t)]) * hidden + c] * scale;
+      ref[size_t(t) * hidden + c] = v;
+      nref[size_t(t) * hidden + c] = v * nw[size_t(c)];
+      ss += double(v) * v;
+    }
+    ssref[size_t(t)] = float(ss);
+  }
+  DeviceBuffer<uint16_t> dt(table.bits.size()), dn(ref.size());
+  DeviceBuffer<int32_t> di(ids.size());
+  DeviceBuffer<float> dout(ref.size()), dw(nw.size()), dss(rows);
+  dt.upload(table.bits);
+  di.upload(ids);
+  dw.upload(nw);
+  dout.poison();
+  dn.poison();
+  dss.poison();
+  EmbedArgs a{dt.p, di.p, dout.p, n, hidden, scale};
+  a.norm_w = dw.p;
+  a.norm_out = dn.p;
+  a.ss_out = dss.p;
+  launch_embed(a, nullptr);
+  EXPECT_LE(max_norm_rel(dout.download(), ref), kF32Tol);
+  EXPECT_LE(max_norm_rel(bf16_to_floats(dn.download()), nref), kBf16Tol);
+  EXPECT_LE(max_norm_rel(dss.download(), ssref), kF32Tol);
+}
+
 TEST_F(GpuKernels, EmbeddingGather) {
   const int32_t vocab = 1000, hidden = 320, n = 17;
   const Bf16Data table = random_bf16(rng_, size_t(vocab) * hidden, 1.0f);

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -38,7 +39,46 @@ struct Smem {
   float* q;       // [kMaxRows, head_dim]
   uint32_t* k;    // [kKeysPerTile, head_dim / 2 + 1] bf16 pairs; the pad word spreads rows over banks
   uint16_t* v;    // [kKeysPerTile, head_dim]
+  float* head;    // [kWarps, head_dim]: a warp's k or v head under construction (decode fusion)
 };
+
+size_t smem_bytes(int head_dim) {
+  return size_t(kMaxRows) * head_dim * sizeof(float) + size_t(kKeysPerTile) * (head_dim / 2 + 1) * sizeof(uint32_t) +
+         size_t(kKeysPerTile) * head_dim * sizeof(uint16_t) + size_t(kWarps) * head_dim * sizeof(float);
+}
+
+// One head of token t's QKV projection into buf [head_dim] (shared memory), by one warp:
+// bias, the optional per-head RMSNorm, RoPE when `rope` (the arithmetic of qkv_post_kernel).
+__device__ void head_post(const QkvPostArgs& p, int t, int h, bool rope, const float* norm_w, float* buf, int lane) {
+  const int hd = p.head_dim;
+  const float* src = p.qkv + int64_t(t) * (p.n_heads + 2 * p.n_kv_heads) * hd + h * hd;
+  float ss = 0.0f;
+  for (int d = lane; d < hd; d += 32) {
+    const float v = src[d] + (p.bias ? p.bias[h * hd + d] : 0.0f);
+    buf[d] = v;
+    ss += v * v;
+  }
+  if (norm_w) {
+    const float inv = rsqrtf(warp_sum(ss) / float(hd) + p.norm_eps);
+    for (int d = lane; d < hd; d += 32) buf[d] = buf[d] * inv * (p.norm_one_plus_w ? 1.0f + norm_w[d] : norm_w[d]);
+  }
+  __syncwarp();
+  if (rope && p.rot_dim > 0) {
+    const int half = p.rot_dim / 2;
+    const int pos = p.positions[t];
+    for (int i = lane; i < half; i += 32) {
+      const float theta = float(pos) * p.inv_freq[i];
+      float s, c;
+      sincosf(theta, &s, &c);
+      c *= p.attn_factor;
+      s *= p.attn_factor;
+      const float x0 = buf[i], x1 = buf[i + half];
+      buf[i] = x0 * c - x1 * s;
+      buf[i + half] = x1 * c + x0 * s;
+    }
+    __syncwarp();
+  }
+}
 
 // DPL: output dims per lane (head_dim <= 32 * DPL).
 template <int DPL>
@@ -50,9 +90,9 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   sm.q = reinterpret_cast<float*>(smem_raw);
   sm.k = reinterpret_cast<uint32_t*>(sm.q + kMaxRows * hd);
   sm.v = reinterpret_cast<uint16_t*>(sm.k + kKeysPerTile * k_stride);
-  pdl_wait();
-  pdl_launch_dependents();
+  sm.head = reinterpret_cast<float*>(sm.v + kKeysPerTile * hd);
 
+  // The step metadata was copied before the step's first kernel: it may be read before the wait.
   const int tile = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seq = a.tile_seq[tile];
@@ -65,13 +105,6 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   const int n_rows = n_tok * group;
   const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
 
-  // Rows: r = token_in_tile * group + head_in_group.
-  for (int i = threadIdx.x; i < n_rows * hd; i += blockDim.x) {
-    const int r = i / hd, d = i % hd;
-    const int t = tok_begin + q0 + r / group, h = kvh * group + r % group;
-    sm.q[r * hd + d] = bf16_bits_to_f32(a.q[(int64_t(t) * a.n_heads + h) * hd + d]);
-  }
-
   // Keys this tile can see: [lo, hi).
   const int first_pos = pos0 + q0, last_pos = pos0 + q0 + n_tok - 1;
   const int lo = a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
@@ -83,6 +116,66 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     k_end = min(hi, k_begin + chunk);
   }
 
+  // A tile's K/V move through registers: item it of this thread is key (i / vec_per_key),
+  // 16-byte piece (i % vec_per_key), i = threadIdx.x + it * blockDim.x; all loads of a tile are
+  // in flight together, and the next tile's loads overlap this tile's arithmetic.
+  const int vec_per_key = hd / 8;  // 16-byte pieces of one key's head vector
+  const int n_items = kKeysPerTile * vec_per_key;  // <= DPL * kWarps * 32
+  uint4 kreg[DPL], vreg[DPL];
+  // Loads the items of tile kt whose key position p is in [from, to) (zeros for p >= k_end);
+  // the others are left alone.
+  auto load_tile = [&](int kt, int from, int to) {
+#pragma unroll
+    for (int it = 0; it < DPL; ++it) {
+      const int i = threadIdx.x + it * kWarps * 32;
+      const int p = kt + i / vec_per_key;
+      if (i >= n_items || p < from || p >= to) continue;
+      if (p < k_end) {
+        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+        const int64_t off = (slot * a.n_kv_heads + kvh) * hd + (i % vec_per_key) * 8;
+        kreg[it] = *reinterpret_cast<const uint4*>(a.k_pool + off);
+        vreg[it] = *reinterpret_cast<const uint4*>(a.v_pool + off);
+      } else {
+        kreg[it] = make_uint4(0, 0, 0, 0);
+        vreg[it] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // Decode fusion: the keys before this step's tokens were written by earlier steps, so the
+  // first tile's loads of them start before the wait, under the previous kernel's tail.
+  const bool fused = a.post.qkv != nullptr;
+  if (fused && k_begin < k_end) load_tile(k_begin, k_begin, first_pos);
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // Rows: r = token_in_tile * group + head_in_group.
+  if (!fused) {
+    for (int i = threadIdx.x; i < n_rows * hd; i += blockDim.x) {
+      const int r = i / hd, d = i % hd;
+      const int t = tok_begin + q0 + r / group, h = kvh * group + r % group;
+      sm.q[r * hd + d] = bf16_bits_to_f32(a.q[(int64_t(t) * a.n_heads + h) * hd + d]);
+    }
+  } else {
+    const QkvPostArgs& p = a.post;
+    // The block whose key range holds a token's own position stores its k and v (one token
+    // per sequence: no other block reads that position); the last warps take those heads.
+    for (int task = warp; task < 2 * n_tok; task += kWarps) {
+      const int i = task >> 1;
+      const bool is_k = (task & 1) == 0;
+      const int pos = first_pos + i;
+      const int t = tok_begin + q0 + i;
+      const int64_t slot = p.slot_mapping ? p.slot_mapping[t] : -1;
+      if (pos < k_begin || pos >= k_end || slot < 0) continue;
+      float* buf = sm.head + warp * hd;
+      head_post(p, t, a.n_heads + (is_k ? 0 : a.n_kv_heads) + kvh, is_k, is_k ? p.k_norm : nullptr, buf, lane);
+      uint16_t* dst = (is_k ? p.k_pool : p.v_pool) + (slot * a.n_kv_heads + kvh) * hd;
+      for (int d = lane; d < hd; d += 32) dst[d] = __bfloat16_as_ushort(__float2bfloat16_rn(buf[d]));
+    }
+    for (int r = warp; r < n_rows; r += kWarps) {
+      head_post(p, tok_begin + q0 + r / group, kvh * group + r % group, true, p.q_norm, sm.q + r * hd, lane);
+    }
+  }
+
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
@@ -92,26 +185,22 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     for (int i = 0; i < DPL; ++i) acc[rr][i] = 0.0f;
   }
 
-  const int vec_per_key = hd / 8;  // 16-byte pieces of one key's head vector
   for (int kt = k_begin; kt < k_end; kt += kKeysPerTile) {
-    __syncthreads();  // the previous tile's K/V are no longer read (and q is written, first time)
-    for (int i = threadIdx.x; i < kKeysPerTile * vec_per_key; i += blockDim.x) {
+    __syncthreads();  // the previous tile's K/V are no longer read (and q, new k/v are written, first time)
+    if (kt == k_begin) load_tile(kt, fused ? first_pos : kt, INT_MAX);  // the step's own keys: after the block wrote them
+#pragma unroll
+    for (int it = 0; it < DPL; ++it) {
+      const int i = threadIdx.x + it * kWarps * 32;
+      if (i >= n_items) continue;
       const int j = i / vec_per_key, c = i % vec_per_key;
-      const int p = kt + j;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (p < k_end) {
-        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-        const int64_t off = (slot * a.n_kv_heads + kvh) * hd + c * 8;
-        kv = *reinterpret_cast<const uint4*>(a.k_pool + off);
-        vv = *reinterpret_cast<const uint4*>(a.v_pool + off);
-      }
       uint32_t* kd = sm.k + j * k_stride + c * 4;
-      kd[0] = kv.x;
-      kd[1] = kv.y;
-      kd[2] = kv.z;
-      kd[3] = kv.w;
-      *reinterpret_cast<uint4*>(sm.v + j * hd + c * 8) = vv;
+      kd[0] = kreg[it].x;
+      kd[1] = kreg[it].y;
+      kd[2] = kreg[it].z;
+      kd[3] = kreg[it].w;
+      *reinterpret_cast<uint4*>(sm.v + j * hd + c * 8) = vreg[it];
     }
+    if (kt + kKeysPerTile < k_end) load_tile(kt + kKeysPerTile, kt + kKeysPerTile, INT_MAX);
     __syncthreads();
 
     const int p = kt + lane;  // this lane's key
@@ -122,12 +211,15 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
       const int qpos = pos0 + q0 + r / group;
       const float* qr = sm.q + r * hd;
       const uint32_t* kr = sm.k + lane * k_stride;
-      float dot = 0.0f;
+      // Two independent sums halve the dependent chain of multiply-adds.
+      float dot0 = 0.0f, dot1 = 0.0f;
+#pragma unroll 4
       for (int d2 = 0; d2 < hd / 2; ++d2) {
         const uint32_t w = kr[d2];
-        dot += qr[2 * d2] * __uint_as_float(w << 16) + qr[2 * d2 + 1] * __uint_as_float(w & 0xffff0000u);
+        dot0 = fmaf(qr[2 * d2], __uint_as_float(w << 16), dot0);
+        dot1 = fmaf(qr[2 * d2 + 1], __uint_as_float(w & 0xffff0000u), dot1);
       }
-      float s = dot * a.scale;
+      float s = (dot0 + dot1) * a.scale;
       if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
       const bool visible = p < k_end && p <= qpos && (a.window == 0 || qpos - p < a.window);
       if (!visible) s = -INFINITY;
@@ -178,27 +270,84 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
       }
     }
   }
+  if (a.n_splits == 1 || a.split_counters == nullptr) return;
+
+  // The last split block of this (tile, KV head) to finish merges every split's rows.
+  __shared__ int last;
+  __shared__ float split_w[kWarps][32];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.split_counters + tile * a.n_kv_heads + kvh, 1) == a.n_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t stride = int64_t(a.n_tokens) * a.n_heads;
+  for (int r = warp; r < n_rows; r += kWarps) {
+    const int t = tok_begin + q0 + r / group, h = kvh * group + r % group;
+    const int64_t row = int64_t(t) * a.n_heads + h;
+    // Lane s holds split s (n_splits <= 32).
+    const float ms = lane < a.n_splits ? __ldcg(a.partial_ml + (lane * stride + row) * 2) : -INFINITY;
+    const float ls = lane < a.n_splits ? __ldcg(a.partial_ml + (lane * stride + row) * 2 + 1) : 0.0f;
+    const float mx = warp_max(ms);
+    const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+    const float denom = warp_sum(ls * wgt);
+    const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+    split_w[warp][lane] = wgt;
+    __syncwarp();
+    // The loads take no branch (a split's weight is applied by a select), so the unrolled
+    // loop has many of them in flight instead of one L2 round trip per split.
+    float o[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) o[i] = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < a.n_splits; ++s) {
+      const float ws = split_w[warp][s];
+      const float* src = a.partial_out + (s * stride + row) * hd;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int d = lane + 32 * i;
+        const float x = d < hd ? __ldcg(src + d) : 0.0f;
+        o[i] += ws != 0.0f ? ws * x : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) a.out[row * hd + d] = __bfloat16_as_ushort(__float2bfloat16_rn(o[i] * inv));
+    }
+    __syncwarp();  // split_w is rewritten for this warp's next row
+  }
+  if (threadIdx.x == 0) a.split_counters[tile * a.n_kv_heads + kvh] = 0;
 }
 
-// One block per (token, head): merges the splits' partial results.
+// One block per (token, head): merges the splits' partial results (n_splits <= 32). Warp 0
+// turns the splits' (max, sum) into weights; then every thread's loads over the splits take
+// no branch, so they are in flight together.
 __global__ void attention_combine_kernel(PagedAttentionArgs a) {
+  __shared__ float split_w[32];
+  __shared__ float inv_s;
   pdl_wait();
   pdl_launch_dependents();
   const int64_t row = blockIdx.x;  // token * n_heads + head
   const int64_t stride = int64_t(a.n_tokens) * a.n_heads;
-  float mx = -INFINITY;
-  for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, a.partial_ml[(s * stride + row) * 2]);
-  float denom = 0.0f;
-  for (int s = 0; s < a.n_splits; ++s) {
-    const float ms = a.partial_ml[(s * stride + row) * 2];
-    if (ms != -INFINITY) denom += a.partial_ml[(s * stride + row) * 2 + 1] * __expf(ms - mx);
+  if (threadIdx.x < 32) {
+    const int s = threadIdx.x;
+    const float ms = s < a.n_splits ? a.partial_ml[(s * stride + row) * 2] : -INFINITY;
+    const float ls = s < a.n_splits ? a.partial_ml[(s * stride + row) * 2 + 1] : 0.0f;
+    const float mx = warp_max(ms);
+    const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+    const float denom = warp_sum(ls * wgt);
+    split_w[s] = wgt;
+    if (s == 0) inv_s = denom > 0.0f ? 1.0f / denom : 0.0f;
   }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  __syncthreads();
+  const float inv = inv_s;
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
     float o = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < a.n_splits; ++s) {
-      const float ms = a.partial_ml[(s * stride + row) * 2];
-      if (ms != -INFINITY) o += a.partial_out[(s * stride + row) * a.head_dim + d] * __expf(ms - mx);
+      const float x = a.partial_out[(s * stride + row) * a.head_dim + d];
+      o += split_w[s] != 0.0f ? split_w[s] * x : 0.0f;
     }
     a.out[row * a.head_dim + d] = __bfloat16_as_ushort(__float2bfloat16_rn(o * inv));
   }
@@ -206,14 +355,15 @@ __global__ void attention_combine_kernel(PagedAttentionArgs a) {
 
 template <int DPL>
 void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
-  const size_t smem = size_t(kMaxRows) * a.head_dim * sizeof(float) +
-                      size_t(kKeysPerTile) * (a.head_dim / 2 + 1) * sizeof(uint32_t) +
-                      size_t(kKeysPerTile) * a.head_dim * sizeof(uint16_t);
+  const size_t smem = smem_bytes(a.head_dim);
   static bool raised = false;  // the attribute is per kernel and process-wide
   if (!raised) {
     STRATA_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(kMaxRows * 256 * 4 + kKeysPerTile * 129 * 4 + kKeysPerTile * 256 * 2)));
+                                           int(smem_bytes(256))));
     raised = true;
+  }
+  if (a.split_counters != nullptr && a.n_splits > 32) {
+    cuda_fatal(__FILE__, __LINE__, "launch_paged_attention", "in-kernel combine of " + std::to_string(a.n_splits) + " splits (at most 32)");
   }
   const dim3 grid(a.n_tiles, a.n_kv_heads, a.n_splits);
   launch_pdl(paged_attention_kernel<DPL>, grid, kWarps * 32, smem, stream, a);
@@ -232,7 +382,8 @@ int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t h
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles == 0) return;
   const int32_t group = a.n_heads / a.n_kv_heads;
-  if (flash_attention_supports(a.head_dim) && a.n_splits == 1 && a.tokens_per_tile * group <= flash_attention_rows()) {
+  if (a.post.qkv == nullptr && flash_attention_supports(a.head_dim) && a.n_splits == 1 &&
+      a.tokens_per_tile * group <= flash_attention_rows()) {
     launch_flash_attention(a, stream);
     return;
   }
@@ -248,7 +399,8 @@ void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
 }
 
 void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream) {
-  if (a.n_tokens == 0 || a.n_splits <= 1) return;
+  if (a.n_tokens == 0 || a.n_splits <= 1 || a.split_counters != nullptr) return;
+  if (a.n_splits > 32) cuda_fatal(__FILE__, __LINE__, "launch_attention_combine", "n_splits " + std::to_string(a.n_splits) + " (at most 32)");
   launch_pdl(attention_combine_kernel, a.n_tokens * a.n_heads, 128, 0, stream, a);
 }
 

@@ -56,6 +56,10 @@ struct CudaDecoder::Buffers {
   int32_t* argmax = nullptr;     // [R]
   float* partial_out = nullptr;  // [kMaxSplits, S, n_heads, head_dim]
   float* partial_ml = nullptr;   // [kMaxSplits, S, n_heads, 2]
+  // Fused decode (launch_step): the norm inputs passed between GEMVs as partial sums of squares.
+  float* ss_embed = nullptr;       // [kGemvMaxRows] sum of squares of each embedded row
+  float* ss_parts = nullptr;       // [kGemvMaxRows, gemv_blocks(hidden)] per-block sums of squares
+  int32_t* split_counters = nullptr;  // [S, n_kv_heads] zeros between steps (attention's in-kernel combine)
 
   // Step metadata: one pinned host block mirrored by one device block, same offsets.
   char* meta_host = nullptr;
@@ -149,6 +153,9 @@ size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_ro
   add(4 * R);
   add(4 * kMaxSplits * S * d.nh * d.hd);
   add(4 * kMaxSplits * S * d.nh * 2);
+  add(4 * kGemvMaxRows);
+  add(4 * kGemvMaxRows * size_t(gemv_blocks(d.H)));
+  add(4 * S * d.nkv);
   add(kGemmWorkspace);
   add(1 << 20);  // step metadata (sized exactly in init_common; checked there)
   return b;
@@ -204,7 +211,11 @@ Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o
   TAKE(argmax, int32_t, R);
   TAKE(partial_out, float, int64_t(kMaxSplits) * S * d.nh * d.hd);
   TAKE(partial_ml, float, int64_t(kMaxSplits) * S * d.nh * 2);
+  TAKE(ss_embed, float, kGemvMaxRows);
+  TAKE(ss_parts, float, kGemvMaxRows * gemv_blocks(d.H));
+  TAKE(split_counters, int32_t, S * d.nkv);
 #undef TAKE
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(b->split_counters, 0, size_t(S * d.nkv) * sizeof(int32_t)));
   auto ws = arena.take(kGemmWorkspace, "GEMM workspace");
   if (!ws.ok()) return ws.error();
   *workspace = *ws;
@@ -567,6 +578,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   shape.n_rows = n_rows;
   shape.tokens_per_tile = tpt;
   shape.n_splits = n_splits;
+  shape.decode = decode_shape;
 
   if (opt_.cuda_graphs && decode_shape) {
     auto it = decode_graphs_.find(n_seqs);
@@ -595,6 +607,124 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   return Status();
 }
 
+// Decode of at most kGemvMaxRows sequences, one token each, every token a logit row: per layer
+// five launches (QKV GEMV on the norm-scaled input, attention with the QKV post and the split
+// combine inside, o_proj GEMV adding into the residual stream and leaving the next norm's
+// input, gate/up GEMV with the gated activation, down GEMV like o_proj), then the lm_head GEMV
+// and argmax. The unfused kernels of launch_step are the reference (tests/gpu).
+void CudaDecoder::launch_fused_decode(const StepShape& shape) {
+  const Dims d = dims_of(cfg_);
+  Buffers& B = *buf_;
+  const int64_t n = shape.n_tokens;
+  cudaStream_t st = stream_;
+  const float* first_norm = layers_.empty() ? B.final_norm : layers_[0].in_norm;
+  EmbedArgs ea{B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f};
+  ea.norm_w = first_norm;
+  ea.norm_out = B.h;
+  ea.ss_out = B.ss_embed;
+  launch_embed(ea, st);
+  const int32_t parts = int32_t(gemv_blocks(d.H));
+  auto gemv = [&](const uint16_t* x, const uint16_t* w, void* y, int64_t rows, int64_t k, GemvIn in, const float* in_ss,
+                  int32_t in_parts, GemvOut out) {
+    GemvArgs g{};
+    g.x = x;
+    g.w = w;
+    g.y = y;
+    g.m = n;
+    g.n = rows;
+    g.k = k;
+    g.in = in;
+    g.out = out;
+    g.in_ss = in_ss;
+    g.in_ss_parts = in_parts;
+    g.in_eps = cfg_.rms_eps;
+    g.act = Act(act_);
+    return g;
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const float* in_ss = l == 0 ? B.ss_embed : B.ss_parts;
+    const int32_t in_parts = l == 0 ? 1 : parts;
+    launch_gemv(gemv(B.h, L.qkv, B.qkv, d.qkv_rows, d.H, GemvIn::kNormScaled, in_ss, in_parts, GemvOut::kF32), st);
+    PagedAttentionArgs pa = attention_args(shape, l);
+    pa.post = qkv_post_args(l);
+    pa.split_counters = B.split_counters;
+    launch_paged_attention(pa, st);
+    GemvArgs o = gemv(B.attn, L.o, B.x, d.H, d.nh * d.hd, GemvIn::kPlain, nullptr, 0, GemvOut::kResidual);
+    o.bias = L.o_bias;
+    o.norm_w = L.post_norm;
+    o.norm_out = B.h;
+    o.ss_out = B.ss_parts;
+    launch_gemv(o, st);
+    launch_gemv(gemv(B.h, L.gate_up, B.act, d.I, d.H, GemvIn::kNormScaled, B.ss_parts, parts, GemvOut::kGatedAct), st);
+    GemvArgs dn = gemv(B.act, L.down, B.x, d.H, d.I, GemvIn::kPlain, nullptr, 0, GemvOut::kResidual);
+    dn.norm_w = l + 1 < layers_.size() ? layers_[l + 1].in_norm : B.final_norm;
+    dn.norm_out = B.h;
+    dn.ss_out = B.ss_parts;
+    launch_gemv(dn, st);
+  }
+  launch_gemv(gemv(B.h, B.lm_head, B.logits, d.V, d.H, GemvIn::kNormScaled, layers_.empty() ? B.ss_embed : B.ss_parts,
+                   layers_.empty() ? 1 : parts, GemvOut::kF32),
+              st);
+  launch_argmax({B.logits, B.argmax, int32_t(n), int32_t(d.V)}, st);
+}
+
+QkvPostArgs CudaDecoder::qkv_post_args(size_t l) const {
+  const Dims d = dims_of(cfg_);
+  const Buffers& B = *buf_;
+  const Layer& L = layers_[l];
+  QkvPostArgs qa{};
+  qa.qkv = B.qkv;
+  qa.bias = L.qkv_bias;
+  qa.q_norm = L.q_norm;
+  qa.k_norm = L.k_norm;
+  qa.positions = B.dev<int32_t>(B.off_positions);
+  qa.inv_freq = B.rope_inv_freq[size_t(L.rope)];
+  qa.slot_mapping = B.dev<int64_t>(B.off_slots);
+  qa.q_out = B.q;
+  qa.k_pool = kv_->k(int(l));
+  qa.v_pool = kv_->v(int(l));
+  qa.n_heads = int32_t(d.nh);
+  qa.n_kv_heads = int32_t(d.nkv);
+  qa.head_dim = int32_t(d.hd);
+  qa.rot_dim = B.rope_rot_dim[size_t(L.rope)];
+  qa.attn_factor = B.rope_attn_factor[size_t(L.rope)];
+  qa.norm_eps = cfg_.rms_eps;
+  qa.norm_one_plus_w = 0;
+  return qa;
+}
+
+PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l) const {
+  const Dims d = dims_of(cfg_);
+  const Buffers& B = *buf_;
+  const Layer& L = layers_[l];
+  PagedAttentionArgs pa{};
+  pa.q = B.q;
+  pa.out = B.attn;
+  pa.k_pool = kv_->k(int(l));
+  pa.v_pool = kv_->v(int(l));
+  pa.block_tables = B.dev<int32_t>(B.off_tables);
+  pa.seq_q_start = B.dev<int32_t>(B.off_q_start);
+  pa.seq_pos0 = B.dev<int32_t>(B.off_pos0);
+  pa.tile_seq = B.dev<int32_t>(B.off_tile_seq);
+  pa.tile_q0 = B.dev<int32_t>(B.off_tile_q0);
+  pa.partial_out = B.partial_out;
+  pa.partial_ml = B.partial_ml;
+  pa.n_tokens = int32_t(shape.n_tokens);
+  pa.n_tiles = int32_t(shape.n_tiles);
+  pa.tokens_per_tile = shape.tokens_per_tile;
+  pa.n_splits = shape.n_splits;
+  pa.max_blocks_per_seq = opt_.max_blocks_per_seq;
+  pa.block_size = opt_.block_size;
+  pa.n_heads = int32_t(d.nh);
+  pa.n_kv_heads = int32_t(d.nkv);
+  pa.head_dim = int32_t(d.hd);
+  pa.window = L.window;
+  pa.scale = attn_scale_;
+  pa.softcap = 0.0f;
+  return pa;
+}
+
 void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   const Dims d = dims_of(cfg_);
   Buffers& B = *buf_;
@@ -602,6 +732,12 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   cudaStream_t st = stream_;
   STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
   if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
+  const bool fused = shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
+                     n_rows == n && shape.n_splits <= 32 && d.H % 8 == 0 && (d.nh * d.hd) % 8 == 0 && d.I % 8 == 0;
+  if (fused) {
+    launch_fused_decode(shape);
+    return;
+  }
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f}, st);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -611,50 +747,10 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
                          cfg_.rms_eps, 0},
                         st);
     gemm_->run(st, B.h, L.qkv, B.qkv, GemmOut::kF32, n, d.qkv_rows, d.H);
-    QkvPostArgs qa{};
-    qa.qkv = B.qkv;
-    qa.bias = L.qkv_bias;
-    qa.q_norm = L.q_norm;
-    qa.k_norm = L.k_norm;
-    qa.positions = B.dev<int32_t>(B.off_positions);
-    qa.inv_freq = B.rope_inv_freq[size_t(L.rope)];
-    qa.slot_mapping = B.dev<int64_t>(B.off_slots);
-    qa.q_out = B.q;
-    qa.k_pool = kv_->k(int(l));
-    qa.v_pool = kv_->v(int(l));
+    QkvPostArgs qa = qkv_post_args(l);
     qa.n = int32_t(n);
-    qa.n_heads = int32_t(d.nh);
-    qa.n_kv_heads = int32_t(d.nkv);
-    qa.head_dim = int32_t(d.hd);
-    qa.rot_dim = B.rope_rot_dim[size_t(L.rope)];
-    qa.attn_factor = B.rope_attn_factor[size_t(L.rope)];
-    qa.norm_eps = cfg_.rms_eps;
-    qa.norm_one_plus_w = 0;
     launch_qkv_post(qa, st);
-    PagedAttentionArgs pa{};
-    pa.q = B.q;
-    pa.out = B.attn;
-    pa.k_pool = kv_->k(int(l));
-    pa.v_pool = kv_->v(int(l));
-    pa.block_tables = B.dev<int32_t>(B.off_tables);
-    pa.seq_q_start = B.dev<int32_t>(B.off_q_start);
-    pa.seq_pos0 = B.dev<int32_t>(B.off_pos0);
-    pa.tile_seq = B.dev<int32_t>(B.off_tile_seq);
-    pa.tile_q0 = B.dev<int32_t>(B.off_tile_q0);
-    pa.partial_out = B.partial_out;
-    pa.partial_ml = B.partial_ml;
-    pa.n_tokens = int32_t(n);
-    pa.n_tiles = int32_t(shape.n_tiles);
-    pa.tokens_per_tile = shape.tokens_per_tile;
-    pa.n_splits = shape.n_splits;
-    pa.max_blocks_per_seq = opt_.max_blocks_per_seq;
-    pa.block_size = opt_.block_size;
-    pa.n_heads = int32_t(d.nh);
-    pa.n_kv_heads = int32_t(d.nkv);
-    pa.head_dim = int32_t(d.hd);
-    pa.window = L.window;
-    pa.scale = attn_scale_;
-    pa.softcap = 0.0f;
+    const PagedAttentionArgs pa = attention_args(shape, l);
     launch_paged_attention(pa, st);
     launch_attention_combine(pa, st);
     gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, d.H, d.nh * d.hd);

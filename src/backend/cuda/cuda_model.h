@@ -19,6 +19,7 @@
 
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 #include "core/status.h"
 #include "model/model_config.h"
 #include "model/step_batch.h"
@@ -96,8 +97,12 @@ class CudaDecoder {
   struct StepShape {
     int64_t n_tokens = 0, n_tiles = 0, n_rows = 0;
     int32_t tokens_per_tile = 1, n_splits = 1;
+    bool decode = false;  // every sequence one token with its logit row
   };
   void launch_step(const StepShape& shape, bool record_copy);
+  void launch_fused_decode(const StepShape& shape);
+  QkvPostArgs qkv_post_args(size_t layer) const;
+  PagedAttentionArgs attention_args(const StepShape& shape, size_t layer) const;
 
   ModelConfig cfg_;
   CudaModelOptions opt_;

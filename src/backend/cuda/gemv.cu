@@ -1,8 +1,11 @@
-// Skinny bf16 GEMM (see kernels.h: launch_gemv_bf16), the decode path at batch 1-2. The
-// weights are read once, so the kernel is a stream over W: one warp per weight row, each lane
-// loading 16 bytes (8 bf16) per access with several accesses in flight before the first use,
-// the few x rows read through the read-only cache (they are shared by every warp), fp32 sums
-// reduced across the warp.
+// Skinny bf16 GEMM (see kernels.h: launch_gemv), the decode path at batch 1-4. The weights are
+// read once, so the kernel is a stream over W: one warp per weight row (two rows, gate and up,
+// for the gated-activation output), each lane loading 16 bytes (8 bf16) per access with
+// several accesses in flight before the first use, the few x rows read through the read-only
+// cache (they are shared by every warp), fp32 sums reduced across the warp. The fused modes
+// move the small kernels of a decode layer into the GEMVs around them: the RMSNorm scale of
+// the input (from per-block partial sums of squares left by the previous GEMV), the residual
+// add, the next norm's weight and its sums of squares in the epilogue, the gated activation.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -12,8 +15,8 @@
 namespace strata::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
-constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+constexpr int kWarpsPerBlock = kGemvRowsPerBlock;
+constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane and weight row
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -34,66 +37,159 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-template <int M, bool kF32Out>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint16_t* __restrict__ x,
-                                                                   const uint16_t* __restrict__ w, void* y,
-                                                                   int64_t n, int64_t k, int32_t prefetch_bytes) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= n) return;
-  const int64_t chunks = k / 8;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  // The weights are never written by a kernel: optionally pull the start of the row into L2
-  // while the previous kernel (whose output is x) finishes (LaunchTuning), then wait for it.
-  const int64_t row_bytes = k * 2;
-  for (int64_t b = int64_t(lane) * 128; b < row_bytes && b < prefetch_bytes; b += 32 * 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(wr) + b));
-  }
-  pdl_wait();
-  pdl_launch_dependents();
-  float acc[M];
+__device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float act_fn(float x, Act act) {
+  if (act == Act::kSilu) return x / (1.0f + expf(-x));
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// S weight rows per warp (1, or 2 for gate and up), M activation rows.
+template <int M, int S>
+__device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int lane,
+                                         float (&acc)[S][M]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[S][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[m] = dot8(wv[u], __ldg(xr + m * chunks + c + 32 * u), acc[m]);
+      for (int m = 0; m < M; ++m) {
+        const uint4 xv = __ldg(xr + m * chunks + c + 32 * u);
+#pragma unroll
+        for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
+      }
     }
   }
   for (; c < chunks; c += 32) {
-    const uint4 wv = load_stream(wr + c);
+    uint4 wv[S];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = dot8(wv, __ldg(xr + m * chunks + c), acc[m]);
+    for (int s = 0; s < S; ++s) wv[s] = load_stream(wr[s] + c);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4 xv = __ldg(xr + m * chunks + c);
+#pragma unroll
+      for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s], xv, acc[s][m]);
+    }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float v = acc[m];
+  for (int s = 0; s < S; ++s)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) {
-      if (kF32Out) {
-        static_cast<float*>(y)[m * n + row] = v;
-      } else {
-        static_cast<uint16_t*>(y)[m * n + row] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    for (int m = 0; m < M; ++m) acc[s][m] = warp_sum(acc[s][m]);
+}
+
+template <int M, int kIn, int kOut>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes) {
+  constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t n = a.n, k = a.k;
+  const bool active = row < n;
+  const int64_t chunks = k / 8;
+  const uint4* wr[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k);
+  // The weights are never written by a kernel: optionally pull the start of the row into L2
+  // while the previous kernel (whose output is x) finishes (LaunchTuning), then wait for it.
+  if (active) {
+    for (int64_t b = int64_t(lane) * 128; b < k * 2 && b < prefetch_bytes; b += 32 * 128) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(wr[s]) + b));
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  float acc[S][M];
+  if (active) dot_rows<M, S>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, acc);
+  if (kIn == int(GemvIn::kNormScaled)) {
+    // Every warp sums the partial sums of squares in the same order: the scale is identical
+    // across warps and blocks, and across runs.
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float ss = 0.0f;
+      for (int j = lane; j < a.in_ss_parts; j += 32) ss += a.in_ss[m * a.in_ss_parts + j];
+      const float inv = rsqrtf(warp_sum(ss) / float(k) + a.in_eps);
+#pragma unroll
+      for (int s = 0; s < S; ++s) acc[s][m] *= inv;
+    }
+  }
+  if (kOut == int(GemvOut::kResidual)) {
+    __shared__ float part[kWarpsPerBlock][M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sq = 0.0f;
+      if (active && lane == 0) {
+        float* xres = static_cast<float*>(a.y) + m * n + row;
+        const float v = *xres + acc[0][m] + (a.bias ? a.bias[row] : 0.0f);
+        *xres = v;
+        if (a.norm_out) {
+          const float w = a.norm_w[row];
+          a.norm_out[m * n + row] = __bfloat16_as_ushort(__float2bfloat16_rn(v * (a.norm_one_plus_w ? 1.0f + w : w)));
+        }
+        sq = v * v;
       }
+      if (lane == 0) part[warp][m] = sq;
+    }
+    if (a.ss_out) {
+      __syncthreads();
+      if (threadIdx.x < M) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kWarpsPerBlock; ++i) s += part[i][threadIdx.x];
+        a.ss_out[threadIdx.x * gridDim.x + blockIdx.x] = s;
+      }
+    }
+    return;
+  }
+  if (!active || lane != 0) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if (kOut == int(GemvOut::kF32)) {
+      static_cast<float*>(a.y)[m * n + row] = acc[0][m];
+    } else if (kOut == int(GemvOut::kBF16)) {
+      static_cast<uint16_t*>(a.y)[m * n + row] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[0][m]));
+    } else {
+      const float v = act_fn(acc[0][m], a.act) * acc[S - 1][m];
+      static_cast<uint16_t*>(a.y)[m * n + row] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
     }
   }
 }
 
+template <int M, int kIn, int kOut>
+void launch_mode(const GemvArgs& a, cudaStream_t stream) {
+  const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_pdl(gemv_kernel<M, kIn, kOut>, grid, kWarpsPerBlock * 32, 0, stream, a, launch_tuning().gemv_prefetch_bytes);
+}
+
+template <int M, int kIn>
+void launch_out(const GemvArgs& a, cudaStream_t stream) {
+  switch (a.out) {
+    case GemvOut::kF32: launch_mode<M, kIn, int(GemvOut::kF32)>(a, stream); break;
+    case GemvOut::kBF16: launch_mode<M, kIn, int(GemvOut::kBF16)>(a, stream); break;
+    case GemvOut::kResidual: launch_mode<M, kIn, int(GemvOut::kResidual)>(a, stream); break;
+    case GemvOut::kGatedAct: launch_mode<M, kIn, int(GemvOut::kGatedAct)>(a, stream); break;
+  }
+}
+
 template <int M>
-void launch_m(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t n, int64_t k, cudaStream_t stream) {
-  const unsigned grid = unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const int32_t prefetch = launch_tuning().gemv_prefetch_bytes;
-  if (f32_out) {
-    launch_pdl(gemv_kernel<M, true>, grid, kWarpsPerBlock * 32, 0, stream, x, w, y, n, k, prefetch);
+void launch_m(const GemvArgs& a, cudaStream_t stream) {
+  if (a.in == GemvIn::kNormScaled) {
+    launch_out<M, int(GemvIn::kNormScaled)>(a, stream);
   } else {
-    launch_pdl(gemv_kernel<M, false>, grid, kWarpsPerBlock * 32, 0, stream, x, w, y, n, k, prefetch);
+    launch_out<M, int(GemvIn::kPlain)>(a, stream);
   }
 }
 
@@ -104,16 +200,30 @@ bool gemv_supports(const void* x, const void* w, int64_t m, int64_t k) {
   return m >= 1 && m <= kGemvMaxRows && k % 8 == 0 && aligned(x) && aligned(w);
 }
 
+int64_t gemv_blocks(int64_t n) { return (n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock; }
+
+void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m == 0 || a.n == 0) return;
+  switch (a.m) {
+    case 1: launch_m<1>(a, stream); break;
+    case 2: launch_m<2>(a, stream); break;
+    case 3: launch_m<3>(a, stream); break;
+    case 4: launch_m<4>(a, stream); break;
+    default: cuda_fatal(__FILE__, __LINE__, "launch_gemv", "m = " + std::to_string(a.m));
+  }
+}
+
 void launch_gemv_bf16(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream) {
-  if (m == 0 || n == 0) return;
-  switch (m) {
-    case 1: launch_m<1>(x, w, y, f32_out, n, k, stream); break;
-    case 2: launch_m<2>(x, w, y, f32_out, n, k, stream); break;
-    case 3: launch_m<3>(x, w, y, f32_out, n, k, stream); break;
-    case 4: launch_m<4>(x, w, y, f32_out, n, k, stream); break;
-    default: cuda_fatal(__FILE__, __LINE__, "launch_gemv_bf16", "m = " + std::to_string(m));
-  }
+  GemvArgs a{};
+  a.x = x;
+  a.w = w;
+  a.y = y;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.out = f32_out ? GemvOut::kF32 : GemvOut::kBF16;
+  launch_gemv(a, stream);
 }
 
 }  // namespace strata::cuda

@@ -39,7 +39,20 @@ __global__ void embed_kernel(EmbedArgs a) {
   const int64_t id = a.ids[t];
   const uint16_t* row = a.table + id * a.hidden;
   float* out = a.out + int64_t(t) * a.hidden;
-  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) out[c] = bf16_bits_to_f32(row[c]) * a.scale;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    const float v = bf16_bits_to_f32(row[c]) * a.scale;
+    out[c] = v;
+    if (a.norm_out) {
+      const float w = a.norm_one_plus_w ? 1.0f + a.norm_w[c] : a.norm_w[c];
+      a.norm_out[int64_t(t) * a.hidden + c] = f32_to_bf16_bits(v * w);
+      ss += v * v;
+    }
+  }
+  if (a.norm_out) {
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) a.ss_out[t] = ss;
+  }
 }
 
 // With dim % 4 == 0 (every real hidden size) the row moves as float4 / 4 x bf16.

@@ -15,7 +15,9 @@ namespace strata::cuda {
 
 enum class Act : int32_t { kSilu = 0, kGeluTanh = 1 };
 
-// out[t, :] = table[ids[t], :] * scale. The caller guarantees 0 <= ids[t] < vocab.
+// out[t, :] = table[ids[t], :] * scale. The caller guarantees 0 <= ids[t] < vocab. With
+// norm_out, also the first norm's input for a norm-scaled GEMV (GemvIn::kNormScaled):
+// norm_out[t] = bf16(out[t] * (norm_w or 1 + norm_w)) and ss_out[t] = sum of out[t]^2 (one part).
 struct EmbedArgs {
   const uint16_t* table;  // [vocab, hidden] bf16
   const int32_t* ids;     // [n]
@@ -23,6 +25,10 @@ struct EmbedArgs {
   int32_t n;
   int32_t hidden;
   float scale;
+  const float* norm_w = nullptr;  // [hidden]
+  uint16_t* norm_out = nullptr;   // [n, hidden] bf16 or null
+  float* ss_out = nullptr;        // [n]
+  int32_t norm_one_plus_w = 0;
 };
 void launch_embed(const EmbedArgs& a, cudaStream_t stream);
 
@@ -116,6 +122,16 @@ struct PagedAttentionArgs {
   int32_t window;               // 0: full causal
   float scale;                  // multiplies q.k
   float softcap;                // 0: none
+  // Decode fusion (every sequence exactly one query token; CUDA-core kernel). With post.qkv
+  // set, each block makes its q rows from the QKV projection itself (bias, q norm, RoPE: the
+  // arithmetic of launch_qkv_post, q kept in f32) instead of reading q, and the block whose
+  // split holds the token's own position writes the token's k and v into the pools first, so
+  // no launch_qkv_post runs (post.n/n_heads/... must match the fields above).
+  QkvPostArgs post{};
+  // [n_tokens * n_kv_heads] zeros, or null. With n_splits > 1, the last split block of each
+  // (token, KV head) to finish merges the partial results and resets its counter to 0:
+  // launch_attention_combine then does nothing.
+  int32_t* split_counters = nullptr;
 };
 int32_t attention_max_rows();  // query rows (token x head of one KV group) one CUDA-core tile holds
 // Tokens per query tile that launch_paged_attention wants for these shapes: 64 rows for the
@@ -143,13 +159,48 @@ bool gemv_supports(const void* x, const void* w, int64_t m, int64_t k);
 void launch_gemv_bf16(const uint16_t* x, const uint16_t* w, void* y, bool f32_out, int64_t m, int64_t n, int64_t k,
                       cudaStream_t stream);
 
+// The GEMV with the small kernels of a decode layer folded in.
+// Input: kPlain: x as is. kNormScaled: x[r] holds bf16(u[r] * norm weight) of an unnormalized
+//   row u[r] whose sum of squares is the sum of in_ss[r * in_ss_parts + j], j < in_ss_parts;
+//   each dot is scaled by rsqrt(ss / k + in_eps): the RMSNorm of u[r] without its own launch.
+// Output: kF32 / kBF16: y[m, n]. kResidual: y is the f32 residual stream [m, n], y += x.w^T
+//   (+ bias); with norm_out, norm_out[r] = bf16(y[r] * norm weight) and ss_out[r *
+//   gemv_blocks(n) + b] = block b's sum of y[r]^2 (the next GEMV's kNormScaled input).
+//   kGatedAct: w is [2n, k] (gate rows, then up rows); y[m, n] bf16 = act(gate) * up.
+enum class GemvIn : int32_t { kPlain = 0, kNormScaled = 1 };
+enum class GemvOut : int32_t { kF32 = 0, kBF16 = 1, kResidual = 2, kGatedAct = 3 };
+constexpr int64_t kGemvRowsPerBlock = 8;  // output rows per block: ss_out holds one part per block
+struct GemvArgs {
+  const uint16_t* x;        // [m, k] bf16
+  const uint16_t* w;        // [n, k] bf16 ([2n, k] for kGatedAct)
+  void* y;                  // see GemvOut
+  int64_t m, n, k;
+  GemvIn in;
+  GemvOut out;
+  const float* in_ss;       // [m, in_ss_parts] (kNormScaled)
+  int32_t in_ss_parts;
+  float in_eps;
+  const float* bias;        // [n] or null (kResidual)
+  const float* norm_w;      // [n] (kResidual with norm_out)
+  int32_t norm_one_plus_w;
+  uint16_t* norm_out;       // [m, n] bf16 or null (kResidual)
+  float* ss_out;            // [m, gemv_blocks(n)] or null (kResidual)
+  Act act;                  // kGatedAct
+};
+int64_t gemv_blocks(int64_t n);
+void launch_gemv(const GemvArgs& a, cudaStream_t stream);
+
 // How the decode kernels launch, process-wide (benchmarks compare the settings): with pdl,
 // each kernel may start while the previous one drains (programmatic dependent launch, see
 // pdl.cuh); the GEMV then pulls the first gemv_prefetch_bytes of each weight row into L2 before
 // it waits for its input.
+// fuse_decode_rows: decode steps of at most this many sequences (<= kGemvMaxRows; 0: none)
+// run the fused layer (norms, residual adds and the gated activation inside the GEMVs, QKV
+// post and the split combine inside the attention kernel: 5 launches per layer).
 struct LaunchTuning {
   bool pdl = true;
   int32_t gemv_prefetch_bytes = 0;  // multiple of 128, <= 4096
+  int32_t fuse_decode_rows = 2;
 };
 void set_launch_tuning(const LaunchTuning& t);
 LaunchTuning launch_tuning();
