@@ -16,7 +16,8 @@ file(GLOB STRATA_CUDA_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cpp)
 add_library(strata_cuda STATIC ${STRATA_CUDA_SOURCES})
 target_include_directories(strata_cuda PUBLIC ${CMAKE_SOURCE_DIR}/src)
-target_link_libraries(strata_cuda PUBLIC strata_model strata_sampling CUDA::cudart CUDA::cublasLt)
+# strata_engine: CudaExecutor implements the engine's StepExecutor (cuda_executor.h).
+target_link_libraries(strata_cuda PUBLIC strata_engine strata_model strata_sampling CUDA::cudart CUDA::cublasLt)
 # The host warnings flags are for g++; nvcc gets its own.
 target_compile_options(strata_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr -Xcompiler=-Wall>)
 set_target_properties(strata_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE OFF)

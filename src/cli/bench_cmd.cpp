@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -27,8 +28,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/roofline.h"
 #include "core/log.h"
 #include "model/synthetic_checkpoint.h"
+
+#ifdef STRATA_WITH_CUDA
+#include "backend/cuda/device_peaks.h"
+#endif
 
 namespace strata::cli {
 
@@ -51,6 +57,9 @@ struct BenchArgs {
   std::string json_out;
   std::string api_key;
   double timeout_s = 600.0;
+  double peak_bandwidth_gbs = 0.0;  // roofline: copy bandwidth (read + write); 0: measure or none
+  double peak_tflops = 0.0;         // roofline: bf16 GEMM rate; 0: measure or none
+  std::string model_config;         // roofline: a model directory (config.json) when the server gives no shape
 };
 
 struct Prompt {
@@ -176,7 +185,7 @@ Outcome run_one(const BenchArgs& a, const std::string& model, const Prompt& p) {
   return o;
 }
 
-Result<std::string> server_model(const BenchArgs& a, int* vocab) {
+Result<std::string> server_model(const BenchArgs& a, int* vocab, json* card) {
   httplib::Client cli(a.url);
   cli.set_connection_timeout(std::chrono::seconds(10));
   auto res = cli.Get("/v1/models", auth_headers(a));
@@ -185,6 +194,7 @@ Result<std::string> server_model(const BenchArgs& a, int* vocab) {
   json j = json::parse(res->body, nullptr, false);
   if (j.is_discarded() || !j.contains("data") || j["data"].empty()) return make_error(ErrorCode::kCorrupt, "GET /v1/models: no model listed");
   *vocab = j["data"][0].value("vocab_size", 0);
+  *card = j["data"][0];
   return j["data"][0].value("id", std::string());
 }
 
@@ -230,16 +240,60 @@ Result<std::vector<Prompt>> make_prompts(const BenchArgs& a, int vocab) {
   return out;
 }
 
+struct RooflineInputs {
+  std::optional<RooflineShape> shape;
+  double bandwidth = 0, gemm = 0;  // bytes/s, FLOP/s
+  std::string source;              // where the peaks came from
+  std::string why;                 // why there is no roofline
+};
+
+// The model shape (the server's card, else --model-config) and the device peaks (the flags,
+// else measured here when built with CUDA and a GPU is present).
+RooflineInputs roofline_inputs(const BenchArgs& a, const json& card) {
+  RooflineInputs r;
+  r.shape = roofline_shape_from_card(card);
+  if (!r.shape && !a.model_config.empty()) {
+    auto s = roofline_shape_from_dir(a.model_config);
+    if (s.ok()) r.shape = *s;
+    else r.why = s.error().to_string();
+  }
+  if (!r.shape) {
+    if (r.why.empty()) r.why = "the server gives no model shape; pass --model-config DIR";
+    return r;
+  }
+  if (a.peak_bandwidth_gbs > 0 && a.peak_tflops > 0) {
+    r.bandwidth = a.peak_bandwidth_gbs * 1e9;
+    r.gemm = a.peak_tflops * 1e12;
+    r.source = "peaks from flags";
+    return r;
+  }
+#ifdef STRATA_WITH_CUDA
+  auto p = cuda::measure_device_peaks();
+  if (p.ok()) {
+    r.bandwidth = a.peak_bandwidth_gbs > 0 ? a.peak_bandwidth_gbs * 1e9 : p->bandwidth_bytes_s;
+    r.gemm = a.peak_tflops > 0 ? a.peak_tflops * 1e12 : p->gemm_flops;
+    r.source = "peaks measured: D2D copy 4 GiB, cuBLASLt bf16 8192^3";
+    return r;
+  }
+  r.why = p.error().to_string();
+#else
+  r.why = "no --peak-bandwidth-gbs and --peak-tflops, and this build cannot measure them (no CUDA)";
+#endif
+  return r;
+}
+
 int run_bench_serve(const BenchArgs& a) {
   if (a.num_prompts < 1) { log::error("--num-prompts must be >= 1"); return 2; }
   if (a.input_len < 1 || a.output_len < 1) { log::error("--random-input-len and --random-output-len must be >= 1"); return 2; }
   int vocab = 0;
-  auto listed = server_model(a, &vocab);
+  json card;
+  auto listed = server_model(a, &vocab, &card);
   if (!listed.ok()) { log::error("{}", listed.error().to_string()); return 1; }
   const std::string model = a.model.empty() ? *listed : a.model;
   auto prompts = make_prompts(a, vocab);
   if (!prompts.ok()) { log::error("{}", prompts.error().to_string()); return 2; }
   const int concurrency = a.concurrency > 0 ? a.concurrency : (a.request_rate > 0 ? a.num_prompts : 1);
+  const RooflineInputs roof = roofline_inputs(a, card);  // measured before the load, on an idle device
 
   std::vector<Outcome> outcomes(prompts->size());
   std::mutex mu;
@@ -309,6 +363,20 @@ int run_bench_serve(const BenchArgs& a) {
   section("Time per Output Token (excl. 1st token)", "TPOT", sp);
   section("Inter-token Latency", "ITL", si);
   section("End-to-end Latency", "E2EL", se);
+  std::optional<Roofline> rl;
+  if (roof.shape && roof.bandwidth > 0 && roof.gemm > 0 && completed > 0) {
+    RooflineWorkload w{completed, concurrency, double(in_tokens) / double(completed), double(out_tokens) / double(completed)};
+    rl = roofline(*roof.shape, w, roof.bandwidth, roof.gemm);
+    std::printf("---------------Roofline (%s)---------------\n", roof.source.c_str());
+    std::printf("%-40s %12.1f\n", "Peak bandwidth (GB/s, read+write):", roof.bandwidth * 1e-9);
+    std::printf("%-40s %12.1f\n", "Peak bf16 GEMM (TFLOP/s):", roof.gemm * 1e-12);
+    std::printf("%-40s %12lld\n", "Roofline steps:", (long long)rl->steps);
+    std::printf("%-40s %12.2f\n", "Roofline duration (s):", rl->seconds);
+    std::printf("%-40s %12.2f\n", "Roofline output throughput (tok/s):", double(out_tokens) / rl->seconds);
+    std::printf("%-40s %12.3f\n", "Fraction of roofline:", rl->seconds / duration);
+  } else {
+    std::printf("Roofline: %s\n", roof.why.c_str());
+  }
   std::printf("==================================================\n");
   if (!first_error.empty()) log::warn("first failure: {}", first_error);
   if (!a.json_out.empty()) {
@@ -322,6 +390,11 @@ int run_bench_serve(const BenchArgs& a) {
               {"total_token_throughput", (in_tokens + out_tokens) / duration},
               {"ttft_ms", js(st)}, {"tpot_ms", js(sp)}, {"itl_ms", js(si)}, {"e2el_ms", js(se)}};
     if (!first_error.empty()) r["first_error"] = first_error;
+    if (rl) {
+      r["roofline"] = {{"source", roof.source}, {"bandwidth_gbs", roof.bandwidth * 1e-9}, {"gemm_tflops", roof.gemm * 1e-12},
+                       {"steps", rl->steps}, {"duration_s", rl->seconds}, {"fraction", rl->seconds / duration},
+                       {"output_throughput", double(out_tokens) / rl->seconds}};
+    }
     std::ofstream f(a.json_out);
     if (!f) { log::error("--json: cannot write '{}'", a.json_out); return 1; }
     f << r.dump(2) << '\n';
@@ -394,6 +467,10 @@ void register_bench(CLI::App& app) {
   serve->add_option("--json", a->json_out, "Write the results as JSON to this file");
   serve->add_option("--api-key", a->api_key, "Bearer key");
   serve->add_option("--timeout", a->timeout_s, "Seconds a request may take")->capture_default_str();
+  serve->add_option("--peak-bandwidth-gbs", a->peak_bandwidth_gbs,
+                    "Roofline: device copy bandwidth, GB/s read+write (default: measured when built with CUDA)");
+  serve->add_option("--peak-tflops", a->peak_tflops, "Roofline: bf16 GEMM rate, TFLOP/s (default: measured when built with CUDA)");
+  serve->add_option("--model-config", a->model_config, "Roofline: model directory whose config.json gives the shape (default: the server's)");
   serve->callback([a] { exit_code() = run_bench_serve(*a); });
 
   auto s = std::make_shared<SynthArgs>();

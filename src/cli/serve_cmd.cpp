@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -62,6 +63,7 @@ struct ServeArgs {
   int32_t state_snapshot_interval = 512;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
+  DeviceArgs dev;
   bool supervise = false;
   bool supervised_child = false;
   bool checkpoint_every_given = false;
@@ -162,9 +164,15 @@ int run_serve(ServeArgs a) {
   ::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a dead server
 
   ThreadPool pool(a.threads);
-  auto model = load_model(a.model_dir, pool);
+  EngineOptions device_eo;  // what --device cuda sizes its pool and scratch by
+  device_eo.kv_cache_bytes = a.kv_cache_bytes;
+  device_eo.max_batch_tokens = a.max_batch_tokens;
+  device_eo.max_num_seqs = a.max_num_seqs;
+  device_eo.max_model_len = a.max_model_len;
+  device_eo.kv_codecs = *kv_codecs;
+  auto model = load_engine_model(a.dev, a.model_dir, pool, &device_eo);
   if (!model.ok()) return fail(model.error());
-  const ModelConfig cfg = (*model)->config();
+  const ModelConfig cfg = model->model->config();
   std::string name = a.served_model_name;
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
@@ -187,6 +195,8 @@ int run_serve(ServeArgs a) {
   eo.model_identity = fs::absolute(a.model_dir).lexically_normal().string();
   eo.kv_codecs = *kv_codecs;
   eo.state_snapshot_interval = a.state_snapshot_interval;
+  eo.kv_codecs = device_eo.kv_codecs;  // bf16 on cuda
+  eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
   const int32_t max_len_guess = a.max_model_len > 0 ? a.max_model_len : cfg.max_position;
@@ -194,7 +204,7 @@ int run_serve(ServeArgs a) {
   if (!served.ok()) return fail(served.error());
   eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
 
-  auto engine = Engine::create(std::move(model).value(), eo);
+  auto engine = Engine::create(std::move(model->model), eo, std::move(model->executor));
   if (!engine.ok()) {
     Error e = engine.error();
     // A refused flag names itself; a model the engine cannot page names the model.
@@ -230,8 +240,8 @@ int run_serve(ServeArgs a) {
     log::info("signal {}: shutting down", sig);
     http.stop();
   });
-  log::info("serving {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token), max_model_len {}, tool calls: {}{})",
-            name, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
+  log::info("serving {} on {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token), max_model_len {}, tool calls: {}{})",
+            name, model->device, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
             (*engine)->kv_bytes_per_token(), served->max_model_len,
             server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
   // Under --supervise a stopped engine loop (a device fault) ends this process: the
@@ -315,6 +325,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--min-p", a->min_p, "Default min_p");
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "Default repetition_penalty");
   cmd->add_option("--max-tokens", a->max_tokens, "Default max_tokens (default: the rest of the context)");
+  add_device_flags(cmd, a->dev);
   cmd->add_flag("--supervise", a->supervise,
                 "Run the engine in a child process that is restarted when it dies; streams resume from their "
                 "checkpoints (--checkpoint-every defaults to 32)");

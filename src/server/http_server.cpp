@@ -307,6 +307,13 @@ void HttpServer::install_routes() {
                       {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"tied", mc.tie_embeddings},
                       {"kv_bytes_per_token", engine_.kv_bytes_per_token()}, {"kv_blocks", engine_.n_kv_blocks()},
                       {"block_size", engine_.block_size()}};
+    // The shape clients such as `strata bench serve` compute rooflines from.
+    const ModelConfig& mc = engine_.model_config();
+    card["strata"] = {{"model_type", mc.model_type}, {"n_layers", mc.n_layers}, {"hidden", mc.hidden},
+                      {"intermediate", mc.intermediate}, {"n_heads", mc.n_heads}, {"n_kv_heads", mc.n_kv_heads},
+                      {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"tied", mc.tie_embeddings},
+                      {"kv_bytes_per_token", engine_.kv_bytes_per_token()}, {"kv_blocks", engine_.n_kv_blocks()},
+                      {"block_size", engine_.block_size()}};
     write_json(res, {{"object", "list"}, {"data", json::array({card})}});
     metrics_.count_request(req.path, 200);
   });

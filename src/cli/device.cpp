@@ -1,0 +1,97 @@
+#include "cli/device.h"
+
+#include "core/log.h"
+#include "model/registry.h"
+
+#ifdef STRATA_WITH_CUDA
+#include "backend/cuda/cuda_executor.h"
+#endif
+
+namespace strata::cli {
+
+bool built_with_cuda() {
+#ifdef STRATA_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void add_device_flags(CLI::App* cmd, DeviceArgs& a) {
+  a.cmd = cmd;
+  cmd->add_option("--device", a.device, "Where the model runs: auto (cuda when built with it and a GPU is present), cpu or cuda")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-fraction", a.gpu_memory_fraction,
+                  "--device cuda: fraction of the GPU's memory for weights, scratch and KV (KV gets the rest; default 0.9 "
+                  "unless --kv-cache-bytes is given)");
+  cmd->add_option("--load-format", a.load_format, "auto (the checkpoint's weights) or dummy (random weights; --device cuda)")
+      ->capture_default_str();
+}
+
+namespace {
+
+Result<std::string> resolve_device(const DeviceArgs& d) {
+  if (d.device != "auto" && d.device != "cpu" && d.device != "cuda") {
+    return make_error(ErrorCode::kInvalidArgument, "--device must be auto, cpu or cuda, got '" + d.device + "'");
+  }
+  if (d.load_format != "auto" && d.load_format != "dummy") {
+    return make_error(ErrorCode::kInvalidArgument, "--load-format must be auto or dummy, got '" + d.load_format + "'");
+  }
+  if (d.device == "cuda" && !built_with_cuda()) {
+    return make_error(ErrorCode::kUnsupported, "--device cuda: this strata binary was built without CUDA (configure with -DSTRATA_CUDA=ON)");
+  }
+  if (d.device != "auto") return d.device;
+#ifdef STRATA_WITH_CUDA
+  if (cuda::cuda_device_present()) return std::string("cuda");
+#endif
+  return std::string("cpu");
+}
+
+}  // namespace
+
+Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& dir, ThreadPool& pool, EngineOptions* eo) {
+  auto device = resolve_device(d);
+  if (!device.ok()) return device.error();
+  EngineModel out;
+  out.device = *device;
+  if (out.device == "cpu") {
+    if (d.load_format == "dummy") {
+      return make_error(ErrorCode::kUnsupported, "--load-format dummy needs --device cuda (the CPU engine loads the checkpoint)");
+    }
+    if (d.gpu_memory_fraction) log::warn("--gpu-memory-fraction has no effect on --device cpu");
+    auto m = load_model(dir, pool);
+    if (!m.ok()) return m.error();
+    out.model = std::move(m).value();
+    return out;
+  }
+#ifdef STRATA_WITH_CUDA
+  auto cfg = load_model_config(dir);
+  if (!cfg.ok()) return cfg.error();
+  STRATA_RETURN_IF_ERROR(cuda::check_cuda_engine_support(*cfg, eo->kv_codecs));
+  cuda::CudaEngineOptions co;
+  const CLI::Option* kv_opt = d.cmd != nullptr ? d.cmd->get_option_no_throw("--kv-cache-bytes") : nullptr;
+  const bool kv_explicit = kv_opt != nullptr && kv_opt->count() > 0;
+  if (d.gpu_memory_fraction || !kv_explicit) {
+    co.gpu_memory_fraction = d.gpu_memory_fraction.value_or(0.9);
+    co.kv_cache_bytes = 0;
+  } else {
+    co.kv_cache_bytes = eo->kv_cache_bytes;
+  }
+  co.block_size = eo->block_size;
+  co.max_batch_tokens = eo->max_batch_tokens;
+  co.max_num_seqs = eo->max_num_seqs;
+  co.max_model_len = eo->max_model_len;
+  co.random_weights = d.load_format == "dummy";
+  auto parts = cuda::make_cuda_engine_parts(dir, co);
+  if (!parts.ok()) return parts.error();
+  eo->kv_codecs = cuda::cuda_kv_codecs();
+  eo->kv_blocks = parts->executor->n_kv_blocks();
+  out.model = std::move(parts->shape);
+  out.executor = std::move(parts->executor);
+  return out;
+#else
+  return make_error(ErrorCode::kInternal, "unreachable: cuda device without CUDA");
+#endif
+}
+
+}  // namespace strata::cli
