@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -40,6 +41,7 @@ struct GenerateArgs {
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
   int32_t kv_quant_start = 0;
+  DeviceArgs dev;
 };
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& s) {
@@ -96,6 +98,64 @@ int fail(const Error& e) {
   return e.code == ErrorCode::kInvalidArgument ? 2 : 1;
 }
 
+// --device cuda: the prompt as one request through the engine on the GPU (CudaExecutor).
+int run_generate_on_engine(const GenerateArgs& a, EngineModel m, EngineOptions eo, const std::vector<int32_t>& prompt_ids,
+                           const std::optional<tokenizer::Tokenizer>& tok, const std::string& output) {
+  const ModelConfig cfg = m.model->config();
+  GenerationRequest r;
+  r.id = "generate";
+  r.prompt = prompt_ids;
+  r.max_tokens = std::max(a.max_tokens, 1);
+  r.sampling = sampling_from(a, cfg);
+  r.ignore_eos = a.ignore_eos;
+  if (tok) {
+    r.stop_ids = tok->stop_ids(cfg.eos_ids);
+    if (tok->vocab_size() < cfg.vocab_size) r.vocab_limit = tok->vocab_size();
+  }
+  eo.model_identity = a.model_dir;
+  auto engine = Engine::create(std::move(m.model), eo, std::move(m.executor));
+  if (!engine.ok()) return fail(engine.error());
+  (*engine)->start();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stream = (*engine)->submit(r);
+  if (!stream.ok()) return fail(stream.error());
+  std::optional<tokenizer::StreamDecoder> dec;
+  if (output == "text") dec.emplace(*tok, /*skip_special=*/true);
+  int32_t n = 0;
+  std::optional<double> first_ms;
+  StreamEvent last;
+  for (;;) {
+    auto e = (*stream)->next(std::chrono::milliseconds(600000));
+    if (!e) return fail(make_error(ErrorCode::kInternal, "the engine gave no token for 600 s"));
+    for (int32_t id : e->tokens) {
+      if (!first_ms) first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (dec) {
+        const std::string d = dec->push(id);
+        std::fwrite(d.data(), 1, d.size(), stdout);
+      } else {
+        std::printf(n == 0 ? "%d" : " %d", id);
+      }
+      ++n;
+    }
+    std::fflush(stdout);
+    if (e->final) {
+      last = *e;
+      break;
+    }
+  }
+  if (dec) {
+    const std::string rest = dec->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  std::printf("\n");
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  (*engine)->shutdown();
+  if (last.finish_reason == FinishReason::kError) return fail(make_error(ErrorCode::kInternal, last.message));
+  log::info("prompt {} tokens, first token after {:.1f} ms; generated {} tokens in {:.3f} s on {}; stop: {}", prompt_ids.size(),
+            first_ms.value_or(0.0), n, total_s, m.device, finish_reason_name(last.finish_reason));
+  return 0;
+}
+
 int run_generate(const GenerateArgs& a) {
   if (a.max_tokens < 0) return fail(make_error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0"));
   auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, a.kv_quant_start);
@@ -128,8 +188,15 @@ int run_generate(const GenerateArgs& a) {
   }
   ThreadPool pool(a.threads);
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = load_model(a.model_dir, pool);
-  if (!model.ok()) return fail(model.error());
+  EngineOptions eo;  // --device cuda: one sequence through the engine
+  eo.max_num_seqs = 1;
+  eo.max_model_len = int32_t(prompt_ids.size()) + std::max(a.max_tokens, 1);
+  eo.kv_cache_bytes = int64_t(eo.max_model_len + 16) * 1024 * 1024;  // sized again by the device
+  eo.kv_codecs = *kv_codecs;
+  auto engine_model = load_engine_model(a.dev, a.model_dir, pool, &eo);
+  if (!engine_model.ok()) return fail(engine_model.error());
+  if (engine_model->executor) return run_generate_on_engine(a, std::move(engine_model).value(), eo, prompt_ids, tok, output);
+  auto model = Result<std::unique_ptr<Model>>(std::move(engine_model->model));
   const ModelConfig& cfg = (*model)->config();
   const auto t1 = std::chrono::steady_clock::now();
   log::info("loaded {} ({}) in {:.1f} ms, {} threads", a.model_dir, cfg.model_type,
@@ -220,6 +287,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"text", "ids"}));
   cmd->add_option("--threads", args->threads, "Worker threads (0: one per hardware thread)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's EOS ids");
+  add_device_flags(cmd, args->dev);
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
       ->capture_default_str();
   cmd->add_option("--kv-config", args->kv_config,

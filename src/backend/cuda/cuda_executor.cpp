@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "core/check.h"
@@ -39,9 +40,14 @@ class ShapeModel final : public Model {
 
 }  // namespace
 
-CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder) : decoder_(std::move(decoder)) {}
+CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder) : decoder_(std::move(decoder)) {
+  const char* p = std::getenv("STRATA_PROFILE_STEPS");
+  profile_ = p != nullptr && std::string(p) == "1";
+}
 
 const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = profile_ ? Clock::now() : Clock::time_point{};
   batch_.tokens.clear();
   batch_.seqs.resize(plan.spans.size());
   for (size_t i = 0; i < plan.spans.size(); ++i) {
@@ -70,8 +76,25 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
   const size_t vocab = size_t(decoder_->config().vocab_size);
   if (logits_.size() < host_rows_.size() * vocab) logits_.resize(host_rows_.size() * vocab);
   rows_.argmax.resize(size_t(n_rows));
+  const Clock::time_point t1 = profile_ ? Clock::now() : Clock::time_point{};
   Status st = decoder_->forward_rows(batch_, rows_.argmax.data(), host_rows_.data(), int64_t(host_rows_.size()), logits_.data());
   if (!st.ok()) throw std::runtime_error("CUDA step: " + st.error().to_string());
+  if (profile_) {
+    const Clock::time_point t2 = Clock::now();
+    auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    if (prof_steps_ > 0) prof_gap_ms_ += ms(prof_last_end_, t0);
+    prof_pack_ms_ += ms(t0, t1);
+    prof_device_ms_ += ms(t1, t2);
+    prof_tokens_ += batch_.n_tokens();
+    prof_last_end_ = t2;
+    if (++prof_steps_ % 256 == 0) {
+      log::info("CUDA steps {}: per step {:.3f} ms engine host work between steps, {:.3f} ms packing, {:.3f} ms device "
+                "step; {:.1f} tokens per step",
+                prof_steps_, prof_gap_ms_ / 256, prof_pack_ms_ / 256, prof_device_ms_ / 256, double(prof_tokens_) / 256);
+      prof_gap_ms_ = prof_pack_ms_ = prof_device_ms_ = 0;
+      prof_tokens_ = 0;
+    }
+  }
   rows_.logits = logits_.data();
   return rows_;
 }

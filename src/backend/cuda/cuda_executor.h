@@ -8,6 +8,7 @@
 // config and KV layout from (its forward is never called).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,6 +45,14 @@ class CudaExecutor final : public StepExecutor {
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
   std::vector<float> logits_;       // [host rows, vocab]
   StepRows rows_;
+  // STRATA_PROFILE_STEPS=1: where the step time goes, logged every 256 steps: the engine's
+  // host work between steps (planning, commit, streaming), packing the batch here, and the
+  // device step (enqueue to the end of the copies back).
+  bool profile_ = false;
+  int64_t prof_steps_ = 0;
+  double prof_gap_ms_ = 0, prof_pack_ms_ = 0, prof_device_ms_ = 0;
+  int64_t prof_tokens_ = 0;
+  std::chrono::steady_clock::time_point prof_last_end_{};
 };
 
 struct CudaEngineOptions {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root with the packaged binaries carried
+# (scripts/device/package.sh strata gpu_engine_test ...): the engine's GPU test, then a serving
+# benchmark of a Llama-3.1-8B-shaped model with random weights drawn on the device
+# (`strata serve --device cuda --load-format dummy`, the llama3 tokenizer from
+# tests/data/reference) driven by `strata bench serve`. Logs and the bench JSON go to $OUT.
+# Usage: bash scripts/device/run_serve_bench.sh [num_prompts] [input_len] [output_len] [concurrency]
+#   STRATA_DEVICE_BIN  the packaged binaries (default .device/bin)
+#   STRATA_SKIP_TESTS=1 skips gpu_engine_test; STRATA_PROFILE_STEPS=1 logs where step time goes
+set -u
+out=${OUT:-/tmp/strata-serve-bench}
+mkdir -p "$out"
+bin=${STRATA_DEVICE_BIN:-.device/bin}
+export STRATA_SOURCE_DIR=$PWD
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+if ldd $bin/strata | grep -q "not found"; then
+  extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
+fi
+n=${1:-256}
+in_len=${2:-1024}
+out_len=${3:-1024}
+conc=${4:-256}
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.txt"
+status=0
+if [ "${STRATA_SKIP_TESTS:-0}" != 1 ]; then
+  timeout 180 $bin/gpu_engine_test --gtest_brief=1 >"$out/gpu_engine_test.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|Expected|Which is|outside|seed|failed" "$out/gpu_engine_test.log" | head -40
+  echo "gpu_engine_test rc=$rc"
+  [ $rc -eq 0 ] || status=1
+fi
+
+# A Llama-3.1-8B-shaped config with the llama3 tokenizer.
+model=$(mktemp -d /tmp/llama8b-dummy-XXXXXX)
+cat >"$model/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+ "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+ "vocab_size": 128256, "tie_word_embeddings": false, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+ "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
+ "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "torch_dtype": "bfloat16",
+ "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+JSON
+xz -dc tests/data/reference/tokenizers/llama3/tokenizer.json.xz >"$model/tokenizer.json"
+cp tests/data/reference/tokenizers/llama3/tokenizer_config.json "$model/"
+
+port=18080
+max_len=$((in_len + out_len + 64))
+$bin/strata serve --model "$model" --device cuda --load-format dummy --gpu-memory-fraction 0.85 \
+  --max-num-seqs "$conc" --max-batch-tokens 4096 --max-model-len "$max_len" --max-queued 4096 \
+  --port $port --served-model-name llama8b-dummy >"$out/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 1 120); do
+  curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break
+  kill -0 $server 2>/dev/null || break
+  sleep 1
+done
+if ! curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1; then
+  echo "server did not come up"; tail -20 "$out/serve.log"; kill $server 2>/dev/null; exit 1
+fi
+grep -E "CUDA engine|serving" "$out/serve.log"
+# A short warm-up (captures the small decode graphs, loads the GEMM plans), then the run.
+timeout 120 $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts 16 --max-concurrency 16 \
+  --random-input-len 128 --random-output-len 32 --ignore-eos --peak-bandwidth-gbs 1 --peak-tflops 1 >"$out/warmup.log" 2>&1
+echo "warmup rc=$?"
+timeout 420 $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts "$n" --max-concurrency "$conc" \
+  --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+rc=${PIPESTATUS[0]}
+echo "bench rc=$rc"
+[ $rc -eq 0 ] || status=1
+kill -TERM $server 2>/dev/null
+wait $server 2>/dev/null
+grep -E "CUDA steps|error|failed" "$out/serve.log" | tail -30
+exit $status

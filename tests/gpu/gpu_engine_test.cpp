@@ -1,0 +1,284 @@
+// The Engine on the GPU (CudaExecutor): the reference goldens' greedy ids through the whole
+// engine by the teacher-forced rule of gpu_golden_test.cpp (at generated step i, with the
+// prompt and the oracle's first i greedy ids as context, the engine's greedy token must be
+// among the oracle's top-5), with chunked prefill (a 64-token step budget), several sequences
+// per step and prefix-cache hits; greedy rows answered by the device argmax agree with rows the
+// host samples from copied logits; a KV block survives the executor's host round trip bit for
+// bit. Needs a GPU.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <tuple>
+
+#include "backend/cuda/cuda_executor.h"
+#include "engine/engine.h"
+#include "gpu_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using namespace strata::gpu_test;
+
+struct Case {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> greedy;
+  std::vector<std::vector<int32_t>> top5;
+};
+
+std::vector<Case> cases_for(const std::string& model) {
+  std::ifstream in(source_dir() + "/tests/data/reference/logits.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(ss.str());
+  std::vector<Case> out;
+  if (!j.contains(model)) return out;
+  for (const auto& c : j[model]["cases"]) {
+    Case g;
+    g.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    g.greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    g.top5 = c["generated_top5"].get<std::vector<std::vector<int32_t>>>();
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
+
+CudaEngineOptions small_device(int32_t max_batch_tokens) {
+  CudaEngineOptions o;
+  o.kv_cache_bytes = int64_t(32) << 20;
+  o.block_size = 16;
+  o.max_batch_tokens = max_batch_tokens;
+  o.max_num_seqs = 8;
+  o.max_model_len = 256;
+  return o;
+}
+
+std::unique_ptr<Engine> start_gpu_engine(const std::string& name, int32_t max_batch_tokens) {
+  auto parts = make_cuda_engine_parts(model_path(name), small_device(max_batch_tokens));
+  EXPECT_TRUE(parts.ok()) << (parts.ok() ? "" : parts.error().to_string());
+  if (!parts.ok()) return nullptr;
+  EngineOptions eo;
+  eo.block_size = 16;
+  eo.max_batch_tokens = max_batch_tokens;
+  eo.max_num_seqs = 8;
+  eo.max_model_len = 256;
+  eo.max_queued = 1024;
+  eo.kv_codecs = cuda_kv_codecs();
+  eo.model_identity = name;
+  const int32_t device_blocks = parts->executor->n_kv_blocks();
+  auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  if (!e.ok()) return nullptr;
+  EXPECT_EQ((*e)->n_kv_blocks(), device_blocks) << "the engine plans with the device pool";
+  (*e)->start();
+  return std::move(e).value();
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+  StreamEvent final;
+};
+
+Outcome drain(RequestStream& s) {
+  Outcome o;
+  for (;;) {
+    auto e = s.next(std::chrono::seconds(120));
+    if (!e) {
+      ADD_FAILURE() << "request " << s.id() << " timed out";
+      return o;
+    }
+    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
+    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
+    if (e->final) {
+      o.final = *e;
+      return o;
+    }
+  }
+}
+
+GenerationRequest greedy_request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  return r;
+}
+
+class GpuEngine : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GpuEngine, TeacherForcedGoldensInMixedChunkedBatches) {
+  const std::string name = GetParam();
+  const auto cases = cases_for(name);
+  ASSERT_FALSE(cases.empty()) << "no cases for " << name;
+  auto engine = start_gpu_engine(name, 64);  // the 100-token prompts prefill in chunks
+  ASSERT_NE(engine, nullptr);
+
+  // Every (case, step) as its own one-token request, all queued at once: the engine runs up to
+  // 8 at a time, mixing decodes and prefill chunks; later requests hit the blocks earlier ones
+  // published. Alongside each case: the same contexts asking for logprobs (host logits rows).
+  struct Pending {
+    size_t c, i;
+    bool logprobs;
+    std::shared_ptr<RequestStream> s;
+  };
+  std::vector<Pending> pending;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (size_t i = 0; i < cases[c].greedy.size() && i < cases[c].top5.size(); ++i) {
+      std::vector<int32_t> ctx = cases[c].prompt;
+      ctx.insert(ctx.end(), cases[c].greedy.begin(), cases[c].greedy.begin() + long(i));
+      for (bool lp : {false, true}) {
+        if (lp && i % 4 != 0) continue;
+        GenerationRequest r = greedy_request(name + "-" + std::to_string(c) + "-" + std::to_string(i) + (lp ? "-lp" : ""), ctx, 1);
+        if (lp) r.logprobs = 2;
+        auto s = engine->submit(r);
+        ASSERT_TRUE(s.ok()) << s.error().to_string();
+        pending.push_back({c, i, lp, *s});
+      }
+    }
+  }
+  std::map<std::pair<size_t, size_t>, int32_t> device_tok;
+  std::vector<std::tuple<size_t, size_t, int32_t>> host_tok;
+  size_t outside = 0;
+  for (auto& p : pending) {
+    Outcome o = drain(*p.s);
+    ASSERT_EQ(o.final.finish_reason, FinishReason::kLength) << o.final.message;
+    ASSERT_EQ(o.tokens.size(), 1u);
+    const auto& top5 = cases[p.c].top5[p.i];
+    if (std::find(top5.begin(), top5.end(), o.tokens[0]) == top5.end()) {
+      ++outside;
+      ADD_FAILURE() << name << " case " << p.c << " step " << p.i << (p.logprobs ? " (host logits)" : "") << ": token "
+                    << o.tokens[0] << " outside the oracle's top-5";
+    }
+    if (p.logprobs) {
+      ASSERT_EQ(o.logprobs.size(), 1u);
+      host_tok.emplace_back(p.c, p.i, o.tokens[0]);
+    } else {
+      device_tok[{p.c, p.i}] = o.tokens[0];
+    }
+  }
+  EXPECT_EQ(outside, 0u);
+  // Host sampling over the copied row and the device argmax pick the same greedy token.
+  for (const auto& [c, i, tok] : host_tok) EXPECT_EQ(tok, (device_tok[{c, i}])) << name << " case " << c << " step " << i;
+  const EngineStats st = engine->stats();
+  EXPECT_GT(st.prefix_hit_tokens, 0) << "later contexts reuse the blocks of earlier ones";
+  engine->shutdown();
+}
+
+TEST_P(GpuEngine, FreeRunningGreedyFollowsTheOracleUntilATop5Tie) {
+  const std::string name = GetParam();
+  const auto cases = cases_for(name);
+  auto engine = start_gpu_engine(name, 48);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    auto s = engine->submit(greedy_request(name + "-free-" + std::to_string(c), cases[c].prompt, int32_t(cases[c].greedy.size())));
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+    streams.push_back(*s);
+  }
+  // A sampled request in the same batches takes the host path.
+  GenerationRequest sampled = greedy_request(name + "-sampled", cases.back().prompt, 16);
+  sampled.sampling.temperature = 0.8f;
+  sampled.sampling.top_k = 20;
+  sampled.sampling.seed = 7;
+  sampled.sampling.has_seed = true;
+  auto ss = engine->submit(sampled);
+  ASSERT_TRUE(ss.ok()) << ss.error().to_string();
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Outcome o = drain(*streams[c]);
+    ASSERT_EQ(o.tokens.size(), cases[c].greedy.size()) << o.final.message;
+    // Exact until the first divergence, which the rule allows only inside the top-5.
+    size_t i = 0;
+    while (i < o.tokens.size() && o.tokens[i] == cases[c].greedy[i]) ++i;
+    if (i < o.tokens.size()) {
+      const auto& top5 = cases[c].top5[i];
+      EXPECT_NE(std::find(top5.begin(), top5.end(), o.tokens[i]), top5.end())
+          << name << " case " << c << ": diverges at step " << i << " outside the top-5";
+    }
+  }
+  Outcome so = drain(**ss);
+  EXPECT_EQ(so.tokens.size(), 16u) << so.final.message;
+  engine->shutdown();
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GpuEngine, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen2-tiny", "mistral-tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+TEST(GpuEngineExecutor, KvBlockHostRoundTripIsExact) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto parts = make_cuda_engine_parts(model_path("llama3-tiny"), small_device(64));
+  ASSERT_TRUE(parts.ok()) << parts.error().to_string();
+  CudaExecutor& ex = *parts->executor;
+  const auto tensors = ex.block_tensor_bytes();
+  int64_t bytes = 0;
+  for (int64_t b : tensors) bytes += b;
+  ASSERT_EQ(bytes, ex.decoder().kv_block_bytes());
+  // Block 2 holds a forward's K/V; it goes to the host, into block 9, and back.
+  StepBatch batch;
+  batch.tokens = {5, 17, 33, 2, 9, 100, 7, 8, 1, 3, 4, 6, 10, 11, 12, 13};
+  SeqSpan span;
+  span.n_tokens = 16;
+  span.block_table = {2};
+  batch.seqs = {span};
+  std::vector<int32_t> am(1);
+  ASSERT_TRUE(ex.decoder().forward(batch, am.data()).ok());
+  const size_t n = static_cast<size_t>(bytes);
+  std::vector<uint8_t> a(n), b(n, 0xAB), c(n);
+  ex.read_block(2, a.data());
+  EXPECT_NE(std::count(a.begin(), a.end(), uint8_t(0)), int64_t(bytes)) << "the forward wrote block 2";
+  ex.write_block(9, a.data());
+  ex.read_block(9, b.data());
+  EXPECT_EQ(a, b);
+  // Random bytes (not only what a forward writes) come back unchanged too.
+  std::mt19937 rng(fresh_seed());
+  for (auto& x : c) x = uint8_t(rng());
+  ex.write_block(4, c.data());
+  std::vector<uint8_t> d(n);
+  ex.read_block(4, d.data());
+  EXPECT_EQ(c, d);
+  EXPECT_THROW(ex.read_block(ex.n_kv_blocks(), d.data()), std::exception);
+}
+
+TEST(GpuEngineExecutor, UnsupportedModelsAreRefusedNamingTypeAndDevice) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto gemma = make_cuda_engine_parts(model_path("gemma2-tiny"), small_device(64));
+  ASSERT_FALSE(gemma.ok());
+  EXPECT_EQ(gemma.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(gemma.error().message.find("gemma2"), std::string::npos) << gemma.error().message;
+  EXPECT_NE(gemma.error().message.find("--device cuda"), std::string::npos) << gemma.error().message;
+  KvCodecConfig int8;
+  int8.default_spec.codec = KvCodec::kInt8;
+  ModelConfig llama;
+  llama.model_type = "llama";
+  llama.n_layers = 2;
+  const Status s = check_cuda_engine_support(llama, int8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("int8"), std::string::npos) << s.error().message;
+}
+
+}  // namespace
+}  // namespace strata::cuda
