@@ -261,7 +261,8 @@ void check_cases(std::vector<Case>& cases, const Batch& batch, int32_t vocab, Ta
     const int32_t n = c.ref->effective_vocab(vocab);
     const int32_t got = dev.tokens[r];
     c.ref->distribution(c.logits.data(), vocab, ref_probs.data());
-    const int32_t want = c.ref->sample(c.logits.data(), vocab);
+    Sampler host = *c.ref;  // a copy, so the case can be checked again with the same draw
+    const int32_t want = host.sample(c.logits.data(), vocab);
     SCOPED_TRACE("row " + std::to_string(r) + " vocab " + std::to_string(vocab) + " T " +
                  std::to_string(c.params.temperature) + " top_k " + std::to_string(c.params.top_k) + " top_p " +
                  std::to_string(c.params.top_p) + " min_p " + std::to_string(c.params.min_p) + " limit " +
@@ -320,7 +321,9 @@ class GpuSampling : public ::testing::Test {
   std::mt19937 rng_;
 };
 
-TEST_F(GpuSampling, MatchesHostSamplerOnRandomRows) {
+// Random rows of several widths; compact: set_sampling_compact.
+void random_rows_match(std::mt19937& rng, bool compact) {
+  set_sampling_compact(compact);
   Tally tally;
   struct Shape {
     int32_t vocab, rows, repeats;
@@ -330,21 +333,25 @@ TEST_F(GpuSampling, MatchesHostSamplerOnRandomRows) {
       std::vector<Case> cases(s.rows);
       Batch batch;
       for (auto& c : cases) {
-        make_case(rng_, s.vocab, &c, &batch);
-        if (HasFatalFailure()) return;
+        make_case(rng, s.vocab, &c, &batch);
+        if (::testing::Test::HasFatalFailure()) return;
       }
       check_cases(cases, batch, s.vocab, &tally);
-      if (HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
-  std::printf("greedy rows %d, sampled rows %d (token differs from the host's within 1e-5 of a boundary: %d), "
-              "logprob rows %d\n",
-              tally.greedy, tally.sampled, tally.near_boundary, tally.logprob_rows);
+  set_sampling_compact(true);
+  std::printf("compact path %s: greedy rows %d, sampled rows %d (token differs from the host's within 1e-5 of a "
+              "boundary: %d), logprob rows %d\n",
+              compact ? "on" : "off", tally.greedy, tally.sampled, tally.near_boundary, tally.logprob_rows);
   EXPECT_GT(tally.sampled, 0);
   // Boundary cases need a draw within 1e-5 of a cumulative mass boundary: a few per thousand
   // at most with these row counts.
   EXPECT_LE(tally.near_boundary * 100, tally.sampled);
 }
+
+TEST_F(GpuSampling, MatchesHostSamplerOnRandomRows) { random_rows_match(rng_, true); }
+TEST_F(GpuSampling, MatchesHostSamplerWithoutCompactPath) { random_rows_match(rng_, false); }
 
 // Rows built to hit each rule on its own: every logit equal, ties at the maximum with top-k 1,
 // min-p 1, a tiny nucleus, the temperature limit, penalties that move the maximum.
@@ -423,8 +430,13 @@ TEST_F(GpuSampling, EdgeRows) {
     p.temperature = 0.0f;
     add(pen, p);
   }
-  Tally tally;
-  check_cases(cases, batch, vocab, &tally);
+  for (bool compact : {true, false}) {
+    SCOPED_TRACE(compact ? "compact path on" : "compact path off");
+    set_sampling_compact(compact);
+    Tally tally;
+    check_cases(cases, batch, vocab, &tally);
+  }
+  set_sampling_compact(true);
 }
 
 // Time of one launch for 256 rows x 128256 (Llama 3 vocabulary), per parameter mix.
@@ -495,18 +507,23 @@ TEST_F(GpuSampling, Benchmark256x128256) {
     b.top_logprob = d_top_lp.p;
     b.workspace = d_ws.p;
     b.workspace_bytes = d_ws.n;
-    for (int w = 0; w < 3; ++w) launch_sampling(b, nullptr);
-    constexpr int kIters = 20;
-    ASSERT_CUDA_OK(cudaEventRecord(start));
-    for (int it = 0; it < kIters; ++it) launch_sampling(b, nullptr);
-    ASSERT_CUDA_OK(cudaEventRecord(stop));
-    ASSERT_CUDA_OK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    ASSERT_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
-    std::printf("sampling %d x %d, %-48s %8.1f us per launch\n", n_rows, vocab, mix.name, 1000.0f * ms / kIters);
-    const std::vector<int32_t> tokens = d_tokens.download();
-    for (int32_t t : tokens) ASSERT_TRUE(t >= 0 && t < vocab) << mix.name << ": token " << t;
+    for (bool compact : {true, false}) {
+      set_sampling_compact(compact);
+      for (int w = 0; w < 3; ++w) launch_sampling(b, nullptr);
+      constexpr int kIters = 20;
+      ASSERT_CUDA_OK(cudaEventRecord(start));
+      for (int it = 0; it < kIters; ++it) launch_sampling(b, nullptr);
+      ASSERT_CUDA_OK(cudaEventRecord(stop));
+      ASSERT_CUDA_OK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      ASSERT_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+      std::printf("sampling %d x %d, %-48s compact %-3s %8.1f us per launch\n", n_rows, vocab, mix.name,
+                  compact ? "on" : "off", 1000.0f * ms / kIters);
+      const std::vector<int32_t> tokens = d_tokens.download();
+      for (int32_t t : tokens) ASSERT_TRUE(t >= 0 && t < vocab) << mix.name << ": token " << t;
+    }
   }
+  set_sampling_compact(true);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 }

@@ -36,6 +36,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kSeg = 1024;                      // elements per segment (a warp: 8 float4 per lane)
 constexpr int kMaxSegs = kSamplingMaxVocab / kSeg;
 constexpr int kMaxTop = kSamplingMaxTopLogprobs;
+constexpr int kCompact = 2 * kThreads;          // candidates the compact path sorts in shared memory
 constexpr uint32_t kOneBits = 0x3F800000u;      // bits of 1.0f
 constexpr int kLevel1Bins = (kOneBits >> 20) + 1;
 constexpr float kFixScale = 1099511627776.0f;   // 2^40: a weight in [0, 1] as fixed point
@@ -46,12 +47,15 @@ struct Shared {
   u64 seg[kMaxSegs];
   float top_v[kWarps][kMaxTop];
   int32_t top_id[kWarps][kMaxTop];
+  u64 cand[kCompact];      // compact path: (weight key << 32 | id) or (id << 32 | weight key)
+  u64 warp_tot[kWarps];
   double red_d[kWarps];
   float red_f[kWarps];
   int32_t red_i[kWarps];
   int32_t bin;
   u64 before;
   int32_t found;
+  int32_t n_cand;
 };
 
 // ---- the host's arithmetic (sampling/vector_math.h, logits_processors.h), uncontracted ----
@@ -373,7 +377,129 @@ __device__ __forceinline__ void list_offer(float& lv, int32_t& lid, int top_n, f
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) {
+// ---- compact path: few candidates, sorted in shared memory ----
+
+// Ascending bitonic sort of sh.cand[0, n), n a power of two <= kCompact.
+__device__ void sort_candidates(Shared& sh, int n) {
+  __syncthreads();
+  for (int k = 2; k <= n; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int t = threadIdx.x; t < n; t += kThreads) {
+        const int partner = t ^ j;
+        if (partner <= t) continue;
+        const u64 a = sh.cand[t], c = sh.cand[partner];
+        if ((a > c) == ((t & k) == 0)) {
+          sh.cand[t] = c;
+          sh.cand[partner] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__device__ __forceinline__ u64 candidate_fixed(u64 c, bool key_low) {
+  const uint32_t key = key_low ? uint32_t(c) : uint32_t(c >> 32);
+  return fixed(__uint_as_float(kOneBits - key));
+}
+
+// sh.hist[j] = running fixed-point mass of sh.cand[0, j] (entries from count on weigh 0).
+__device__ void scan_candidates(Shared& sh, int n, int count, bool key_low) {
+  const int lane = lane_id(), warp = warp_id();
+  const int j0 = 2 * threadIdx.x, j1 = j0 + 1;
+  const u64 f0 = j0 < count ? candidate_fixed(sh.cand[j0], key_low) : 0;
+  const u64 f1 = j1 < count ? candidate_fixed(sh.cand[j1], key_low) : 0;
+  const u64 v = f0 + f1;
+  const u64 incl = warp_inclusive_scan(v);
+  if (lane == 31) sh.warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const u64 x = sh.warp_tot[lane];
+    const u64 xi = warp_inclusive_scan(x);
+    __syncwarp();
+    sh.warp_tot[lane] = xi - x;
+  }
+  __syncthreads();
+  const u64 excl = sh.warp_tot[warp] + incl - v;
+  if (j0 < n) sh.hist[j0] = excl + f0;
+  if (j1 < n) sh.hist[j1] = excl + f0 + f1;
+  __syncthreads();
+}
+
+// The first j < count where sh.hist[j] (increasing) crosses target; count - 1 if none does.
+__device__ int first_crossing(Shared& sh, int count, u64 target, bool strict) {
+  if (threadIdx.x == 0) sh.found = count - 1;
+  __syncthreads();
+  for (int j = threadIdx.x; j < count; j += kThreads) {
+    if (crosses(sh.hist[j], target, strict) && (j == 0 || !crosses(sh.hist[j - 1], target, strict))) sh.found = j;
+  }
+  __syncthreads();
+  const int j = sh.found;
+  __syncthreads();
+  return j;
+}
+
+// The kept set and the draw from sh.cand[0, count): every token of the row with a nonzero
+// fixed-point weight, unordered. The kept set is a prefix of the probability order, so it
+// becomes a cut (key, id) for the probabilities pass.
+struct CompactResult {
+  int32_t token;
+  bool has_cut;
+  uint32_t cut_key;
+  int32_t cut_id;
+  u64 mass;
+};
+__device__ CompactResult compact_select(Shared& sh, int count, const SamplingRow& P, bool top_p, bool min_p,
+                                        bool row_order, u64 total) {
+  int n = 2;
+  while (n < count) n <<= 1;
+  for (int t = count + threadIdx.x; t < n; t += kThreads) sh.cand[t] = ~u64(0);
+  sort_candidates(sh, n);
+  scan_candidates(sh, n, count, false);
+  int kept = count;
+  if (top_p) {
+    const double t = ceil(double(P.top_p) * double(total));
+    u64 target = t < 1.0 ? 1 : u64(t);
+    if (target > total) target = total;
+    kept = first_crossing(sh, count, target, false) + 1;
+  }
+  if (min_p) {
+    // Weights descend along the list: the kept ones are those before the first below min_p.
+    const int32_t min_bits = __float_as_int(P.min_p);
+    if (threadIdx.x == 0) sh.found = count;
+    __syncthreads();
+    for (int j = threadIdx.x; j < count; j += kThreads) {
+      const auto bits = [&](int k) { return int32_t(kOneBits - uint32_t(sh.cand[k] >> 32)); };
+      if (bits(j) < min_bits && (j == 0 || bits(j - 1) >= min_bits)) sh.found = j;
+    }
+    __syncthreads();
+    kept = max(1, min(kept, sh.found));
+    __syncthreads();
+  }
+  CompactResult r;
+  r.has_cut = top_p || min_p;
+  r.cut_key = uint32_t(sh.cand[kept - 1] >> 32);
+  r.cut_id = int32_t(uint32_t(sh.cand[kept - 1]));
+  r.mass = sh.hist[kept - 1];
+  const u64 target = __umul64hi(P.draw & ~u64(0x7FF), r.mass);
+  if (!row_order) {
+    const int j = first_crossing(sh, kept, target, true);
+    r.token = int32_t(uint32_t(sh.cand[j]));
+    return r;
+  }
+  // Id order over the kept prefix: re-key as (id, weight key) and sort again.
+  for (int t = threadIdx.x; t < n; t += kThreads) {
+    const u64 c = sh.cand[t];
+    sh.cand[t] = t < kept ? ((c << 32) | (c >> 32)) : ~u64(0);
+  }
+  sort_candidates(sh, n);
+  scan_candidates(sh, n, kept, true);
+  const int j = first_crossing(sh, kept, target, true);
+  r.token = int32_t(sh.cand[j] >> 32);
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, int32_t compact) {
   __shared__ Shared sh;
   pdl_wait();
   pdl_launch_dependents();
@@ -481,6 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) 
   int32_t cut_id = 0;
   int32_t min_bits = 0;       // kept: bits(w) >= min_bits
   u64 mass = 0;
+  int32_t compact_token = -1;  // the draw, when the compact path made it
   if (!greedy && !empty) {
     const float T = P.temperature;
     const float top_max = __fdiv_rn(proc_max, T);
@@ -523,18 +650,43 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) 
       }
       const bool want_hist = top_p || !row_order;
       if (want_hist) zero_hist(sh, kLevel1Bins);
+      if (threadIdx.x == 0) sh.n_cand = 0;
+      __syncthreads();
+      const bool gather = compact != 0;
       row_pass<true>(work, n_seg, sh.seg, [&](int i, float& w) -> u64 {
         const float s = __fdiv_rn(w, T);
         w = (i < n && s >= gate) ? exp_nonpositive(__fsub_rn(s, top_max)) : 0.0f;
         const u64 f = fixed(w);
         if (want_hist && f > 0) atomicAdd(&sh.hist[weight_key(w) >> 20], f);
+        if (gather) {
+          // Candidates for the compact path until there are too many (then n_cand > kCompact).
+          const unsigned take = __ballot_sync(0xffffffffu, f > 0);
+          if (take != 0) {
+            int base = 0;
+            if (lane == 0) {
+              base = *reinterpret_cast<volatile int32_t*>(&sh.n_cand);
+              if (base <= kCompact) base = atomicAdd(&sh.n_cand, __popc(take));
+            }
+            base = __shfl_sync(0xffffffffu, base, 0);
+            const int slot = base + __popc(take & ((1u << lane) - 1));
+            if (f > 0 && slot < kCompact) sh.cand[slot] = (u64(weight_key(w)) << 32) | uint32_t(i);
+          }
+        }
         return f;
       });
       __syncthreads();
       u64 total = 0;
       for (int s = lane; s < n_seg; s += 32) total += sh.seg[s];
       total = warp_sum(total);
-      if (top_p) {
+      const int n_cand = sh.n_cand;
+      if (gather && n_cand > 0 && n_cand <= kCompact) {
+        const CompactResult r = compact_select(sh, n_cand, P, top_p, min_p, row_order, total);
+        compact_token = r.token;
+        has_cut = r.has_cut;
+        cut_key = r.cut_key;
+        cut_id = r.cut_id;
+        mass = r.mass;
+      } else if (top_p) {
         double t = ceil(double(P.top_p) * double(total));
         u64 target = t < 1.0 ? 1 : u64(t);
         if (target > total) target = total;
@@ -542,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) 
         has_cut = true;
       }
       if (min_p) min_bits = __float_as_int(P.min_p);
-      if (!has_cut && !min_p) mass = total;
+      if (compact_token < 0 && !has_cut && !min_p) mass = total;
     }
     auto kept = [&](int i, float w) {
       if (i >= n || __float_as_int(w) < min_bits) return false;
@@ -568,7 +720,9 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) 
     // u = (draw >> 11) * 2^-53 (the host's next_double); target = floor(u * mass).
     const u64 target = __umul64hi(P.draw & ~u64(0x7FF), mass);
     int32_t drawn;
-    if (row_order) {
+    if (compact_token >= 0) {
+      drawn = compact_token;
+    } else if (row_order) {
       drawn = find_in_id_order(sh, work, n_seg, target, true, kept_fixed);
     } else {
       uint32_t key;
@@ -629,6 +783,12 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b) 
 
 }  // namespace
 
+namespace {
+bool g_compact = true;
+}  // namespace
+
+void set_sampling_compact(bool on) { g_compact = on; }
+
 SamplingRow sampling_row(const SamplingParams& params) {
   SamplingRow r;
   r.temperature = params.temperature;
@@ -649,7 +809,7 @@ size_t sampling_workspace_bytes(int32_t max_rows, int32_t vocab) {
 
 void launch_sampling(const SamplingBatch& batch, cudaStream_t stream) {
   if (batch.n_rows <= 0) return;
-  launch_pdl(sampling_kernel, dim3(batch.n_rows), dim3(kThreads), 0, stream, batch);
+  launch_pdl(sampling_kernel, dim3(batch.n_rows), dim3(kThreads), 0, stream, batch, int32_t(g_compact ? 1 : 0));
 }
 
 }  // namespace strata::cuda

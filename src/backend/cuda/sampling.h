@@ -88,4 +88,9 @@ size_t sampling_workspace_bytes(int32_t max_rows, int32_t vocab);
 // may follow the logits kernel directly. The caller checks the batch against the workspace.
 void launch_sampling(const SamplingBatch& batch, cudaStream_t stream);
 
+// Process-wide, for tests and benchmarks: rows whose tokens of nonzero weight number at most
+// 2048 (top-k, peaked rows) finish from a list sorted in shared memory instead of further
+// passes over the row. On by default; both ways give the same tokens and distribution.
+void set_sampling_compact(bool on);
+
 }  // namespace strata::cuda
