@@ -1,13 +1,17 @@
 // Sampling kernel (see sampling.h). One block of 1024 threads per row. The row is processed in
 // passes over a workspace copy, each pass a stream of 1024-element segments (one warp per
 // segment at a time, 8 float4 loads in flight per lane):
-//   copy       raw logits -> NaN-cleaned row, argmax (+ raw top-n lists for logprobs)
+//   copy       raw logits -> NaN-cleaned row, argmax (+ raw top-n lists for logprobs, + the
+//              first top-k digit when there are no edits)
 //   edits      logit bias (in order), repetition, presence/frequency on the sparse ids
 //   argmax     again, only when an edit changed the row
 //   top-k      k-th largest processed logit by radix selection on order-preserving keys
 //              (11 + 11 + 10 bits, counting histograms)
 //   weights    w = exp(s - max s), s = logit / T, 0 outside the top-k set, written in place;
-//              per-segment masses and a mass histogram by the top key bits
+//              per-segment masses, a mass histogram by the top key bits, and a shared-memory
+//              list of the tokens of nonzero weight while there are at most kCompact
+//   compact    (when the list is complete) sort it by (weight, id), scan: top-p, min-p and
+//              the draw read the prefix sums; no further pass over the row
 //   top-p      the cut token in probability order by radix selection on the weight keys
 //              (mass histograms of 10 + 10 + 10 bits, then the id among equal weights)
 //   kept mass  when top-p or min-p removed tokens
@@ -518,6 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
   const bool copy = !greedy || edits;
   const bool want_lp = P.top_logprobs >= 0 && b.chosen_logprob != nullptr;
   const int top_n = want_lp ? min(P.top_logprobs, kMaxTop) : 0;
+  // Without edits the copy already holds the processed row: it also counts the first top-k
+  // radix digit, saving a pass.
+  const bool top_k_on = !greedy && P.top_k > 0 && P.top_k < n;
+  const bool fuse_top_k = top_k_on && !edits;
+  if (fuse_top_k) zero_hist(sh, 2048);
 
   // Copy: NaN -> -inf, padding -inf; argmax of the raw row; raw top-n per warp.
   float best_v = -INFINITY;
@@ -530,6 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
       const int i = seg * kSeg + it * 32 + lane;
       const float v = i < n ? clean(raw[i]) : -INFINITY;
       if (copy) work[i] = v;
+      if (fuse_top_k) count_add(sh.hist, ordered_key(v) >> 21, true);
       if (better(v, i, best_v, best_i)) {
         best_v = v;
         best_i = i;
@@ -618,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
         return fixed(w);
       });
     } else {
-      const bool top_k = P.top_k > 0 && P.top_k < n;
+      const bool top_k = top_k_on;
       const bool top_p = P.top_p < 1.0f;
       const bool min_p = P.min_p > 0.0f;
       row_order = !top_k && (top_p || !min_p);
@@ -633,13 +643,15 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
         for (int d = 0; d < 3; ++d) {
           const int shift = shifts[d], width = widths[d];
           const uint32_t mask = (1u << width) - 1;
-          zero_hist(sh, 1 << width);
-          row_pass<false>(work, n_seg, nullptr, [&](int, float w) -> u64 {
-            const uint32_t key = ordered_key(w);
-            const bool match = d == 0 || (key >> (shift + width)) == prefix;
-            count_add(sh.hist, (key >> shift) & mask, match);
-            return 0;
-          });
+          if (d > 0 || !fuse_top_k) {
+            zero_hist(sh, 1 << width);
+            row_pass<false>(work, n_seg, nullptr, [&](int, float w) -> u64 {
+              const uint32_t key = ordered_key(w);
+              const bool match = d == 0 || (key >> (shift + width)) == prefix;
+              count_add(sh.hist, (key >> shift) & mask, match);
+              return 0;
+            });
+          }
           int32_t bin;
           u64 above;
           block_find_crossing(sh, 1 << width, true, 0, k_left, false, &bin, &above);
