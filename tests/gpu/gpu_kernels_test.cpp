@@ -85,8 +85,12 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
   struct Shape { int64_t m, n, k; };
   for (const Shape s : {Shape{1, 1000, 512}, Shape{2, 4097, 1032}, Shape{3, 300, 4104}, Shape{4, 77, 8}, Shape{1, 130, 14336}}) {
     for (const int one_plus_w : {0, 1}) {
+      // Both load depths of the weight stream (LaunchTuning::gemv_unroll), alternating.
+      LaunchTuning tune;
+      tune.gemv_unroll = (s.n + one_plus_w) % 2 == 0 ? 4 : 8;
+      set_launch_tuning(tune);
       const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " one_plus_w " +
-                               std::to_string(one_plus_w);
+                               std::to_string(one_plus_w) + " unroll " + std::to_string(tune.gemv_unroll);
       // Norm-scaled input: u rows, norm weight; the host splits each row's sum of squares into
       // 3 uneven parts.
       const auto u = random_f32(rng_, size_t(s.m * s.k), -2.0f, 2.0f);
@@ -200,6 +204,7 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
       EXPECT_LE(max_norm_rel(ss_got, ss_want), kF32Tol) << what << " sums of squares";
     }
   }
+  set_launch_tuning(LaunchTuning{});
 }
 
 // The embedding with the first norm's input: bf16(row * w) and the row's sum of squares.

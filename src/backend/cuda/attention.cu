@@ -231,14 +231,16 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
       m[rr] = m_new;
 #pragma unroll
       for (int i = 0; i < DPL; ++i) acc[rr][i] *= corr;
+      // No branch on the weight (a key that is not visible has e = 0 and finite or zero v):
+      // the unrolled loop keeps several shuffles and shared loads in flight.
+#pragma unroll 8
       for (int j = 0; j < kKeysPerTile; ++j) {
         const float ej = __shfl_sync(0xffffffffu, e, j);
-        if (ej == 0.0f) continue;  // warp-uniform
         const uint16_t* vr = sm.v + j * hd;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
           const int d = lane + 32 * i;
-          if (d < hd) acc[rr][i] += ej * bf16_bits_to_f32(vr[d]);
+          if (d < hd) acc[rr][i] = fmaf(ej, bf16_bits_to_f32(vr[d]), acc[rr][i]);
         }
       }
     }

@@ -655,6 +655,9 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     o.norm_w = L.post_norm;
     o.norm_out = B.h;
     o.ss_out = B.ss_parts;
+    // The attention before it reads little: o_proj's weights stream into L2 meanwhile.
+    o.prefetch_bytes = launch_tuning().attn_overlap_prefetch ? d.nh * d.hd * 2 : 0;
+    o.prefetch_spread = true;
     launch_gemv(o, st);
     launch_gemv(gemv(B.h, L.gate_up, B.act, d.I, d.H, GemvIn::kNormScaled, B.ss_parts, parts, GemvOut::kGatedAct), st);
     GemvArgs dn = gemv(B.act, L.down, B.x, d.H, d.I, GemvIn::kPlain, nullptr, 0, GemvOut::kResidual);

@@ -16,7 +16,6 @@ namespace strata::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = kGemvRowsPerBlock;
-constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane and weight row
 
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -49,8 +48,9 @@ __device__ __forceinline__ float act_fn(float x, Act act) {
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-// S weight rows per warp (1, or 2 for gate and up), M activation rows.
-template <int M, int S>
+// S weight rows per warp (1, or 2 for gate and up), M activation rows, U 16-byte weight loads in
+// flight per lane and weight row.
+template <int M, int S, int U>
 __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int lane,
                                          float (&acc)[S][M]) {
 #pragma unroll
@@ -58,14 +58,14 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
-  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[S][kUnroll];
+  for (; c + 32 * (U - 1) < chunks; c += 32 * U) {
+    uint4 wv[S][U];
 #pragma unroll
     for (int s = 0; s < S; ++s)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
+      for (int u = 0; u < U; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const uint4 xv = __ldg(xr + m * chunks + c + 32 * u);
@@ -91,7 +91,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
     for (int m = 0; m < M; ++m) acc[s][m] = warp_sum(acc[s][m]);
 }
 
-template <int M, int kIn, int kOut>
+template <int M, int kIn, int kOut, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes) {
   constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -103,17 +103,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
 #pragma unroll
   for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k);
   // The weights are never written by a kernel: optionally pull the start of the row into L2
-  // while the previous kernel (whose output is x) finishes (LaunchTuning), then wait for it.
-  if (active) {
-    for (int64_t b = int64_t(lane) * 128; b < k * 2 && b < prefetch_bytes; b += 32 * 128) {
+  // while the previous kernel (whose output is x) finishes, then wait for it. With
+  // prefetch_spread, blocks of the first half also pull the rows of the block half a grid
+  // later (blocks resident early are the low ones; the high ones may wait for room).
+  const int64_t pf = a.prefetch_bytes > 0 ? a.prefetch_bytes : prefetch_bytes;
+  if (pf > 0) {
+    const int half = int(gridDim.x + 1) / 2;
+    const int64_t rows[2] = {row, a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kWarpsPerBlock : n};
 #pragma unroll
-      for (int s = 0; s < S; ++s) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<const char*>(wr[s]) + b));
+    for (int h = 0; h < 2; ++h) {
+      if (rows[h] >= n) continue;
+      for (int64_t b = int64_t(lane) * 128; b < k * 2 && b < pf; b += 32 * 128) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const char* p = reinterpret_cast<const char*>(a.w + (rows[h] + s * n) * k) + b;
+          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+        }
+      }
     }
   }
   pdl_wait();
   pdl_launch_dependents();
   float acc[S][M];
-  if (active) dot_rows<M, S>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, acc);
+  if (active) dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, acc);
   if (kIn == int(GemvIn::kNormScaled)) {
     // Every warp sums the partial sums of squares in the same order: the scale is identical
     // across warps and blocks, and across runs.
@@ -171,7 +183,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
 template <int M, int kIn, int kOut>
 void launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  launch_pdl(gemv_kernel<M, kIn, kOut>, grid, kWarpsPerBlock * 32, 0, stream, a, launch_tuning().gemv_prefetch_bytes);
+  const LaunchTuning t = launch_tuning();
+  if (t.gemv_unroll >= 8) {
+    launch_pdl(gemv_kernel<M, kIn, kOut, 8>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+  } else {
+    launch_pdl(gemv_kernel<M, kIn, kOut, 4>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+  }
 }
 
 template <int M, int kIn>
