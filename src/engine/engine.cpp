@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -12,6 +13,7 @@
 #include "engine/checkpoint.h"
 #include "engine/kv_conversion.h"
 #include "engine/kv_tier_io.h"
+#include "engine/kv_tier_promoter.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
@@ -65,6 +67,8 @@ struct Engine::Core {
   std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
   std::vector<uint8_t> tier_buf;   // one block's bytes
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
+  // Copies tier hits of new sequences in the background; last, so its thread stops first.
+  std::unique_ptr<TierPromoter> promoter;
 };
 
 namespace {
@@ -381,7 +385,8 @@ void Engine::setup_kv_tiers(bool unsupported) {
   const std::vector<int64_t> tensors = core_->runner.block_tensor_bytes();
   std::string identity = namespace_identity(*model_, options_) + ";tensors=";
   for (int64_t b : tensors) identity += std::to_string(b) + ",";
-  auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes);
+  auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes,
+                             options_.kv_disk_read_delay_s);
   if (!tiers.ok()) throw std::invalid_argument(tiers.error().to_string());
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
@@ -390,12 +395,19 @@ void Engine::setup_kv_tiers(bool unsupported) {
     c->runner.read_block(block, c->tier_buf.data());
     c->tiers->demote(hash, c->tier_buf.data());
   });
-  c->sched.set_lower_tiers([c](uint64_t hash) { return c->tiers->contains(hash); },
+  // New sequences promote through the promoter (tier reads on its thread, installs here); the
+  // scheduler's in-step fallback (a preempted sequence's re-admission) takes only host-memory
+  // blocks, never a disk read.
+  c->sched.set_lower_tiers([c](uint64_t hash) { return c->tiers->contains_host(hash); },
                            [c](uint64_t hash, int32_t block) {
                              if (!c->tiers->fetch(hash, c->tier_buf.data())) return false;
                              c->runner.write_block(block, c->tier_buf.data());
                              return true;
                            });
+  c->promoter = std::make_unique<TierPromoter>(
+      c->kv, *c->tiers, c->sched.options().prefix_salt, c->tiers->block_bytes(),
+      [c](uint64_t hash, uint8_t* out) { return c->tiers->fetch(hash, out); },
+      [c](int32_t block, const uint8_t* in) { c->runner.write_block(block, in); });
 }
 
 bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
@@ -522,6 +534,7 @@ void Engine::loop() {
       if (a->channel->cancel_requested()) cancelled.push_back(a.get());
     }
     for (Active* a : cancelled) finish(*a, FinishReason::kCancelled, "");
+    if (core_->promoter) for (Sequence* s : core_->promoter->poll(now_s())) core_->sched.add(s);
     progressed = true;
     if (!core_->active.empty()) {
       const int64_t before = core_->stats.steps;
@@ -549,6 +562,7 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
     }
     Sequence* seq = &a->seq;
     core_->active.emplace(s.id, std::move(a));
+    if (core_->promoter && core_->promoter->start(seq, now_s())) continue;  // scheduled once its blocks are in
     core_->sched.add(seq);
   }
 }
@@ -686,6 +700,12 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
 void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t stop_token) {
   const double now = now_s();
   const double pin = a.req.session_id.empty() ? 0.0 : now + options_.session_ttl_s;
+  if (core_->promoter) core_->promoter->forget(&a.seq, now);
+  if (pin > 0.0 && core_->tiers) {
+    // The session's blocks stay findable in the lower tiers for the TTL, wherever they are then.
+    const size_t n = std::min(size_t(std::max(a.seq.n_published, 0)), a.seq.block_hashes.size());
+    core_->tiers->pin(std::span<const uint64_t>(a.seq.block_hashes).first(n), tier_clock_s() + options_.session_ttl_s);
+  }
   core_->sched.finish(&a.seq, now, pin);
   // A finished generation is never resumed; a cancelled or failed one keeps its checkpoint.
   if (!a.ckpt_key.empty() && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {

@@ -54,6 +54,7 @@ struct EngineOptions {
   std::string kv_disk_dir;
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout_s = 10.0;  // shutdown waits this long for the disk writer
+  double kv_disk_read_delay_s = 0.0; // > 0: every disk-tier block read sleeps this long (tests of a slow disk)
   // The codec each layer stores its KV in (default: auto, the compute dtype). Resolved against
   // the model at create(); the pools are sized by the codec'd bytes per token and the codec
   // config is part of the prefix-cache namespace. quant_start > 0 (--kv-quant-start): the pool

@@ -53,12 +53,14 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 }
 
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
-                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes) {
-  return make_kv_tiers(tier_tensor_bytes(kv, n_layers), identity, host_bytes, disk_dir, disk_bytes);
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
+                                               double disk_read_delay_s) {
+  return make_kv_tiers(tier_tensor_bytes(kv, n_layers), identity, host_bytes, disk_dir, disk_bytes, disk_read_delay_s);
 }
 
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensors, const std::string& identity,
-                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes) {
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
+                                               double disk_read_delay_s) {
   int64_t block_bytes = 0;
   for (int64_t b : tensors) block_bytes += b;
   std::unique_ptr<DiskTier> disk;
@@ -68,6 +70,7 @@ Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tenso
     o.max_bytes = disk_bytes;
     o.identity = identity;
     o.tensor_bytes = tensors;
+    o.read_delay_s = disk_read_delay_s;
     auto d = DiskTier::open(std::move(o));
     if (!d.ok()) return d.error();
     disk = std::move(d).value();

@@ -23,11 +23,14 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 
 // Host tier of host_bytes (0: none) and a disk tier in disk_dir (empty: none) under
 // disk_bytes, for blocks of `kv` whose identity (what makes equal hashes interchangeable) is
-// `identity`. Errors name the directory.
+// `identity`. disk_read_delay_s > 0 slows every disk read (tests of a slow device). Errors name
+// the directory.
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
-                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes);
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
+                                               double disk_read_delay_s = 0.0);
 // The same for blocks whose tensors have the given bytes (StepExecutor::block_tensor_bytes()).
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensor_bytes, const std::string& identity,
-                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes);
+                                               int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
+                                               double disk_read_delay_s = 0.0);
 
 }  // namespace strata

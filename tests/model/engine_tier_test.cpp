@@ -4,8 +4,14 @@
 // restart) reports the prompt as cached and answers identically; a corrupted file in the
 // directory is quarantined and the request still answers correctly (the chain loads up to the
 // damaged block and recomputes the rest); concurrent requests sharing prefixes while blocks
-// demote and promote produce exactly their alone runs' tokens.
+// demote and promote produce exactly their alone runs' tokens. A session's blocks stay in the
+// host and disk tiers past their LRU turn until the session TTL passes. A prefix hit on a slow
+// disk is promoted in the background: a running stream keeps producing tokens meanwhile, and
+// the promoted request answers exactly as its cold run.
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
 
 #include <filesystem>
 #include <fstream>
@@ -252,6 +258,186 @@ TEST_P(EngineTierTest, ConcurrentSharedPrefixesDuringDemotionMatchAloneRuns) {
   const auto s = tier_stats(*engine, [](const KvTierStats& t) { return t.host_hit_blocks + t.disk_hit_blocks > 0; });
   EXPECT_GT(s.demoted_blocks, 0);
   EXPECT_GT(s.host_hit_blocks + s.disk_hit_blocks, 0);
+  engine.reset();
+  fs::remove_all(dir);
+}
+
+// Runs S (a session's request when `session`), then three other 1,000-token prompts that push
+// S out of the 70-block pool and, past LRU, out of a lower tier of about 80 blocks (host memory
+// when `host`, else disk), then S again. Returns the cold run of S and its repeat.
+std::pair<Outcome, Outcome> session_scenario(const std::string& model, bool host, bool session, double ttl_s,
+                                             double sleep_s) {
+  ThreadPool pool(2);
+  EngineOptions o = tiny_pool();
+  o.session_ttl_s = ttl_s;
+  int64_t block_bytes = 0;
+  int32_t vocab = 0;
+  {
+    auto probe = make_engine(model, pool, tiny_pool());
+    if (!probe) return {};
+    block_bytes = probe->kv_bytes_per_token() * probe->block_size();
+    vocab = probe->model_config().vocab_size;
+  }
+  const fs::path dir = fresh_dir(model + "_session");
+  if (host) {
+    o.kv_host_bytes = 80 * block_bytes;
+  } else {
+    o.kv_disk_dir = dir.string();
+    o.kv_disk_bytes = 80 * block_bytes;  // checksums and headers make the files a little larger
+  }
+  auto engine = make_engine(model, pool, o);
+  if (!engine) return {};
+  auto s = request(1, 1000, vocab);
+  if (session) s.session_id = "chat-1";
+  const Outcome cold = run(*engine, s);
+  if (sleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+  for (int i = 2; i <= 4; ++i) {
+    run(*engine, request(i, 1000, vocab));
+    if (!host) EXPECT_TRUE(engine->flush_kv_tiers(30.0));
+  }
+  auto again = s;
+  again.id = "req-1-again";
+  const Outcome warm = run(*engine, again);
+  engine.reset();
+  fs::remove_all(dir);
+  return {cold, warm};
+}
+
+TEST_P(EngineTierTest, SessionBlocksStayInTheHostTierForTheTtl) {
+  const auto [cold, warm] = session_scenario(GetParam(), true, true, 600.0, 0.0);
+  EXPECT_GE(warm.final.usage.cached_tokens, 992);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  // Without a session the same traffic pushes S out of the host tier.
+  const auto [cold2, plain] = session_scenario(GetParam(), true, false, 600.0, 0.0);
+  EXPECT_LT(plain.final.usage.cached_tokens, 992);
+  EXPECT_EQ(plain.tokens, cold.tokens);
+  // Once the TTL has passed the session's blocks are ordinary LRU blocks again.
+  const auto [cold3, expired] = session_scenario(GetParam(), true, true, 0.5, 0.7);
+  EXPECT_LT(expired.final.usage.cached_tokens, 992);
+  EXPECT_EQ(expired.tokens, cold.tokens);
+}
+
+TEST_P(EngineTierTest, SessionBlocksStayInTheDiskTierForTheTtl) {
+  const auto [cold, warm] = session_scenario(GetParam(), false, true, 600.0, 0.0);
+  EXPECT_GE(warm.final.usage.cached_tokens, 992);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  const auto [cold2, plain] = session_scenario(GetParam(), false, false, 600.0, 0.0);
+  EXPECT_LT(plain.final.usage.cached_tokens, 992);
+  EXPECT_EQ(plain.tokens, cold.tokens);
+}
+
+TEST_P(EngineTierTest, DiskPromotionRunsWhileAStreamKeepsDecoding) {
+  ThreadPool pool(2);
+  const fs::path dir = fresh_dir(GetParam() + "_async");
+  EngineOptions o;
+  o.kv_blocks = 160;
+  o.kv_disk_dir = dir.string();
+  int32_t vocab = 0;
+  Outcome cold, stream_alone;
+  GenerationRequest streamer;
+  const auto a = [&] {
+    auto engine = make_engine(GetParam(), pool, o);
+    EXPECT_TRUE(engine);
+    if (!engine) return GenerationRequest{};
+    vocab = engine->model_config().vocab_size;
+    auto r = request(1, 1000, vocab);
+    cold = run(*engine, r);
+    streamer = request(2, 16, vocab);
+    streamer.max_tokens = 600;
+    stream_alone = run(*engine, streamer);
+    engine->shutdown();  // A's blocks go to disk
+    return r;
+  }();
+  ASSERT_GT(vocab, 3);
+  // A restart over a slow disk: each block read takes 20 ms, about 1.3 s for A's 63 blocks.
+  o.kv_disk_read_delay_s = 0.02;
+  auto engine = make_engine(GetParam(), pool, o);
+  ASSERT_TRUE(engine);
+  auto st = engine->submit(streamer);
+  ASSERT_TRUE(st.ok());
+  std::atomic<int> streamed{0};
+  Outcome stream_out;
+  std::thread reader([&] {
+    for (;;) {
+      auto e = (*st)->next(std::chrono::seconds(300));
+      if (!e) return;
+      stream_out.tokens.insert(stream_out.tokens.end(), e->tokens.begin(), e->tokens.end());
+      streamed.store(int(stream_out.tokens.size()));
+      if (e->final) {
+        stream_out.final = *e;
+        return;
+      }
+    }
+  });
+  while (streamed.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto again = a;
+  again.id = "after-restart";
+  auto sa = engine->submit(again);
+  ASSERT_TRUE(sa.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const int at_submit = streamed.load();
+  Outcome warm;
+  int at_first_token = -1;
+  for (;;) {
+    auto e = (*sa)->next(std::chrono::seconds(300));
+    ASSERT_TRUE(e.has_value());
+    if (at_first_token < 0 && !e->tokens.empty()) at_first_token = streamed.load();
+    warm.tokens.insert(warm.tokens.end(), e->tokens.begin(), e->tokens.end());
+    if (e->final) {
+      warm.final = *e;
+      break;
+    }
+  }
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  reader.join();
+  // The promotion really read A from the slow disk...
+  EXPECT_GE(warm.final.usage.cached_tokens, 992);
+  EXPECT_GE(first_s, 1.0);
+  // ...while the running stream kept stepping (a promotion inside the step would stall it).
+  EXPECT_GE(at_first_token - at_submit, 10) << "stream tokens at A's submit " << at_submit << ", at A's first token "
+                                            << at_first_token;
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_EQ(stream_out.tokens, stream_alone.tokens);
+  const auto s = tier_stats(*engine, [](const KvTierStats& t) { return t.disk_hit_blocks >= 62; });
+  EXPECT_GE(s.disk_hit_blocks, 62);
+  engine.reset();
+  fs::remove_all(dir);
+}
+
+// A request cancelled while its blocks are being promoted ends cleanly; the blocks that were
+// being copied go back to the pool and a later request still answers exactly.
+TEST_P(EngineTierTest, CancelDuringPromotionLeavesThePoolWhole) {
+  ThreadPool pool(2);
+  const fs::path dir = fresh_dir(GetParam() + "_cancel");
+  EngineOptions o;
+  o.kv_blocks = 70;
+  o.kv_disk_dir = dir.string();
+  GenerationRequest a;
+  Outcome cold;
+  {
+    auto engine = make_engine(GetParam(), pool, o);
+    ASSERT_TRUE(engine);
+    a = request(1, 1000, engine->model_config().vocab_size);
+    cold = run(*engine, a);
+    engine->shutdown();
+  }
+  o.kv_disk_read_delay_s = 0.01;
+  auto engine = make_engine(GetParam(), pool, o);
+  ASSERT_TRUE(engine);
+  auto first = a;
+  first.id = "cancelled";
+  auto st = engine->submit(first);
+  ASSERT_TRUE(st.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  (*st)->cancel();
+  const Outcome c = drain(**st);
+  EXPECT_EQ(c.final.finish_reason, FinishReason::kCancelled);
+  // The whole pool is usable again: a 1,000-token request needs 64 of its 70 blocks.
+  auto again = a;
+  again.id = "after-cancel";
+  const Outcome out = run(*engine, again);
+  EXPECT_EQ(out.final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(out.tokens, cold.tokens);
   engine.reset();
   fs::remove_all(dir);
 }

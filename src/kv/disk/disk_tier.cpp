@@ -403,10 +403,22 @@ void DiskTier::writer_loop() {
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty() && stop_) break;
+    // A file is pinned while any of its blocks is: session blocks go to files of their own, so
+    // a pin never keeps other blocks past the budget.
+    const double now = tier_clock_s();
+    auto is_pinned = [&](uint64_t h) {
+      auto p = pins_.find(h);
+      return p != pins_.end() && p->second > now;
+    };
+    const bool pinned = is_pinned(queue_.front().hash);
     std::vector<Pending> group;
-    while (!queue_.empty() && int32_t(group.size()) < options_.max_group_blocks) {
-      group.push_back(std::move(queue_.front()));
-      queue_.pop_front();
+    for (auto it = queue_.begin(); it != queue_.end() && int32_t(group.size()) < options_.max_group_blocks;) {
+      if (is_pinned(it->hash) != pinned) {
+        ++it;
+        continue;
+      }
+      group.push_back(std::move(*it));
+      it = queue_.erase(it);
     }
     const uint64_t seq = next_seq_++;
     writing_ = true;

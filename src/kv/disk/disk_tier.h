@@ -15,7 +15,8 @@
 // tensor checksum fails (found at read) is moved to quarantine/ with a log line; its blocks are
 // simply misses. Over the byte budget, the least recently used files are deleted (a read or a
 // repeated demotion of one of its blocks uses a file; at startup, files count as used in write
-// order). Session pins (pin()) exempt a file holding a pinned block until the pin expires:
+// order). Session pins (pin()) exempt a file holding a pinned block until the pin expires (the
+// writer puts pinned and unpinned blocks in separate files):
 // unpinned files go first, pinned ones only when nothing else is left over the budget. Pins
 // live in memory only.
 //

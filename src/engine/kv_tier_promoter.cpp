@@ -1,0 +1,171 @@
+#include "engine/kv_tier_promoter.h"
+
+#include <algorithm>
+#include <exception>
+#include <span>
+
+#include "core/log.h"
+#include "kv/prefix_index.h"
+
+namespace strata {
+
+TierPromoter::TierPromoter(KvCacheManager& kv, const KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes,
+                           FetchFn fetch, InstallFn install)
+    : kv_(kv),
+      tiers_(tiers),
+      salt_(prefix_salt),
+      block_bytes_(block_bytes),
+      max_staged_(size_t(std::max<int64_t>(4, kStagingBytes / std::max<int64_t>(block_bytes, 1)))),
+      fetch_(std::move(fetch)),
+      install_(std::move(install)) {
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+TierPromoter::~TierPromoter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  space_cv_.notify_all();
+  worker_.join();
+}
+
+bool TierPromoter::start(Sequence* seq, double now) {
+  if (!seq->reuse_prefix) return false;
+  const int32_t bs = kv_.block_size();
+  extend_block_hashes(seq->block_hashes, salt_, seq->tokens, bs);
+  // As the scheduler's admission: the last token is always computed.
+  const int32_t limit = int32_t(std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs)));
+  const std::span<const uint64_t> hashes(seq->block_hashes);
+  Hold hold;
+  hold.seq = seq;
+  auto job = std::make_unique<Job>();
+  job->seq = seq;
+  for (int32_t i = 0; i < limit; ++i) {
+    const auto h = hashes.subspan(size_t(i), 1);
+    if (kv_.count_cached(h) == 1) {
+      hold.blocks.push_back(kv_.acquire_cached(h).at(0));
+      continue;
+    }
+    if (!tiers_.contains(h[0])) break;
+    const int32_t b = kv_.allocate(now);
+    if (b < 0) break;
+    job->hashes.push_back(h[0]);
+    job->blocks.push_back(b);
+  }
+  if (job->blocks.empty()) {
+    kv_.release(hold.blocks, now);
+    return false;
+  }
+  holds_.emplace(seq->id, std::move(hold));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(job.get());
+  }
+  jobs_.push_back(std::move(job));
+  cv_.notify_one();
+  return true;
+}
+
+void TierPromoter::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) break;
+    Job* job = queue_.front();
+    queue_.pop_front();
+    for (size_t i = 0; i < job->hashes.size(); ++i) {
+      space_cv_.wait(lock, [&] { return stop_ || job->seq == nullptr || job->staged.size() < max_staged_; });
+      if (stop_ || job->seq == nullptr) break;  // ended meanwhile: the rest is not needed
+      lock.unlock();
+      std::vector<uint8_t> buf(static_cast<size_t>(block_bytes_));
+      const bool ok = fetch_(job->hashes[i], buf.data());
+      lock.lock();
+      if (!ok) break;  // the chain ends here
+      job->staged.push_back(std::move(buf));
+    }
+    job->finished = true;
+  }
+}
+
+std::vector<Sequence*> TierPromoter::poll(double now) {
+  // References of sequences the scheduler has admitted (they hold their own now).
+  for (auto it = holds_.begin(); it != holds_.end();) {
+    Hold& h = it->second;
+    if (h.handed_over && h.seq->state != SeqState::kWaiting) {
+      kv_.release(h.blocks, now);
+      it = holds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<Sequence*> ready;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& j = **it;
+    std::deque<std::vector<uint8_t>> staged;
+    bool finished = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      staged.swap(j.staged);
+      finished = j.finished;  // read with the swap: nothing is staged after it is set
+    }
+    if (!staged.empty()) space_cv_.notify_all();
+    for (const auto& bytes : staged) {
+      if (j.seq == nullptr || j.failed) break;
+      try {
+        install_(j.blocks[size_t(j.n_installed)], bytes.data());
+        ++j.n_installed;
+      } catch (const std::exception& e) {  // the rest of the chain is recomputed
+        log::warn("KV tier promotion: installing block {} failed: {}", j.blocks[size_t(j.n_installed)], e.what());
+        j.failed = true;
+      }
+    }
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    if (j.seq == nullptr) {  // ended while reading: nothing was published
+      kv_.release(j.blocks, now);
+      it = jobs_.erase(it);
+      continue;
+    }
+    Hold& hold = holds_.at(j.seq->id);
+    for (int32_t i = 0; i < int32_t(j.blocks.size()); ++i) {
+      const int32_t b = j.blocks[size_t(i)];
+      if (i < j.n_installed && kv_.publish(b, j.hashes[size_t(i)])) {
+        hold.blocks.push_back(b);
+        ++promoted_blocks_;
+        continue;
+      }
+      // Not read, or another block was published under the hash meanwhile (that one serves).
+      kv_.release(std::span<const int32_t>(&b, 1), now);
+    }
+    hold.handed_over = true;
+    ready.push_back(hold.seq);
+    it = jobs_.erase(it);
+  }
+  return ready;
+}
+
+void TierPromoter::forget(const Sequence* seq, double now) {
+  auto it = holds_.find(seq->id);
+  if (it == holds_.end() || it->second.seq != seq) return;
+  kv_.release(it->second.blocks, now);
+  holds_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& j : jobs_) {
+      if (j->seq == seq) j->seq = nullptr;
+    }
+  }
+  space_cv_.notify_all();
+}
+
+int32_t TierPromoter::in_flight() const {
+  int32_t n = 0;
+  for (const auto& [id, h] : holds_) n += h.handed_over ? 0 : 1;
+  return n;
+}
+
+}  // namespace strata

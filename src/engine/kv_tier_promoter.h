@@ -1,0 +1,100 @@
+// TierPromoter: brings a newly submitted sequence's prefix up from the lower KV tiers
+// (kv/host/kv_tiers.h) without stalling the running batch.
+//
+// start() walks the prompt's block hashes: blocks the pool still caches are held (a reference
+// taken, so no eviction takes them); for each block only the tiers have, while the chain lasts,
+// a pool block is allocated, and a background thread reads the tier's bytes (disk reads above
+// all) into host staging buffers, at most about kStagingBytes ahead of the engine. The sequence
+// waits here, outside the scheduler, while other sequences keep stepping. poll() (engine thread,
+// every loop) installs the staged blocks into the pool through the executor (the only thread
+// that touches the executor or pool metadata is the engine's), and once the reads are done
+// publishes the installed blocks under their hashes, frees the others (the chain ends there;
+// the scheduler recomputes from that point) and hands the sequence to the scheduler, whose
+// admission then finds the whole prefix in the pool. The references are dropped once the
+// sequence has left the waiting state (it holds its own then) or ended.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/sequence.h"
+#include "kv/host/kv_tiers.h"
+#include "kv/kv_cache_manager.h"
+
+namespace strata {
+
+class TierPromoter {
+ public:
+  // fetch: the tiers' bytes of block `hash` into `out` (block_bytes), false on a miss; runs on
+  // the promotion thread. install: those bytes into pool block `block`; runs on the engine thread.
+  using FetchFn = std::function<bool(uint64_t hash, uint8_t* out)>;
+  using InstallFn = std::function<void(int32_t block, const uint8_t* in)>;
+  static constexpr int64_t kStagingBytes = int64_t(64) << 20;  // fetched, not yet installed, per job
+
+  TierPromoter(KvCacheManager& kv, const KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
+               InstallFn install);
+  // Finishes the read in progress and drops the rest.
+  ~TierPromoter();
+  TierPromoter(const TierPromoter&) = delete;
+  TierPromoter& operator=(const TierPromoter&) = delete;
+
+  // Starts promoting the tier part of a new sequence's cached prefix. True: `seq` waits here
+  // until poll() returns it; false: nothing to promote, the caller schedules it now.
+  bool start(Sequence* seq, double now);
+  // Installs what was read; returns the sequences whose blocks are all in and published: ready
+  // for the scheduler. Also drops the references of sequences handed over earlier that the
+  // scheduler has admitted.
+  std::vector<Sequence*> poll(double now);
+  // `seq` ends (cancel, error, shutdown) in any state: its references go now, the blocks of its
+  // read when the read stops (at the next poll()).
+  void forget(const Sequence* seq, double now);
+
+  int32_t in_flight() const;  // sequences whose blocks are not all in yet
+  int64_t promoted_blocks() const { return promoted_blocks_; }
+
+ private:
+  struct Job {
+    const Sequence* seq = nullptr;  // null: the sequence ended meanwhile
+    std::vector<uint64_t> hashes;   // tier blocks to copy, in chain order
+    std::vector<int32_t> blocks;    // their pool blocks
+    // Under mu_: read by the promotion thread, not yet installed; reads done.
+    std::deque<std::vector<uint8_t>> staged;
+    bool finished = false;
+    // Engine thread: leading blocks installed; an install threw.
+    int32_t n_installed = 0;
+    bool failed = false;
+  };
+  struct Hold {
+    Sequence* seq = nullptr;
+    std::vector<int32_t> blocks;  // references this promoter took
+    bool handed_over = false;     // returned by poll()
+  };
+  void worker_loop();
+
+  KvCacheManager& kv_;
+  const KvTiers& tiers_;
+  uint64_t salt_;
+  int64_t block_bytes_;
+  size_t max_staged_;  // blocks
+  FetchFn fetch_;
+  InstallFn install_;
+  std::unordered_map<uint64_t, Hold> holds_;  // by Sequence::id (engine thread only)
+  std::vector<std::unique_ptr<Job>> jobs_;    // engine thread owns them; the worker reads via queue_
+  int64_t promoted_blocks_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;        // work queued, or stop
+  std::condition_variable space_cv_;  // staging drained, a job forgotten, or stop
+  std::deque<Job*> queue_;            // waiting for the promotion thread
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace strata
