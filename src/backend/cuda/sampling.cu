@@ -491,7 +491,9 @@ __device__ CompactResult compact_select(Shared& sh, int count, const SamplingRow
     r.token = int32_t(uint32_t(sh.cand[j]));
     return r;
   }
-  // Id order over the kept prefix: re-key as (id, weight key) and sort again.
+  // Id order over the kept prefix: re-key as (id, weight key) and sort again (once every
+  // thread has read the cut above).
+  __syncthreads();
   for (int t = threadIdx.x; t < n; t += kThreads) {
     const u64 c = sh.cand[t];
     sh.cand[t] = t < kept ? ((c << 32) | (c >> 32)) : ~u64(0);
