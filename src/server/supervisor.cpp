@@ -169,10 +169,12 @@ std::string lower(std::string s) {
 bool starts_with_ci(const std::string& s, const std::string& prefix) { return lower(s).rfind(prefix, 0) == 0; }
 
 // Headers that describe one hop (or that httplib adds to a received request) stay behind,
-// and a client cannot send the supervisor's own headers.
+// and a client cannot send the supervisor's own headers. Compression is per hop too: the
+// child answers uncompressed and this server compresses for its client.
 bool hop_header(const std::string& name) {
   static const char* kHop[] = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "remote_addr",
-                               "remote_port", "local_addr", "local_port", "content-type"};
+                               "remote_port", "local_addr", "local_port", "content-type", "accept-encoding",
+                               "content-encoding"};
   const std::string n = lower(name);
   for (const char* h : kHop) {
     if (n == h) return true;
