@@ -9,7 +9,7 @@
 
 namespace strata {
 
-TierPromoter::TierPromoter(KvCacheManager& kv, const KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes,
+TierPromoter::TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes,
                            FetchFn fetch, InstallFn install)
     : kv_(kv),
       tiers_(tiers),
@@ -75,6 +75,9 @@ void TierPromoter::worker_loop() {
     if (stop_) break;
     Job* job = queue_.front();
     queue_.pop_front();
+    lock.unlock();
+    tiers_.prefetch(job->hashes);  // the device reads the whole job at once, not block by block
+    lock.lock();
     for (size_t i = 0; i < job->hashes.size(); ++i) {
       space_cv_.wait(lock, [&] { return stop_ || job->seq == nullptr || job->staged.size() < max_staged_; });
       if (stop_ || job->seq == nullptr) break;  // ended meanwhile: the rest is not needed

@@ -4,7 +4,7 @@
 // start() walks the prompt's block hashes: blocks the pool still caches are held (a reference
 // taken, so no eviction takes them); for each block only the tiers have, while the chain lasts,
 // a pool block is allocated, and a background thread reads the tier's bytes (disk reads above
-// all) into host staging buffers, at most about kStagingBytes ahead of the engine. The sequence
+// all, the job's file ranges prefetched at once) into host staging buffers, at most about kStagingBytes ahead of the engine. The sequence
 // waits here, outside the scheduler, while other sequences keep stepping. poll() (engine thread,
 // every loop) installs the staged blocks into the pool through the executor (the only thread
 // that touches the executor or pool metadata is the engine's), and once the reads are done
@@ -38,7 +38,7 @@ class TierPromoter {
   using InstallFn = std::function<void(int32_t block, const uint8_t* in)>;
   static constexpr int64_t kStagingBytes = int64_t(64) << 20;  // fetched, not yet installed, per job
 
-  TierPromoter(KvCacheManager& kv, const KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
+  TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
                InstallFn install);
   // Finishes the read in progress and drops the rest.
   ~TierPromoter();
@@ -79,7 +79,7 @@ class TierPromoter {
   void worker_loop();
 
   KvCacheManager& kv_;
-  const KvTiers& tiers_;
+  KvTiers& tiers_;
   uint64_t salt_;
   int64_t block_bytes_;
   size_t max_staged_;  // blocks

@@ -279,6 +279,27 @@ TEST(KvDiskTier, SessionPinKeepsFilesPastTheBudgetUntilItExpires) {
   fs::remove_all(dir);
 }
 
+TEST(KvDiskTier, PrefetchedBlocksReadBackExactly) {
+  const fs::path dir = fresh_dir("prefetch");
+  auto t = open_ok(options(dir));
+  ASSERT_TRUE(t);
+  write_blocks(*t, 1, 8);
+  write_blocks(*t, 100, 4);
+  const std::vector<uint64_t> want = {3, 101, 999, 1, 8};  // two files and a miss
+  t->prefetch(want);
+  std::vector<uint8_t> out(static_cast<size_t>(t->block_bytes()));
+  for (uint64_t h : want) {
+    if (h == 999) {
+      EXPECT_FALSE(t->read(h, out.data()));
+      continue;
+    }
+    ASSERT_TRUE(t->read(h, out.data())) << h;
+    EXPECT_EQ(out, block(h, t->block_bytes())) << h;
+  }
+  EXPECT_EQ(t->stats().quarantined_files, 0);
+  fs::remove_all(dir);
+}
+
 TEST(KvDiskTier, FullQueueDropsAndCounts) {
   const fs::path dir = fresh_dir("queue");
   auto o = options(dir);

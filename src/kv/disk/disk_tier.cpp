@@ -78,11 +78,17 @@ bool write_all(int fd, const uint8_t* p, size_t n) {
 }
 
 bool read_at(const fs::path& path, int64_t offset, uint8_t* out, size_t n) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  f.seekg(offset);
-  f.read(reinterpret_cast<char*>(out), std::streamsize(n));
-  return f.good() && size_t(f.gcount()) == n;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, out + done, n - done, off_t(offset + int64_t(done)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += size_t(r);
+  }
+  ::close(fd);
+  return done == n;
 }
 
 }  // namespace
@@ -306,6 +312,29 @@ bool DiskTier::enqueue(uint64_t hash, const uint8_t* data) {
   }
   cv_.notify_one();
   return true;
+}
+
+void DiskTier::prefetch(std::span<const uint64_t> hashes) {
+  std::map<uint64_t, std::pair<int64_t, int64_t>> ranges;  // file seq -> [first, end) bytes
+  std::map<uint64_t, fs::path> paths;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t h : hashes) {
+      auto it = index_.find(h);
+      if (it == index_.end()) continue;
+      const FileEntry& f = files_.at(it->second.seq);
+      const int64_t b = f.data_offset + int64_t(it->second.index) * stride();
+      auto [r, fresh] = ranges.try_emplace(it->second.seq, b, b + stride());
+      if (!fresh) r->second = {std::min(r->second.first, b), std::max(r->second.second, b + stride())};
+      paths[it->second.seq] = f.path;
+    }
+  }
+  for (const auto& [seq, range] : ranges) {
+    const int fd = ::open(paths[seq].c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // read() reports it
+    ::posix_fadvise(fd, range.first, range.second - range.first, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
 }
 
 bool DiskTier::read(uint64_t hash, uint8_t* out) {

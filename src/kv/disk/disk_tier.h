@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -83,6 +84,10 @@ class DiskTier {
   // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
   // an unreadable file quarantines the file and is a miss.
   bool read(uint64_t hash, uint8_t* out);
+  // Asks the kernel to start reading the blocks of `hashes` that are on disk (readahead of each
+  // file's range holding them), so the read() calls that follow find them in memory instead of
+  // waiting for one device read each.
+  void prefetch(std::span<const uint64_t> hashes);
   // Exempts the file holding `hash` (now or once written) from budget eviction until `until`
   // (tier_clock_s(), kv/host/host_tier.h); keeps the later expiry.
   void pin(uint64_t hash, double until);

@@ -60,6 +60,18 @@ bool KvTiers::fetch(uint64_t hash, uint8_t* out) {
   return true;
 }
 
+void KvTiers::prefetch(std::span<const uint64_t> hashes) {
+  if (!disk_) return;
+  std::vector<uint64_t> missing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t h : hashes) {
+      if (!host_ || !host_->contains(h)) missing.push_back(h);
+    }
+  }
+  disk_->prefetch(missing);
+}
+
 bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s); }
 
 KvTierStats KvTiers::stats() const {
