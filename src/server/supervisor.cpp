@@ -735,7 +735,7 @@ void Supervisor::relay_stream(const httplib::Request& req, httplib::Response& re
   }
   if (!relay->streaming) {
     relay->worker.join();
-    res.status = relay->status;
+    res.status = relay->status > 0 ? relay->status : 503;  // 0: the client left first
     for (const auto& [k, v] : relay->headers) res.headers.emplace(k, v);
     res.set_content(relay->body, relay->content_type.empty() ? "application/json" : relay->content_type);
     return;

@@ -83,7 +83,7 @@ function requests(client, url, progress) {
       model: 'strata-demo', prompt: 'The history of the world, in brief:', max_tokens: 2 * MAX_TOKENS, ignore_eos: true,
       temperature: 0,
     });
-    return { text: c.choices[0].text, finish: c.choices[0].finish_reason, tokens: c.usage.completion_tokens };
+    return { text: c.choices[0].text, finish: c.choices[0].finish_reason, tokens: c.usage.completion_tokens, ids: [c.id] };
   };
   return [
     chat(0, { topic: 'a lighthouse', params: { temperature: 0 } }),
@@ -159,9 +159,14 @@ test('kill -9 of the engine process mid-generation: every request completes with
     }
     assert.deepEqual(got[3].tokens, expected[3].tokens, 'logprobs stream: tokens');
     assert.deepEqual(got[4].events, expected[4].events, 'messages stream: event sequence');
-    assert.deepEqual(got[5], expected[5], 'non-streamed request');
-    // The streams resumed from checkpoints rather than starting over.
-    assert.match(server.stderr(), /resumes from its checkpoint after \d+ generated tokens/);
+    for (const k of ['text', 'finish', 'tokens']) assert.deepEqual(got[5][k], expected[5][k], `non-streamed request: ${k}`);
+    // Every request but the one with logprobs (never checkpointed) resumed from its checkpoint
+    // (written after 32 tokens) rather than starting over.
+    for (const i of [0, 1, 2, 4, 5]) {
+      const id = got[i].ids[0];
+      assert.match(server.stderr(), new RegExp(`request ${id} resumes from its checkpoint after \\d+ generated tokens`),
+                   `request ${i} (${id}) did not resume from a checkpoint`);
+    }
 
     const m = await (await fetch(server.url + '/metrics')).text();
     assert.match(m, /^strata_supervisor_restarts_total 1$/m);
