@@ -399,6 +399,7 @@ void HttpServer::install_routes() {
         ApiError e;
         e.status = 503;
         e.message = "the engine loop is not running";
+        if (options_.supervised) res.set_header(kEngineDownHeader, "1");
         return fail(e);
       }
       ResponseContext ctx;
