@@ -135,9 +135,15 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   const LaunchTuning saved = launch_tuning();
   std::vector<LaunchTuning> tunings = {saved};
   if (gemv_rows > 0) {
-    LaunchTuning u8;
-    u8.gemv_unroll = 8;
-    tunings = {{false, 0}, {true, 0}, {true, 1024}, u8};
+    tunings = {};
+    for (const int32_t u : {4, 8, 16}) {
+      LaunchTuning t;
+      t.gemv_unroll = u;
+      tunings.push_back(t);
+    }
+    tunings.front().pdl = false;
+    tunings.push_back(tunings.front());
+    tunings.back().pdl = true;
   }
   for (const LaunchTuning& tune : tunings) {
     set_launch_tuning(tune);
@@ -420,10 +426,9 @@ int main(int argc, char** argv) {
     struct Phase { bool graphs; int32_t fuse_rows; int32_t prompt; int32_t batch; int32_t unroll; };
     const LaunchTuning saved = launch_tuning();
     const std::vector<Phase> phases = {
-        {true, 0, 512, 1, 4},  {true, 2, 512, 1, 4},  {true, 2, 512, 1, 8},  {false, 2, 512, 1, 8},
-        {true, 0, 2048, 1, 4}, {true, 2, 2048, 1, 4}, {true, 2, 2048, 1, 8}, {true, 0, 512, 2, 4},
-        {true, 2, 512, 2, 4},  {true, 2, 512, 2, 8},  {true, 0, 512, 4, 4},  {true, 2, 512, 1, 4},
-        {true, 2, 512, 1, 8}};
+        {true, 0, 512, 1, 4},  {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16}, {false, 2, 512, 1, 8},
+        {true, 0, 2048, 1, 4}, {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16}, {true, 0, 512, 2, 4},
+        {true, 2, 512, 2, 8},  {true, 0, 512, 4, 8},  {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16}};
     const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
       StepBatch b;

@@ -47,20 +47,33 @@ size_t smem_bytes(int head_dim) {
          size_t(kKeysPerTile) * head_dim * sizeof(uint16_t) + size_t(kWarps) * head_dim * sizeof(float);
 }
 
-// One head of token t's QKV projection into buf [head_dim] (shared memory), by one warp:
-// bias, the optional per-head RMSNorm, RoPE when `rope` (the arithmetic of qkv_post_kernel).
-__device__ void head_post(const QkvPostArgs& p, int t, int h, bool rope, const float* norm_w, float* buf, int lane) {
+// One head of token t's QKV projection, by one warp in two halves so that several heads' loads
+// can be in flight together: head_load takes lane's values (d = lane + 32 i) with the bias,
+// head_finish applies the optional per-head RMSNorm and RoPE (when `rope`) into buf [head_dim]
+// (shared memory): the arithmetic of qkv_post_kernel.
+template <int DPL>
+__device__ __forceinline__ void head_load(const QkvPostArgs& p, int t, int h, int lane, float (&v)[DPL]) {
   const int hd = p.head_dim;
   const float* src = p.qkv + int64_t(t) * (p.n_heads + 2 * p.n_kv_heads) * hd + h * hd;
-  float ss = 0.0f;
-  for (int d = lane; d < hd; d += 32) {
-    const float v = src[d] + (p.bias ? p.bias[h * hd + d] : 0.0f);
-    buf[d] = v;
-    ss += v * v;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    const int d = lane + 32 * i;
+    v[i] = d < hd ? src[d] + (p.bias ? p.bias[h * hd + d] : 0.0f) : 0.0f;
   }
-  if (norm_w) {
-    const float inv = rsqrtf(warp_sum(ss) / float(hd) + p.norm_eps);
-    for (int d = lane; d < hd; d += 32) buf[d] = buf[d] * inv * (p.norm_one_plus_w ? 1.0f + norm_w[d] : norm_w[d]);
+}
+
+template <int DPL>
+__device__ void head_finish(const QkvPostArgs& p, int t, bool rope, const float* norm_w, const float (&v)[DPL], float* buf,
+                            int lane) {
+  const int hd = p.head_dim;
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) ss += v[i] * v[i];
+  const float inv = norm_w ? rsqrtf(warp_sum(ss) / float(hd) + p.norm_eps) : 1.0f;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    const int d = lane + 32 * i;
+    if (d < hd) buf[d] = norm_w ? v[i] * inv * (p.norm_one_plus_w ? 1.0f + norm_w[d] : norm_w[d]) : v[i];
   }
   __syncwarp();
   if (rope && p.rot_dim > 0) {
@@ -78,6 +91,23 @@ __device__ void head_post(const QkvPostArgs& p, int t, int h, bool rope, const f
     }
     __syncwarp();
   }
+}
+
+template <int DPL>
+__device__ void head_post(const QkvPostArgs& p, int t, int h, bool rope, const float* norm_w, float* buf, int lane) {
+  float v[DPL];
+  head_load<DPL>(p, t, h, lane, v);
+  head_finish<DPL>(p, t, rope, norm_w, v, buf, lane);
+}
+
+__device__ __forceinline__ uint4 pack8_bf16(const float* f) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w[j] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * j]))) |
+           (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * j + 1]))) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // DPL: output dims per lane (head_dim <= 32 * DPL).
@@ -157,24 +187,47 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     }
   } else {
     const QkvPostArgs& p = a.post;
-    // The block whose key range holds a token's own position stores its k and v (one token
-    // per sequence: no other block reads that position); the last warps take those heads.
-    for (int task = warp; task < 2 * n_tok; task += kWarps) {
+    // The block whose key range holds a token's own position makes its k and v and stores them
+    // (one token per sequence: no other block reads that position). With at most kWarps / 2
+    // tokens, warp 2i makes token i's k and warp 2i + 1 its v, in the same round as the warp's
+    // first q row (both loads in flight), and the heads stay in sm.head for the first tile.
+    const bool own_kv = 2 * n_tok <= kWarps;
+    const int ti = warp >> 1;
+    const bool is_k = (warp & 1) == 0;
+    const bool has_task = own_kv && warp < 2 * n_tok && first_pos + ti >= k_begin && first_pos + ti < k_end;
+    const bool has_row = warp < n_rows;
+    const int t_task = tok_begin + q0 + ti, t_row = tok_begin + q0 + warp / group;
+    float kv[DPL], qv[DPL];
+    if (has_task) head_load<DPL>(p, t_task, a.n_heads + (is_k ? 0 : a.n_kv_heads) + kvh, lane, kv);
+    if (has_row) head_load<DPL>(p, t_row, kvh * group + warp % group, lane, qv);
+    if (has_task) {
+      float* buf = sm.head + warp * hd;
+      head_finish<DPL>(p, t_task, is_k, is_k ? p.k_norm : nullptr, kv, buf, lane);
+      const int64_t slot = p.slot_mapping ? p.slot_mapping[t_task] : -1;
+      if (slot >= 0) {
+        uint16_t* dst = (is_k ? p.k_pool : p.v_pool) + (slot * a.n_kv_heads + kvh) * hd;
+        for (int d = lane; d < hd; d += 32) dst[d] = __bfloat16_as_ushort(__float2bfloat16_rn(buf[d]));
+      }
+    }
+    if (has_row) head_finish<DPL>(p, t_row, true, p.q_norm, qv, sm.q + warp * hd, lane);
+    for (int r = warp + kWarps; r < n_rows; r += kWarps) {
+      head_post<DPL>(p, tok_begin + q0 + r / group, kvh * group + r % group, true, p.q_norm, sm.q + r * hd, lane);
+    }
+    for (int task = warp; !own_kv && task < 2 * n_tok; task += kWarps) {
       const int i = task >> 1;
-      const bool is_k = (task & 1) == 0;
+      const bool k_head = (task & 1) == 0;
       const int pos = first_pos + i;
       const int t = tok_begin + q0 + i;
       const int64_t slot = p.slot_mapping ? p.slot_mapping[t] : -1;
       if (pos < k_begin || pos >= k_end || slot < 0) continue;
       float* buf = sm.head + warp * hd;
-      head_post(p, t, a.n_heads + (is_k ? 0 : a.n_kv_heads) + kvh, is_k, is_k ? p.k_norm : nullptr, buf, lane);
-      uint16_t* dst = (is_k ? p.k_pool : p.v_pool) + (slot * a.n_kv_heads + kvh) * hd;
+      head_post<DPL>(p, t, a.n_heads + (k_head ? 0 : a.n_kv_heads) + kvh, k_head, k_head ? p.k_norm : nullptr, buf, lane);
+      uint16_t* dst = (k_head ? p.k_pool : p.v_pool) + (slot * a.n_kv_heads + kvh) * hd;
       for (int d = lane; d < hd; d += 32) dst[d] = __bfloat16_as_ushort(__float2bfloat16_rn(buf[d]));
     }
-    for (int r = warp; r < n_rows; r += kWarps) {
-      head_post(p, tok_begin + q0 + r / group, kvh * group + r % group, true, p.q_norm, sm.q + r * hd, lane);
-    }
   }
+  // The first tile's rows of this step's own keys come from sm.head (no reload from the pools).
+  const bool new_from_smem = fused && 2 * n_tok <= kWarps;
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
 #pragma unroll
@@ -187,12 +240,23 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
 
   for (int kt = k_begin; kt < k_end; kt += kKeysPerTile) {
     __syncthreads();  // the previous tile's K/V are no longer read (and q, new k/v are written, first time)
-    if (kt == k_begin) load_tile(kt, fused ? first_pos : kt, INT_MAX);  // the step's own keys: after the block wrote them
+    // The step's own keys: after the block wrote them (or from sm.head).
+    if (kt == k_begin && !new_from_smem) load_tile(kt, fused ? first_pos : kt, INT_MAX);
 #pragma unroll
     for (int it = 0; it < DPL; ++it) {
       const int i = threadIdx.x + it * kWarps * 32;
       if (i >= n_items) continue;
       const int j = i / vec_per_key, c = i % vec_per_key;
+      if (new_from_smem && kt == k_begin && kt + j >= first_pos) {
+        const int p = kt + j;
+        if (p < k_end) {
+          kreg[it] = pack8_bf16(sm.head + (2 * (p - first_pos)) * hd + c * 8);
+          vreg[it] = pack8_bf16(sm.head + (2 * (p - first_pos) + 1) * hd + c * 8);
+        } else {
+          kreg[it] = make_uint4(0, 0, 0, 0);
+          vreg[it] = make_uint4(0, 0, 0, 0);
+        }
+      }
       uint32_t* kd = sm.k + j * k_stride + c * 4;
       kd[0] = kreg[it].x;
       kd[1] = kreg[it].y;

@@ -48,8 +48,37 @@ __device__ __forceinline__ float act_fn(float x, Act act) {
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-// S weight rows per warp (1, or 2 for gate and up), M activation rows, U 16-byte weight loads in
-// flight per lane and weight row.
+// One step of a lane over U chunks (c, c + 32, ...): S weight rows per warp (1, or 2 for gate
+// and up), M activation rows; all U * S weight loads are issued before the first use.
+template <int M, int S, int U>
+__device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t c,
+                                         float (&acc)[S][M]) {
+  uint4 wv[S][U];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int u = 0; u < U; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4 xv = __ldg(xr + m * chunks + c + 32 * u);
+#pragma unroll
+      for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
+    }
+  }
+}
+
+// Steps of U chunks while they fit, then halving steps for the tail (no single-load loop over
+// a long remainder).
+template <int M, int S, int U>
+__device__ __forceinline__ void dot_span(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t& c,
+                                         float (&acc)[S][M]) {
+  for (; c + 32 * (U - 1) < chunks; c += 32 * U) dot_step<M, S, U>(wr, xr, chunks, c, acc);
+  if constexpr (U > 1) dot_span<M, S, U / 2>(wr, xr, chunks, c, acc);
+}
+
+// The warp's S dot products for M activation rows over the whole of k, reduced across lanes.
 template <int M, int S, int U>
 __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int lane,
                                          float (&acc)[S][M]) {
@@ -58,33 +87,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
-  for (; c + 32 * (U - 1) < chunks; c += 32 * U) {
-    uint4 wv[S][U];
-#pragma unroll
-    for (int s = 0; s < S; ++s)
-#pragma unroll
-      for (int u = 0; u < U; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(xr + m * chunks + c + 32 * u);
-#pragma unroll
-        for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
-      }
-    }
-  }
-  for (; c < chunks; c += 32) {
-    uint4 wv[S];
-#pragma unroll
-    for (int s = 0; s < S; ++s) wv[s] = load_stream(wr[s] + c);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4 xv = __ldg(xr + m * chunks + c);
-#pragma unroll
-      for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s], xv, acc[s][m]);
-    }
-  }
+  dot_span<M, S, U>(wr, xr, chunks, c, acc);
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -184,6 +187,12 @@ template <int M, int kIn, int kOut>
 void launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const LaunchTuning t = launch_tuning();
+  if constexpr (M == 1) {
+    if (t.gemv_unroll >= 16) {
+      launch_pdl(gemv_kernel<M, kIn, kOut, 16>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+      return;
+    }
+  }
   if (t.gemv_unroll >= 8) {
     launch_pdl(gemv_kernel<M, kIn, kOut, 8>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
   } else {
