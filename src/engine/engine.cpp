@@ -406,7 +406,7 @@ void Engine::setup_kv_tiers(bool unsupported) {
                            });
   c->promoter = std::make_unique<TierPromoter>(
       c->kv, *c->tiers, c->sched.options().prefix_salt, c->tiers->block_bytes(),
-      [c](uint64_t hash, uint8_t* out) { return c->tiers->fetch(hash, out); },
+      [c](std::span<const uint64_t> hashes, uint8_t* out) { return c->tiers->fetch_many(hashes, out); },
       [c](int32_t block, const uint8_t* in) { c->runner.write_block(block, in); });
 }
 

@@ -75,18 +75,30 @@ void TierPromoter::worker_loop() {
     if (stop_) break;
     Job* job = queue_.front();
     queue_.pop_front();
-    lock.unlock();
-    tiers_.prefetch(job->hashes);  // the device reads the whole job at once, not block by block
-    lock.lock();
-    for (size_t i = 0; i < job->hashes.size(); ++i) {
-      space_cv_.wait(lock, [&] { return stop_ || job->seq == nullptr || job->staged.size() < max_staged_; });
+    // Batches of up to half the staging allowance: large sequential disk reads, and the next
+    // batch is read while the engine installs the previous one.
+    const size_t batch_max = std::max<size_t>(1, max_staged_ / 2);
+    const size_t bb = static_cast<size_t>(block_bytes_);
+    for (size_t i = 0; i < job->hashes.size();) {
+      const size_t want = std::min(batch_max, job->hashes.size() - i);
+      space_cv_.wait(lock, [&] { return stop_ || job->seq == nullptr || job->staged_blocks + want <= max_staged_; });
       if (stop_ || job->seq == nullptr) break;  // ended meanwhile: the rest is not needed
       lock.unlock();
-      std::vector<uint8_t> buf(static_cast<size_t>(block_bytes_));
-      const bool ok = fetch_(job->hashes[i], buf.data());
+      // The device starts on the next batch while this one is read and installed.
+      const size_t next = i + want;
+      if (next < job->hashes.size()) {
+        tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(next, std::min(batch_max, job->hashes.size() - next)));
+      }
+      std::vector<uint8_t> bytes(want * bb);
+      const size_t got = size_t(std::max(fetch_(std::span<const uint64_t>(job->hashes).subspan(i, want), bytes.data()), 0));
+      bytes.resize(got * bb);
       lock.lock();
-      if (!ok) break;  // the chain ends here
-      job->staged.push_back(std::move(buf));
+      if (got > 0) {
+        job->staged.push_back(std::move(bytes));
+        job->staged_blocks += got;
+      }
+      i += got;
+      if (got < want) break;  // the chain ends here
     }
     job->finished = true;
   }
@@ -111,17 +123,21 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       staged.swap(j.staged);
+      j.staged_blocks = 0;
       finished = j.finished;  // read with the swap: nothing is staged after it is set
     }
     if (!staged.empty()) space_cv_.notify_all();
+    const size_t bb = static_cast<size_t>(block_bytes_);
     for (const auto& bytes : staged) {
-      if (j.seq == nullptr || j.failed) break;
-      try {
-        install_(j.blocks[size_t(j.n_installed)], bytes.data());
-        ++j.n_installed;
-      } catch (const std::exception& e) {  // the rest of the chain is recomputed
-        log::warn("KV tier promotion: installing block {} failed: {}", j.blocks[size_t(j.n_installed)], e.what());
-        j.failed = true;
+      for (size_t k = 0; k < bytes.size() / bb; ++k) {
+        if (j.seq == nullptr || j.failed) break;
+        try {
+          install_(j.blocks[size_t(j.n_installed)], bytes.data() + k * bb);
+          ++j.n_installed;
+        } catch (const std::exception& e) {  // the rest of the chain is recomputed
+          log::warn("KV tier promotion: installing block {} failed: {}", j.blocks[size_t(j.n_installed)], e.what());
+          j.failed = true;
+        }
       }
     }
     if (!finished) {

@@ -3,15 +3,16 @@
 //
 // start() walks the prompt's block hashes: blocks the pool still caches are held (a reference
 // taken, so no eviction takes them); for each block only the tiers have, while the chain lasts,
-// a pool block is allocated, and a background thread reads the tier's bytes (disk reads above
-// all, the job's file ranges prefetched at once) into host staging buffers, at most about kStagingBytes ahead of the engine. The sequence
-// waits here, outside the scheduler, while other sequences keep stepping. poll() (engine thread,
-// every loop) installs the staged blocks into the pool through the executor (the only thread
-// that touches the executor or pool metadata is the engine's), and once the reads are done
-// publishes the installed blocks under their hashes, frees the others (the chain ends there;
-// the scheduler recomputes from that point) and hands the sequence to the scheduler, whose
-// admission then finds the whole prefix in the pool. The references are dropped once the
-// sequence has left the waiting state (it holds its own then) or ended.
+// a pool block is allocated, and a background thread reads the tiers' bytes into host staging
+// buffers in batches (one large read per disk file and batch, the next batch prefetched), at
+// most about kStagingBytes ahead of the engine. The sequence waits here, outside the
+// scheduler, while other sequences keep stepping. poll() (engine thread, every loop) installs
+// the staged blocks into the pool through the executor (only the engine thread touches the
+// executor and pool metadata), and once the reads are done publishes the installed blocks
+// under their hashes, frees the others (the chain ends there; the scheduler recomputes from
+// that point) and hands the sequence to the scheduler, whose admission then finds the whole
+// prefix in the pool. The references are dropped once the sequence has left the waiting state
+// (it holds its own then) or ended.
 #pragma once
 
 #include <condition_variable>
@@ -20,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -32,9 +34,10 @@ namespace strata {
 
 class TierPromoter {
  public:
-  // fetch: the tiers' bytes of block `hash` into `out` (block_bytes), false on a miss; runs on
-  // the promotion thread. install: those bytes into pool block `block`; runs on the engine thread.
-  using FetchFn = std::function<bool(uint64_t hash, uint8_t* out)>;
+  // fetch: the tiers' bytes of blocks `hashes` into out + i * block_bytes until the first miss,
+  // returning how many; runs on the promotion thread. install: one block's bytes into pool block
+  // `block`; runs on the engine thread.
+  using FetchFn = std::function<int32_t(std::span<const uint64_t> hashes, uint8_t* out)>;
   using InstallFn = std::function<void(int32_t block, const uint8_t* in)>;
   static constexpr int64_t kStagingBytes = int64_t(64) << 20;  // fetched, not yet installed, per job
 
@@ -64,8 +67,9 @@ class TierPromoter {
     const Sequence* seq = nullptr;  // null: the sequence ended meanwhile
     std::vector<uint64_t> hashes;   // tier blocks to copy, in chain order
     std::vector<int32_t> blocks;    // their pool blocks
-    // Under mu_: read by the promotion thread, not yet installed; reads done.
-    std::deque<std::vector<uint8_t>> staged;
+    // Under mu_: batches read by the promotion thread, not yet installed; their blocks; reads done.
+    std::deque<std::vector<uint8_t>> staged;  // each [n, block_bytes] bytes
+    size_t staged_blocks = 0;
     bool finished = false;
     // Engine thread: leading blocks installed; an install threw.
     int32_t n_installed = 0;

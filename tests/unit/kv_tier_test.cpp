@@ -406,6 +406,26 @@ TEST(KvTiers, PinReachesBothTiers) {
   fs::remove_all(dir);
 }
 
+TEST(KvTiers, FetchManyServesHostAndDiskInOrderUpToTheFirstMiss) {
+  const fs::path dir = fresh_dir("tiers_many");
+  auto disk = open_ok(options(dir));
+  ASSERT_TRUE(disk);
+  KvTiers tiers(192, 192 * 2, std::move(disk));
+  for (uint64_t h = 1; h <= 6; ++h) tiers.demote(h, block(h, 192).data());  // host keeps 5 and 6
+  ASSERT_TRUE(tiers.flush(10.0));
+  const std::vector<uint64_t> chain = {5, 1, 6, 3, 2, 42, 4};
+  std::vector<uint8_t> out(chain.size() * 192);
+  ASSERT_EQ(tiers.fetch_many(chain, out.data()), 5);  // 42 is nowhere: the chain ends there
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(std::vector<uint8_t>(out.begin() + long(i * 192), out.begin() + long((i + 1) * 192)), block(chain[i], 192))
+        << chain[i];
+  }
+  const auto s = tiers.stats();
+  EXPECT_EQ(s.host_hit_blocks, 2);
+  EXPECT_EQ(s.disk_hit_blocks, 3);
+  fs::remove_all(dir);
+}
+
 TEST(KvTiers, DiskHitAfterHostEvictionAndCounts) {
   const fs::path dir = fresh_dir("tiers");
   auto disk = open_ok(options(dir));

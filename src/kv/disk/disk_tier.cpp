@@ -337,47 +337,80 @@ void DiskTier::prefetch(std::span<const uint64_t> hashes) {
   }
 }
 
+std::string DiskTier::unpack_block(const uint8_t* in, uint8_t* out, uint64_t hash) const {
+  size_t pos = 0, o = 0;
+  for (size_t t = 0; t < options_.tensor_bytes.size(); ++t) {
+    const size_t n = size_t(options_.tensor_bytes[t]);
+    uint64_t sum;
+    std::memcpy(&sum, in + pos + n, 8);
+    if (XXH3_64bits(in + pos, n) != sum) {
+      return "checksum mismatch in tensor " + std::to_string(t) + " of block " + std::to_string(hash);
+    }
+    std::memcpy(out + o, in + pos, n);
+    pos += n + 8;
+    o += n;
+  }
+  return "";
+}
+
 bool DiskTier::read(uint64_t hash, uint8_t* out) {
-  fs::path path;
-  int64_t offset = 0;
-  uint64_t seq = 0;
+  std::vector<uint8_t> ok;
+  read_many(std::span<const uint64_t>(&hash, 1), out, ok);
+  return ok[0] != 0;
+}
+
+void DiskTier::read_many(std::span<const uint64_t> hashes, uint8_t* out, std::vector<uint8_t>& ok) {
+  ok.assign(hashes.size(), 0);
+  struct Want {
+    size_t i;       // index into hashes
+    int64_t offset; // in the file
+  };
+  std::map<uint64_t, std::pair<fs::path, std::vector<Want>>> by_file;  // file seq -> its blocks
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(hash);
-    if (it == index_.end()) return false;
-    seq = it->second.seq;
-    FileEntry& f = files_.at(seq);
-    f.last_use = ++use_tick_;
-    path = f.path;
-    offset = f.data_offset + int64_t(it->second.index) * stride();
-  }
-  if (options_.read_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(options_.read_delay_s));
-  std::vector<uint8_t> buf(static_cast<size_t>(stride()));
-  std::string why;
-  if (!read_at(path, offset, buf.data(), buf.size())) {
-    why = "short read at offset " + std::to_string(offset);
-  } else {
-    size_t pos = 0, o = 0;
-    for (size_t t = 0; t < options_.tensor_bytes.size() && why.empty(); ++t) {
-      const size_t n = size_t(options_.tensor_bytes[t]);
-      uint64_t sum;
-      std::memcpy(&sum, buf.data() + pos + n, 8);
-      if (XXH3_64bits(buf.data() + pos, n) != sum) {
-        why = "checksum mismatch in tensor " + std::to_string(t) + " of block " + std::to_string(hash);
-        break;
-      }
-      std::memcpy(out + o, buf.data() + pos, n);
-      pos += n + 8;
-      o += n;
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      auto it = index_.find(hashes[i]);
+      if (it == index_.end()) continue;
+      FileEntry& f = files_.at(it->second.seq);
+      f.last_use = ++use_tick_;
+      auto& e = by_file[it->second.seq];
+      e.first = f.path;
+      e.second.push_back({i, f.data_offset + int64_t(it->second.index) * stride()});
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!why.empty()) {
-    quarantine_locked(seq, why);
-    return false;
+  std::vector<uint8_t> buf;
+  for (auto& [seq, entry] : by_file) {
+    auto& [path, wants] = entry;
+    if (options_.read_delay_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.read_delay_s * double(wants.size())));
+    }
+    int64_t first = wants[0].offset, end = 0;
+    for (const Want& w : wants) {
+      first = std::min(first, w.offset);
+      end = std::max(end, w.offset + stride());
+    }
+    buf.resize(static_cast<size_t>(end - first));
+    std::string why;
+    int64_t n_ok = 0;
+    if (!read_at(path, first, buf.data(), buf.size())) {
+      why = "short read of " + std::to_string(buf.size()) + " bytes at offset " + std::to_string(first);
+    } else {
+      // Each block carries its own checksums: the ones that pass are good even when another
+      // block of the file is damaged (the file is quarantined all the same).
+      for (const Want& w : wants) {
+        const std::string bad = unpack_block(buf.data() + (w.offset - first), out + w.i * size_t(block_bytes_), hashes[w.i]);
+        if (!bad.empty()) {
+          if (why.empty()) why = bad;
+          continue;
+        }
+        ok[w.i] = 1;
+        ++n_ok;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.read_blocks += n_ok;
+    if (!why.empty()) quarantine_locked(seq, why);
   }
-  ++counters_.read_blocks;
-  return true;
 }
 
 bool DiskTier::write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry) {

@@ -84,6 +84,10 @@ class DiskTier {
   // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
   // an unreadable file quarantines the file and is a miss.
   bool read(uint64_t hash, uint8_t* out);
+  // Reads several blocks, block i into out + i * block_bytes(): one pread per file covering all
+  // of its blocks asked for (large sequential reads instead of one per block). ok[i] says
+  // whether block i was read; misses and failures as read().
+  void read_many(std::span<const uint64_t> hashes, uint8_t* out, std::vector<uint8_t>& ok);
   // Asks the kernel to start reading the blocks of `hashes` that are on disk (readahead of each
   // file's range holding them), so the read() calls that follow find them in memory instead of
   // waiting for one device read each.
@@ -120,6 +124,9 @@ class DiskTier {
   void quarantine_locked(uint64_t seq, const std::string& reason);
   void quarantine_path(const std::filesystem::path& path, const std::string& reason);
   void add_file_locked(uint64_t seq, FileEntry entry);
+  // Checks the checksums of one block's data + checksums at `in` (stride() bytes) and copies its
+  // data to `out`; the reason it failed, else empty.
+  std::string unpack_block(const uint8_t* in, uint8_t* out, uint64_t hash) const;
   void remove_file_locked(uint64_t seq);
   void enforce_budget_locked();
   bool file_pinned_locked(const FileEntry& f, double now) const;

@@ -72,6 +72,44 @@ void KvTiers::prefetch(std::span<const uint64_t> hashes) {
   disk_->prefetch(missing);
 }
 
+int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
+  const size_t bb = size_t(block_bytes_);
+  std::vector<uint64_t> from_disk;
+  std::vector<size_t> disk_index;
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (; n < hashes.size(); ++n) {
+      if (host_) {
+        if (const auto* d = host_->get(hashes[n])) {
+          std::memcpy(out + n * bb, d->data(), bb);
+          ++host_hits_;
+          continue;
+        }
+      }
+      if (!disk_ || !disk_->contains(hashes[n])) break;
+      from_disk.push_back(hashes[n]);
+      disk_index.push_back(n);
+    }
+  }
+  if (from_disk.empty()) return int32_t(n);
+  // Read into a buffer of their own, then place them (the read runs unlocked).
+  std::vector<uint8_t> buf(from_disk.size() * bb);
+  std::vector<uint8_t> ok;
+  disk_->read_many(from_disk, buf.data(), ok);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t k = 0; k < from_disk.size(); ++k) {
+    if (!ok[k]) {
+      ++failures_;
+      return int32_t(disk_index[k]);
+    }
+    std::memcpy(out + disk_index[k] * bb, buf.data() + k * bb, bb);
+    ++disk_hits_;
+    if (host_) host_->put(from_disk[k], buf.data() + k * bb, bb);
+  }
+  return int32_t(n);
+}
+
 bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s); }
 
 KvTierStats KvTiers::stats() const {
