@@ -5,7 +5,9 @@
 // tiers, checkpoints, prefix snapshots).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/step_plan.h"
@@ -47,6 +49,25 @@ class StepExecutor {
   virtual std::vector<int64_t> block_tensor_bytes() const = 0;
   virtual void read_block(int32_t block, uint8_t* out) = 0;
   virtual void write_block(int32_t block, const uint8_t* in) = 0;
+
+  // Many blocks at once, block i's bytes at i * (sum of block_tensor_bytes()) in the same
+  // layout as read_block / write_block. Executors whose per-block copy has a fixed cost (a
+  // device pool) move the whole list in a few large transfers; by default one block at a time.
+  virtual void read_blocks(std::span<const int32_t> blocks, uint8_t* out) {
+    const size_t bb = block_bytes_total();
+    for (size_t i = 0; i < blocks.size(); ++i) read_block(blocks[i], out + i * bb);
+  }
+  virtual void write_blocks(std::span<const int32_t> blocks, const uint8_t* in) {
+    const size_t bb = block_bytes_total();
+    for (size_t i = 0; i < blocks.size(); ++i) write_block(blocks[i], in + i * bb);
+  }
+
+ private:
+  size_t block_bytes_total() const {
+    size_t n = 0;
+    for (int64_t b : block_tensor_bytes()) n += size_t(b);
+    return n;
+  }
 };
 
 }  // namespace strata
