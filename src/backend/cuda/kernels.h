@@ -210,9 +210,9 @@ struct LaunchTuning {
   // Fused decode: the o_proj GEMV pulls its whole weight rows into L2 while the attention runs
   // (measured: no gain at batch 1, slower at batch 2 and 2048 tokens; off).
   bool attn_overlap_prefetch = false;
-  // 16-byte weight loads in flight per lane and weight row: 4, 8 (measured best at batch 1
-  // and 2) or 16 (one activation row only; 8 otherwise).
-  int32_t gemv_unroll = 8;
+  // 16-byte weight loads in flight per lane and weight row: 4, 8 or 16 (16 at one activation
+  // row only, else 8; measured best at batch 1 and 2: bench/cuda/RESULTS.md).
+  int32_t gemv_unroll = 16;
 };
 void set_launch_tuning(const LaunchTuning& t);
 LaunchTuning launch_tuning();
