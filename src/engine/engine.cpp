@@ -407,7 +407,7 @@ void Engine::setup_kv_tiers(bool unsupported) {
   c->promoter = std::make_unique<TierPromoter>(
       c->kv, *c->tiers, c->sched.options().prefix_salt, c->tiers->block_bytes(),
       [c](std::span<const uint64_t> hashes, uint8_t* out) { return c->tiers->fetch_many(hashes, out); },
-      [c](int32_t block, const uint8_t* in) { c->runner.write_block(block, in); });
+      [c](std::span<const int32_t> blocks, const uint8_t* in) { c->runner.write_blocks(blocks, in); });
 }
 
 bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }

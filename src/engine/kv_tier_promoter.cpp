@@ -129,15 +129,15 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
     if (!staged.empty()) space_cv_.notify_all();
     const size_t bb = static_cast<size_t>(block_bytes_);
     for (const auto& bytes : staged) {
-      for (size_t k = 0; k < bytes.size() / bb; ++k) {
-        if (j.seq == nullptr || j.failed) break;
-        try {
-          install_(j.blocks[size_t(j.n_installed)], bytes.data() + k * bb);
-          ++j.n_installed;
-        } catch (const std::exception& e) {  // the rest of the chain is recomputed
-          log::warn("KV tier promotion: installing block {} failed: {}", j.blocks[size_t(j.n_installed)], e.what());
-          j.failed = true;
-        }
+      if (j.seq == nullptr || j.failed) break;
+      const size_t n = bytes.size() / bb;
+      try {
+        install_(std::span<const int32_t>(j.blocks).subspan(size_t(j.n_installed), n), bytes.data());
+        j.n_installed += int32_t(n);
+      } catch (const std::exception& e) {  // the rest of the chain is recomputed
+        log::warn("KV tier promotion: installing {} blocks from block {} failed: {}", n,
+                  j.blocks[size_t(j.n_installed)], e.what());
+        j.failed = true;
       }
     }
     if (!finished) {

@@ -35,10 +35,11 @@ namespace strata {
 class TierPromoter {
  public:
   // fetch: the tiers' bytes of blocks `hashes` into out + i * block_bytes until the first miss,
-  // returning how many; runs on the promotion thread. install: one block's bytes into pool block
-  // `block`; runs on the engine thread.
+  // returning how many; runs on the promotion thread. install: a batch's bytes (block i at
+  // in + i * block_bytes) into pool blocks `blocks`, in one call so a device pool takes the batch
+  // in a few large copies (StepExecutor::write_blocks); runs on the engine thread.
   using FetchFn = std::function<int32_t(std::span<const uint64_t> hashes, uint8_t* out)>;
-  using InstallFn = std::function<void(int32_t block, const uint8_t* in)>;
+  using InstallFn = std::function<void(std::span<const int32_t> blocks, const uint8_t* in)>;
   static constexpr int64_t kStagingBytes = int64_t(64) << 20;  // fetched, not yet installed, per job
 
   TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
