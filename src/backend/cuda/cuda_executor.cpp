@@ -40,7 +40,16 @@ class ShapeModel final : public Model {
 
 }  // namespace
 
-CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder) : decoder_(std::move(decoder)) {
+CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_staging_bytes)
+    : decoder_(std::move(decoder)) {
+  auto t = KvTransfer::create(decoder_->kv_pool(), decoder_->stream(), kv_staging_bytes);
+  if (t.ok()) {
+    transfer_ = std::move(t).value();
+  } else {
+    cudaGetLastError();  // the failed allocation must not surface as a later launch error
+    log::warn("KV block staging ({} bytes) not allocated, KV blocks move one at a time: {}", kv_staging_bytes,
+              t.error().to_string());
+  }
   const char* p = std::getenv("STRATA_PROFILE_STEPS");
   profile_ = p != nullptr && std::string(p) == "1";
 }
@@ -115,6 +124,18 @@ void CudaExecutor::write_block(int32_t block, const uint8_t* in) {
   if (!st.ok()) throw std::runtime_error("KV block copy to the device: " + st.error().to_string());
 }
 
+void CudaExecutor::read_blocks(std::span<const int32_t> blocks, uint8_t* out) {
+  if (!transfer_) return StepExecutor::read_blocks(blocks, out);
+  Status st = transfer_->read(blocks, out);
+  if (!st.ok()) throw std::runtime_error("KV blocks copy to the host: " + st.error().to_string());
+}
+
+void CudaExecutor::write_blocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  if (!transfer_) return StepExecutor::write_blocks(blocks, in);
+  Status st = transfer_->write(blocks, in);
+  if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
+}
+
 KvCodecConfig cuda_kv_codecs() {
   KvCodecConfig c;
   c.default_spec.codec = KvCodec::kBf16;
@@ -181,7 +202,8 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return make_error(ErrorCode::kUnsupported, "cudaMemGetInfo failed");
     // What the process holds already (context) counts against the fraction; the cuBLASLt
     // handle and the pinned metadata take a little more, kept aside.
-    const int64_t reserve = int64_t(512) << 20;
+    // The KV block staging (CudaExecutor) is taken after the pool.
+    const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes;
     const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
                            CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
     if (budget <= 0) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/kv_transfer.h"
 #include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/model.h"
@@ -23,7 +24,10 @@ namespace strata::cuda {
 
 class CudaExecutor final : public StepExecutor {
  public:
-  explicit CudaExecutor(std::unique_ptr<CudaDecoder> decoder);
+  // kv_staging_bytes: device and pinned host staging of read_blocks / write_blocks (taken
+  // here, once; without it those fall back to one block at a time).
+  explicit CudaExecutor(std::unique_ptr<CudaDecoder> decoder,
+                        int64_t kv_staging_bytes = KvTransfer::kDefaultStagingBytes);
 
   const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) override;
   int32_t vocab() const override { return decoder_->config().vocab_size; }
@@ -36,11 +40,15 @@ class CudaExecutor final : public StepExecutor {
   std::vector<int64_t> block_tensor_bytes() const override;
   void read_block(int32_t block, uint8_t* out) override;
   void write_block(int32_t block, const uint8_t* in) override;
+  // A gather/scatter kernel and one large copy per staging chunk (kv_transfer.h).
+  void read_blocks(std::span<const int32_t> blocks, uint8_t* out) override;
+  void write_blocks(std::span<const int32_t> blocks, const uint8_t* in) override;
 
   CudaDecoder& decoder() { return *decoder_; }
 
  private:
   std::unique_ptr<CudaDecoder> decoder_;
+  std::unique_ptr<KvTransfer> transfer_;  // null: staging could not be allocated
   StepBatch batch_;
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
   std::vector<float> logits_;       // [host rows, vocab]

@@ -83,6 +83,8 @@ class CudaDecoder {
   // says (waits for the stream).
   Status read_kv_block(int32_t block, uint8_t* out);
   Status write_kv_block(int32_t block, const uint8_t* in);
+  // The KV pool (batched block copies, kv_transfer.h).
+  const KvBlockPool& kv_pool() const { return *kv_; }
   // Device bytes the weights and step scratch of this shape take (the KV pool aside).
   static int64_t arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options);
 

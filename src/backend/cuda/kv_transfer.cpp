@@ -1,0 +1,129 @@
+#include "backend/cuda/kv_transfer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+namespace {
+
+// Host copy between the caller's bytes and pinned staging; large copies split over a few
+// threads (one core's memcpy falls well short of the host-device link).
+void host_copy(uint8_t* dst, const uint8_t* src, size_t n) {
+  constexpr size_t kPiece = size_t(8) << 20;
+  const size_t n_threads = std::min<size_t>(4, n / kPiece);
+  if (n_threads <= 1) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  const size_t step = (n / n_threads + 63) & ~size_t(63);
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < n_threads; ++t) {
+    const size_t b = std::min(n, t * step), e = std::min(n, (t + 1) * step);
+    if (b < e) workers.emplace_back([=] { std::memcpy(dst + b, src + b, e - b); });
+  }
+  std::memcpy(dst, src, std::min(n, step));
+  for (auto& w : workers) w.join();
+}
+
+}  // namespace
+
+KvTransfer::~KvTransfer() {
+  for (cudaEvent_t e : done_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (device_ != nullptr) cudaFree(device_);
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+}
+
+Result<std::unique_ptr<KvTransfer>> KvTransfer::create(const KvBlockPool& pool, cudaStream_t stream, int64_t staging_bytes) {
+  std::unique_ptr<KvTransfer> t(new KvTransfer());
+  const KvPoolLayout& l = pool.layout();
+  t->n_blocks_ = pool.n_blocks();
+  t->block_bytes_ = l.bytes_per_block();
+  t->layout_.base = reinterpret_cast<uint8_t*>(pool.k(0));
+  t->layout_.part_bytes = int64_t(l.block_size) * l.n_kv_heads * l.head_dim * 2;
+  t->layout_.part_stride = int64_t(reinterpret_cast<uint8_t*>(pool.v(0)) - reinterpret_cast<uint8_t*>(pool.k(0)));
+  t->layout_.n_parts = 2 * l.n_layers;
+  t->stream_ = stream;
+  if (t->block_bytes_ <= 0) return make_error(ErrorCode::kInvalidArgument, "KV transfer: the pool's blocks have no bytes");
+  t->chunk_blocks_ = int32_t(std::clamp<int64_t>(staging_bytes / 2 / t->block_bytes_, 1, kKvTransferMaxBlocks));
+  const size_t bytes = size_t(2) * size_t(t->chunk_blocks_) * size_t(t->block_bytes_);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&t->device_), bytes));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&t->pinned_), bytes, cudaHostAllocDefault));
+  for (cudaEvent_t& e : t->done_) STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return t;
+}
+
+Status KvTransfer::check_ids(std::span<const int32_t> blocks) const {
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= n_blocks_) {
+      return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(b) + " outside the pool of " +
+                                                    std::to_string(n_blocks_) + " blocks");
+    }
+  }
+  return Status();
+}
+
+Status KvTransfer::read(std::span<const int32_t> blocks, uint8_t* out) {
+  STRATA_RETURN_IF_ERROR(check_ids(blocks));
+  const size_t n = blocks.size();
+  const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
+  const size_t bb = size_t(block_bytes_);
+  // Chunk c goes through half c % 2; its bytes are copied out while chunk c + 1 is on the device.
+  size_t prev_begin = 0, prev_n = 0;
+  int prev_h = -1;
+  auto drain = [&]() -> Status {
+    if (prev_h < 0) return Status();
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_[prev_h]));
+    host_copy(out + prev_begin * bb, pinned_ + size_t(prev_h) * half, prev_n * bb);
+    return Status();
+  };
+  int h = 0;
+  for (size_t begin = 0; begin < n; begin += size_t(chunk_blocks_), h ^= 1) {
+    KvBlockList list;
+    list.n = int32_t(std::min(n - begin, size_t(chunk_blocks_)));
+    std::copy_n(blocks.begin() + begin, list.n, list.ids);
+    uint8_t* dev = device_ + size_t(h) * half;
+    launch_kv_gather(layout_, list, dev, stream_);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(pinned_ + size_t(h) * half, dev, size_t(list.n) * bb, cudaMemcpyDeviceToHost, stream_));
+    STRATA_CUDA_CHECK(cudaEventRecord(done_[h], stream_));
+    STRATA_RETURN_IF_ERROR(drain());
+    prev_begin = begin;
+    prev_n = size_t(list.n);
+    prev_h = h;
+  }
+  return drain();
+}
+
+Status KvTransfer::write(std::span<const int32_t> blocks, const uint8_t* in) {
+  STRATA_RETURN_IF_ERROR(check_ids(blocks));
+  const size_t n = blocks.size();
+  const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
+  const size_t bb = size_t(block_bytes_);
+  // The host fills pinned half c % 2 while the device copies and scatters the other one.
+  bool used[2] = {false, false};
+  int h = 0;
+  for (size_t begin = 0; begin < n; begin += size_t(chunk_blocks_), h ^= 1) {
+    KvBlockList list;
+    list.n = int32_t(std::min(n - begin, size_t(chunk_blocks_)));
+    std::copy_n(blocks.begin() + begin, list.n, list.ids);
+    if (used[h]) STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_[h]));
+    uint8_t* pin = pinned_ + size_t(h) * half;
+    uint8_t* dev = device_ + size_t(h) * half;
+    host_copy(pin, in + begin * bb, size_t(list.n) * bb);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dev, pin, size_t(list.n) * bb, cudaMemcpyHostToDevice, stream_));
+    STRATA_CUDA_CHECK(cudaEventRecord(done_[h], stream_));
+    used[h] = true;
+    launch_kv_scatter(layout_, list, dev, stream_);
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,213 @@
+// Batched KV block moves (backend/cuda/kv_transfer.h through CudaExecutor::read_blocks /
+// write_blocks) against the one-block-at-a-time path: random bytes written as a batch read
+// back identical block by block and the reverse, unordered and repeated block lists, lists
+// longer than the staging holds (many chunks), refusals of ids outside the pool; and a
+// Llama-3.1-8B-shaped pool moving a 32k-token prompt's 2,048 blocks both ways, timed against
+// per-block copies. Needs a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_executor.h"
+#include "backend/cuda/kv_transfer.h"
+#include "gpu_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using namespace strata::gpu_test;
+using Clock = std::chrono::steady_clock;
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
+
+// Bytes from a seeded splitmix64 stream (fast enough for gigabytes), split over threads.
+void fill_random(uint8_t* p, size_t n, uint64_t seed) {
+  const size_t n_threads = std::max<size_t>(1, std::min<size_t>(8, n >> 26));
+  const size_t step = (n / n_threads + 7) & ~size_t(7);
+  std::vector<std::thread> ts;
+  for (size_t t = 0; t < n_threads; ++t) {
+    ts.emplace_back([=] {
+      const size_t b = std::min(n, t * step), e = std::min(n, (t + 1) * step);
+      uint64_t x = seed * 0x9E3779B97F4A7C15ull + t;
+      for (size_t i = b; i < e; i += 8) {
+        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        std::memcpy(p + i, &z, std::min<size_t>(8, e - i));
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+// A llama3-tiny decoder with random weights and `blocks` KV blocks, behind an executor whose
+// staging holds `staging_blocks` blocks per half.
+std::unique_ptr<CudaExecutor> tiny_executor(int32_t blocks, int64_t staging_blocks) {
+  auto cfg = load_model_config(model_path("llama3-tiny"));
+  EXPECT_TRUE(cfg.ok());
+  if (!cfg.ok()) return nullptr;
+  CudaModelOptions mo;
+  mo.max_tokens = 64;
+  mo.max_seqs = 4;
+  mo.max_logit_rows = 4;
+  KvPoolLayout l{cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, mo.block_size};
+  mo.kv_cache_bytes = int64_t(blocks) * l.bytes_per_block();
+  auto dec = CudaDecoder::random(*cfg, mo, 7, 0.02f);
+  EXPECT_TRUE(dec.ok()) << (dec.ok() ? "" : dec.error().to_string());
+  if (!dec.ok()) return nullptr;
+  EXPECT_EQ((*dec)->n_kv_blocks(), blocks);
+  const int64_t bb = (*dec)->kv_block_bytes();
+  return std::make_unique<CudaExecutor>(std::move(dec).value(), 2 * staging_blocks * bb);
+}
+
+void check_parity(CudaExecutor& ex, uint64_t seed) {
+  const int32_t n_blocks = ex.n_kv_blocks();
+  const size_t bb = size_t(ex.decoder().kv_block_bytes());
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  // 1. A shuffled list of most blocks written as a batch reads back block by block and as a batch.
+  std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(size_t(n_blocks) * 3 / 4);
+  std::vector<uint8_t> in(ids.size() * bb), one(bb), out(ids.size() * bb);
+  fill_random(in.data(), in.size(), seed);
+  ex.write_blocks(ids, in.data());
+  size_t bad = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ex.read_block(ids[i], one.data());
+    bad += std::memcmp(one.data(), in.data() + i * bb, bb) != 0;
+  }
+  EXPECT_EQ(bad, 0u) << "blocks written by write_blocks differ through read_block";
+  ex.read_blocks(ids, out.data());
+  EXPECT_TRUE(out == in) << "write_blocks then read_blocks differ";
+  // 2. Blocks written one at a time read back through a list with repeats and any order.
+  std::vector<uint8_t> single(size_t(n_blocks) * bb);
+  fill_random(single.data(), single.size(), seed + 1);
+  for (int32_t b = 0; b < n_blocks; ++b) ex.write_block(b, single.data() + size_t(b) * bb);
+  std::vector<int32_t> mixed;
+  for (int i = 0; i < 2 * n_blocks + 1; ++i) mixed.push_back(int32_t(rng() % uint32_t(n_blocks)));
+  std::vector<uint8_t> got(mixed.size() * bb);
+  ex.read_blocks(mixed, got.data());
+  bad = 0;
+  for (size_t i = 0; i < mixed.size(); ++i) bad += std::memcmp(got.data() + i * bb, single.data() + size_t(mixed[i]) * bb, bb) != 0;
+  EXPECT_EQ(bad, 0u) << "read_blocks differs from what write_block wrote";
+  // 3. A batch write leaves the other blocks alone; one block and an empty list work.
+  const int32_t lone = ids.empty() ? 0 : ids[0];
+  ex.write_blocks(std::span<const int32_t>(&lone, 1), in.data() + bb);  // block ids[1]'s bytes into ids[0]
+  ex.read_block(lone, one.data());
+  EXPECT_EQ(std::memcmp(one.data(), in.data() + bb, bb), 0);
+  for (int32_t b = 0; b < n_blocks; ++b) {
+    if (b == lone) continue;
+    ex.read_block(b, one.data());
+    if (std::memcmp(one.data(), single.data() + size_t(b) * bb, bb) != 0) {
+      ADD_FAILURE() << "block " << b << " changed by a write to block " << lone;
+      break;
+    }
+  }
+  ex.write_blocks({}, nullptr);
+  ex.read_blocks({}, nullptr);
+  // 4. An id outside the pool is refused before anything moves.
+  const int32_t bad_ids[2] = {0, n_blocks};
+  EXPECT_THROW(ex.read_blocks(bad_ids, out.data()), std::runtime_error);
+  EXPECT_THROW(ex.write_blocks(bad_ids, in.data()), std::runtime_error);
+  ex.read_block(0, one.data());
+  EXPECT_EQ(std::memcmp(one.data(), single.data(), bb), 0) << "a refused write moved bytes";
+}
+
+TEST(GpuKvTransfer, EngineExecutorParity) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  CudaEngineOptions o;
+  o.kv_cache_bytes = int64_t(32) << 20;
+  o.max_batch_tokens = 64;
+  o.max_num_seqs = 4;
+  o.max_model_len = 33000;  // a 32k context fits the block table
+  auto parts = make_cuda_engine_parts(model_path("llama3-tiny"), o);
+  ASSERT_TRUE(parts.ok()) << parts.error().to_string();
+  check_parity(*parts->executor, 11);
+}
+
+TEST(GpuKvTransfer, ListsLongerThanTheStaging) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t staging : {1, 3, 7}) {
+    auto ex = tiny_executor(97, staging);
+    ASSERT_NE(ex, nullptr);
+    SCOPED_TRACE("staging blocks per half " + std::to_string(staging));
+    check_parity(*ex, 100 + uint64_t(staging));
+  }
+}
+
+// A Llama-3.1-8B-shaped pool (32 layers, 8 KV heads, head_dim 128: 2 MiB a block), a 32k-token
+// prompt's 2,048 blocks both ways through the default staging, timed; per-block copies (the
+// layout read_kv_block copies, 64 copies a block) timed over 256 blocks for comparison.
+TEST(GpuKvTransfer, Llama8bShape32kPrompt) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const KvPoolLayout l{32, 8, 128, 16};
+  const int32_t n_pool = 2200, n = 2048;
+  auto pool = KvBlockPool::create(l, int64_t(n_pool) * l.bytes_per_block());
+  ASSERT_TRUE(pool.ok()) << pool.error().to_string();
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto tr = KvTransfer::create(**pool, stream, KvTransfer::kDefaultStagingBytes);
+  ASSERT_TRUE(tr.ok()) << tr.error().to_string();
+  const size_t bb = size_t(l.bytes_per_block());
+  std::vector<int32_t> ids(static_cast<size_t>(n_pool));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(5));
+  ids.resize(size_t(n));
+  std::vector<uint8_t> in(size_t(n) * bb), out(size_t(n) * bb);
+  fill_random(in.data(), in.size(), 21);
+  std::memset(out.data(), 0, out.size());  // touched before timing
+  ASSERT_TRUE((*tr)->write(std::span<const int32_t>(ids).first(16), in.data()).ok());  // warm-up
+  const auto t0 = Clock::now();
+  ASSERT_TRUE((*tr)->write(ids, in.data()).ok());
+  const auto t1 = Clock::now();
+  ASSERT_TRUE((*tr)->read(ids, out.data()).ok());
+  const auto t2 = Clock::now();
+  EXPECT_TRUE(out == in) << "2,048 blocks did not come back identical";
+  // The layout is read_kv_block's: spot-check blocks part by part with plain copies.
+  const size_t part = bb / 64;
+  std::vector<uint8_t> one(bb);
+  for (size_t i : {size_t(0), size_t(777), size_t(n - 1)}) {
+    for (int layer = 0; layer < 32; ++layer) {
+      ASSERT_CUDA_OK(cudaMemcpy(one.data() + size_t(2 * layer) * part, (*pool)->k(layer) + size_t(ids[i]) * part / 2, part, cudaMemcpyDeviceToHost));
+      ASSERT_CUDA_OK(cudaMemcpy(one.data() + size_t(2 * layer + 1) * part, (*pool)->v(layer) + size_t(ids[i]) * part / 2, part, cudaMemcpyDeviceToHost));
+    }
+    EXPECT_EQ(std::memcmp(one.data(), in.data() + i * bb, bb), 0) << "block " << ids[i] << " not in read_kv_block's layout";
+  }
+  // Per-block copies over 256 blocks, as the one-block path does them.
+  const int n_single = 256;
+  const auto t3 = Clock::now();
+  for (int i = 0; i < n_single; ++i) {
+    uint8_t* dst = out.data() + size_t(i) * bb;
+    for (int layer = 0; layer < 32; ++layer) {
+      ASSERT_CUDA_OK(cudaMemcpyAsync(dst + size_t(2 * layer) * part, (*pool)->k(layer) + size_t(ids[size_t(i)]) * part / 2, part, cudaMemcpyDeviceToHost, stream));
+      ASSERT_CUDA_OK(cudaMemcpyAsync(dst + size_t(2 * layer + 1) * part, (*pool)->v(layer) + size_t(ids[size_t(i)]) * part / 2, part, cudaMemcpyDeviceToHost, stream));
+    }
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  const auto t4 = Clock::now();
+  auto s = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const double gb = double(n) * double(bb) / 1e9;
+  std::printf("KV transfer, %d blocks of %zu bytes (%.2f GB), chunk %d blocks: write_blocks %.1f ms (%.1f GB/s), "
+              "read_blocks %.1f ms (%.1f GB/s); per-block reads: %d blocks in %.1f ms (%.1f GB/s)\n",
+              n, bb, gb, (*tr)->chunk_blocks(), 1e3 * s(t0, t1), gb / s(t0, t1), 1e3 * s(t1, t2), gb / s(t1, t2), n_single,
+              1e3 * s(t3, t4), double(n_single) * double(bb) / 1e9 / s(t3, t4));
+  (*tr).reset();
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace strata::cuda
