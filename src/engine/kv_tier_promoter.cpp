@@ -89,7 +89,15 @@ void TierPromoter::worker_loop() {
       if (next < job->hashes.size()) {
         tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(next, std::min(batch_max, job->hashes.size() - next)));
       }
-      std::vector<uint8_t> bytes(want * bb);
+      std::vector<uint8_t> bytes;
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        if (!spare_.empty()) {
+          bytes = std::move(spare_.back());
+          spare_.pop_back();
+        }
+      }
+      bytes.resize(want * bb);
       const size_t got = size_t(std::max(fetch_(std::span<const uint64_t>(job->hashes).subspan(i, want), bytes.data()), 0));
       bytes.resize(got * bb);
       lock.lock();
@@ -138,6 +146,12 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
         log::warn("KV tier promotion: installing {} blocks from block {} failed: {}", n,
                   j.blocks[size_t(j.n_installed)], e.what());
         j.failed = true;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& bytes : staged) {
+        if (spare_.size() < 2) spare_.push_back(std::move(bytes));
       }
     }
     if (!finished) {

@@ -98,6 +98,7 @@ class TierPromoter {
   std::condition_variable cv_;        // work queued, or stop
   std::condition_variable space_cv_;  // staging drained, a job forgotten, or stop
   std::deque<Job*> queue_;            // waiting for the promotion thread
+  std::vector<std::vector<uint8_t>> spare_;  // installed batches' buffers, reused (no page faults)
   bool stop_ = false;
   std::thread worker_;
 };

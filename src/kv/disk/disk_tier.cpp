@@ -355,12 +355,13 @@ std::string DiskTier::unpack_block(const uint8_t* in, uint8_t* out, uint64_t has
 
 bool DiskTier::read(uint64_t hash, uint8_t* out) {
   std::vector<uint8_t> ok;
-  read_many(std::span<const uint64_t>(&hash, 1), out, ok);
+  read_many(std::span<const uint64_t>(&hash, 1), std::span<uint8_t* const>(&out, 1), ok);
   return ok[0] != 0;
 }
 
-void DiskTier::read_many(std::span<const uint64_t> hashes, uint8_t* out, std::vector<uint8_t>& ok) {
+void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* const> outs, std::vector<uint8_t>& ok) {
   ok.assign(hashes.size(), 0);
+  std::lock_guard<std::mutex> reading(read_mu_);
   struct Want {
     size_t i;       // index into hashes
     int64_t offset; // in the file
@@ -378,7 +379,7 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, uint8_t* out, std::ve
       e.second.push_back({i, f.data_offset + int64_t(it->second.index) * stride()});
     }
   }
-  std::vector<uint8_t> buf;
+  std::vector<uint8_t>& buf = read_buf_;
   for (auto& [seq, entry] : by_file) {
     auto& [path, wants] = entry;
     if (options_.read_delay_s > 0) {
@@ -398,7 +399,7 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, uint8_t* out, std::ve
       // Each block carries its own checksums: the ones that pass are good even when another
       // block of the file is damaged (the file is quarantined all the same).
       for (const Want& w : wants) {
-        const std::string bad = unpack_block(buf.data() + (w.offset - first), out + w.i * size_t(block_bytes_), hashes[w.i]);
+        const std::string bad = unpack_block(buf.data() + (w.offset - first), outs[w.i], hashes[w.i]);
         if (!bad.empty()) {
           if (why.empty()) why = bad;
           continue;

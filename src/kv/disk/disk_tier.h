@@ -84,10 +84,10 @@ class DiskTier {
   // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
   // an unreadable file quarantines the file and is a miss.
   bool read(uint64_t hash, uint8_t* out);
-  // Reads several blocks, block i into out + i * block_bytes(): one pread per file covering all
-  // of its blocks asked for (large sequential reads instead of one per block). ok[i] says
-  // whether block i was read; misses and failures as read().
-  void read_many(std::span<const uint64_t> hashes, uint8_t* out, std::vector<uint8_t>& ok);
+  // Reads several blocks, block i into outs[i] (block_bytes() bytes each): one pread per file
+  // covering all of its blocks asked for (large sequential reads instead of one per block).
+  // ok[i] says whether block i was read; misses and failures as read(). Calls run one at a time.
+  void read_many(std::span<const uint64_t> hashes, std::span<uint8_t* const> outs, std::vector<uint8_t>& ok);
   // Asks the kernel to start reading the blocks of `hashes` that are on disk (readahead of each
   // file's range holding them), so the read() calls that follow find them in memory instead of
   // waiting for one device read each.
@@ -137,6 +137,8 @@ class DiskTier {
   DiskTierOptions options_;
   int64_t block_bytes_ = 0;
   mutable std::mutex mu_;
+  std::mutex read_mu_;            // read_many() and its buffer, kept between calls (no page faults)
+  std::vector<uint8_t> read_buf_;
   std::condition_variable cv_, idle_cv_;
   std::map<uint64_t, FileEntry> files_;  // by write sequence, oldest first
   std::unordered_map<uint64_t, Loc> index_;

@@ -93,19 +93,19 @@ int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
     }
   }
   if (from_disk.empty()) return int32_t(n);
-  // Read into a buffer of their own, then place them (the read runs unlocked).
-  std::vector<uint8_t> buf(from_disk.size() * bb);
+  // Straight into their places in `out` (the read runs unlocked).
+  std::vector<uint8_t*> outs;
+  for (size_t i : disk_index) outs.push_back(out + i * bb);
   std::vector<uint8_t> ok;
-  disk_->read_many(from_disk, buf.data(), ok);
+  disk_->read_many(from_disk, outs, ok);
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < from_disk.size(); ++k) {
     if (!ok[k]) {
       ++failures_;
       return int32_t(disk_index[k]);
     }
-    std::memcpy(out + disk_index[k] * bb, buf.data() + k * bb, bb);
     ++disk_hits_;
-    if (host_) host_->put(from_disk[k], buf.data() + k * bb, bb);
+    if (host_) host_->put(from_disk[k], outs[k], bb);
   }
   return int32_t(n);
 }
