@@ -69,6 +69,12 @@ bool TierPromoter::start(Sequence* seq, double now) {
 }
 
 void TierPromoter::worker_loop() {
+  {
+    const size_t batch_bytes = std::max<size_t>(1, max_staged_ / 2) * size_t(block_bytes_);
+    std::vector<std::vector<uint8_t>> buffers(2, std::vector<uint8_t>(batch_bytes));  // zeroed: touched
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& b : buffers) spare_.push_back(std::move(b));
+  }
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

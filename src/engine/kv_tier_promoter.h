@@ -40,7 +40,10 @@ class TierPromoter {
   // in a few large copies (StepExecutor::write_blocks); runs on the engine thread.
   using FetchFn = std::function<int32_t(std::span<const uint64_t> hashes, uint8_t* out)>;
   using InstallFn = std::function<void(std::span<const int32_t> blocks, const uint8_t* in)>;
-  static constexpr int64_t kStagingBytes = int64_t(64) << 20;  // fetched, not yet installed, per job
+  // Fetched, not yet installed, per job; read in batches of half this. The promotion thread
+  // allocates and touches two batch buffers when it starts, kept for reuse: promotions then
+  // write into resident pages, not fresh ones (a page fault costs microseconds).
+  static constexpr int64_t kStagingBytes = int64_t(32) << 20;
 
   TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
                InstallFn install);

@@ -104,8 +104,7 @@ int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
       ++failures_;
       return int32_t(disk_index[k]);
     }
-    ++disk_hits_;
-    if (host_) host_->put(from_disk[k], outs[k], bb);
+    ++disk_hits_;  // not copied up: the pool block these go to demotes to host memory when evicted
   }
   return int32_t(n);
 }

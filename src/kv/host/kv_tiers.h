@@ -57,7 +57,8 @@ class KvTiers {
   // Copies the block into `out` (block_bytes()); false on a miss or an unreadable block.
   bool fetch(uint64_t hash, uint8_t* out);
   // Copies blocks into out + i * block_bytes() until the first one neither tier can serve;
-  // returns how many. Disk blocks are read together (DiskTier::read_many).
+  // returns how many. Disk blocks are read together (DiskTier::read_many) and, unlike fetch(),
+  // not copied up to host memory: they go into pool blocks, which demote there when evicted.
   int32_t fetch_many(std::span<const uint64_t> hashes, uint8_t* out);
   // Starts the disk reads of those of `hashes` not in host memory (DiskTier::prefetch).
   void prefetch(std::span<const uint64_t> hashes);
