@@ -90,7 +90,9 @@ void TierPromoter::worker_loop() {
       space_cv_.wait(lock, [&] { return stop_ || job->seq == nullptr || job->staged_blocks + want <= max_staged_; });
       if (stop_ || job->seq == nullptr) break;  // ended meanwhile: the rest is not needed
       lock.unlock();
-      // The device starts on the next batch while this one is read and installed.
+      // The device starts on this batch's small files at once and on the next batch while this
+      // one is read and installed.
+      tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(i, want));
       const size_t next = i + want;
       if (next < job->hashes.size()) {
         tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(next, std::min(batch_max, job->hashes.size() - next)));

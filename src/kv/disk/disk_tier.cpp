@@ -21,6 +21,10 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'K', 'V', 'B', 'L', 'K'};
 constexpr const char* kExt = ".kvb";
+constexpr int64_t kDirectReadMin = int64_t(1) << 20;  // read_many ranges at least this long use O_DIRECT
+// The writer waits this long for a group to fill before writing a short one: fewer, larger
+// files, which read back in fewer device requests.
+constexpr auto kGroupWait = std::chrono::milliseconds(10);
 
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -348,6 +352,7 @@ void DiskTier::prefetch(std::span<const uint64_t> hashes) {
     }
   }
   for (const auto& [seq, range] : ranges) {
+    if (range.second - range.first >= kDirectReadMin) continue;  // read_many reads it with O_DIRECT
     const int fd = ::open(paths[seq].c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;  // read() reports it
     ::posix_fadvise(fd, range.first, range.second - range.first, POSIX_FADV_WILLNEED);
@@ -411,7 +416,7 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
     // Large ranges bypass the page cache (O_DIRECT): one request the device serves at full
     // bandwidth instead of a chain of readahead windows; the range is widened to 4 KiB
     // alignment. Small ones, or a file system without O_DIRECT, read through the cache.
-    constexpr int64_t kAlign = 4096, kDirectMin = int64_t(1) << 20;
+    constexpr int64_t kAlign = 4096, kDirectMin = kDirectReadMin;
     const uint8_t* data = nullptr;  // the byte at `first`
     const int64_t n = end - first;
     if (n >= kDirectMin) {
@@ -499,6 +504,7 @@ void DiskTier::writer_loop() {
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty() && stop_) break;
+    cv_.wait_for(lock, kGroupWait, [&] { return stop_ || int32_t(queue_.size()) >= options_.max_group_blocks; });
     // A file is pinned while any of its blocks is: session blocks go to files of their own, so
     // a pin never keeps other blocks past the budget.
     const double now = tier_clock_s();
