@@ -7,12 +7,15 @@
 # Usage: bash scripts/device/run_serve_bench.sh [num_prompts] [input_len] [output_len] [concurrency]
 #   STRATA_DEVICE_BIN  the packaged binaries (default .device/bin)
 #   STRATA_SKIP_TESTS=1 skips gpu_engine_test; STRATA_PROFILE_STEPS=1 logs where step time goes
+#   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the main bench (180, 420)
 set -u
 out=${OUT:-/tmp/strata-serve-bench}
 mkdir -p "$out"
 bin=${STRATA_DEVICE_BIN:-.device/bin}
 export STRATA_SOURCE_DIR=$PWD
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+# Shared libraries the static-deps build still needs (cpp-httplib, brotli), when packaged.
+[ -d "$bin/lib" ] && export LD_LIBRARY_PATH=$PWD/$bin/lib:$LD_LIBRARY_PATH
 if ldd $bin/strata | grep -q "not found"; then
   extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
@@ -24,7 +27,7 @@ conc=${4:-256}
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.txt"
 status=0
 if [ "${STRATA_SKIP_TESTS:-0}" != 1 ]; then
-  timeout 180 $bin/gpu_engine_test --gtest_brief=1 >"$out/gpu_engine_test.log" 2>&1
+  timeout "${STRATA_TEST_TIMEOUT:-180}" $bin/gpu_engine_test --gtest_brief=1 >"$out/gpu_engine_test.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|Expected|Which is|outside|seed|failed" "$out/gpu_engine_test.log" | head -40
   echo "gpu_engine_test rc=$rc"
@@ -46,17 +49,21 @@ xz -dc tests/data/reference/tokenizers/llama3/tokenizer.json.xz >"$model/tokeniz
 cp tests/data/reference/tokenizers/llama3/tokenizer_config.json "$model/"
 
 port=18080
+healthy() {
+  if command -v curl >/dev/null; then curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1
+  else python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; fi
+}
 max_len=$((in_len + out_len + 64))
 $bin/strata serve --model "$model" --device cuda --load-format dummy --gpu-memory-fraction 0.85 \
   --max-num-seqs "$conc" --max-batch-tokens 4096 --max-model-len "$max_len" --max-queued 4096 \
   --port $port --served-model-name llama8b-dummy >"$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 120); do
-  curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break
+  healthy && break
   kill -0 $server 2>/dev/null || break
   sleep 1
 done
-if ! curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1; then
+if ! healthy; then
   echo "server did not come up"; tail -20 "$out/serve.log"; kill $server 2>/dev/null; exit 1
 fi
 grep -E "CUDA engine|serving" "$out/serve.log"
@@ -64,7 +71,7 @@ grep -E "CUDA engine|serving" "$out/serve.log"
 timeout 120 $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts 16 --max-concurrency 16 \
   --random-input-len 128 --random-output-len 32 --ignore-eos --peak-bandwidth-gbs 1 --peak-tflops 1 >"$out/warmup.log" 2>&1
 echo "warmup rc=$?"
-timeout 420 $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts "$n" --max-concurrency "$conc" \
+timeout "${STRATA_BENCH_TIMEOUT:-420}" $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts "$n" --max-concurrency "$conc" \
   --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
 rc=${PIPESTATUS[0]}
 echo "bench rc=$rc"
