@@ -431,17 +431,19 @@ void HttpServer::install_routes() {
         gen->builder->start();  // its SSE text is not needed, its state (echo) is
         FinishState fin;
         bool final = false;
+        // Tokens may arrive faster than the poll interval: the client is checked by the clock.
+        auto checked = std::chrono::steady_clock::now();
         while (!final) {
           auto ev = gen->stream->next(kPoll);
-          if (!ev) {
-            if (!gen->cancel_sent && peer_closed(gen->fd)) {
+          if (!gen->cancel_sent && std::chrono::steady_clock::now() - checked >= kPoll) {
+            checked = std::chrono::steady_clock::now();
+            if (peer_closed(gen->fd)) {
               gen->cancel_sent = true;
               gen->stream->cancel();
               metrics_.count_disconnect();
             }
-            continue;
           }
-          gen->feed(*ev, &final, &fin);
+          if (ev) gen->feed(*ev, &final, &fin);
         }
         metrics_.count_usage(fin.usage);
         std::vector<ToolCall> calls;

@@ -567,7 +567,32 @@ void Supervisor::relay_plain(const httplib::Request& req, httplib::Response& res
     httplib::Request attempt = creq;
     httplib::Response cres;
     httplib::Error err = httplib::Error::Success;
+    // A client that leaves closes the child's connection too, so the child cancels the work.
+    std::mutex watch_mu;
+    std::condition_variable watch_cv;
+    bool answered = false;
+    bool left = false;
+    std::thread watch([&] {
+      std::unique_lock<std::mutex> l(watch_mu);
+      while (!watch_cv.wait_for(l, std::chrono::milliseconds(100), [&] { return answered; })) {
+        if (gone()) {
+          left = true;
+          cli.stop();
+          return;
+        }
+      }
+    });
     const bool ok = cli.send(attempt, cres, err);
+    {
+      std::lock_guard<std::mutex> l(watch_mu);
+      answered = true;
+    }
+    watch_cv.notify_all();
+    watch.join();
+    if (left) {
+      res.status = 499;  // nobody reads it
+      return;
+    }
     if (ok && !cres.has_header(kEngineDownHeader)) {
       res.status = cres.status;
       for (const auto& [k, v] : cres.headers) {
