@@ -66,6 +66,22 @@ struct Engine::Core {
   std::unique_ptr<KvConversion> conversion;  // --kv-quant-start: the codec pool and the conversion
   std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
   std::vector<uint8_t> tier_buf;   // one block's bytes
+  // Blocks the pool evicted whose bytes still go down to the tiers: read together (a device
+  // pool: one transfer, StepExecutor::read_blocks) before anything writes the pool again (a
+  // step, a promotion's install) or when about kDemoteBatchBytes are waiting.
+  static constexpr size_t kDemoteBatchBytes = size_t(64) << 20;
+  std::vector<int32_t> demote_blocks;
+  std::vector<uint64_t> demote_hashes;
+  std::vector<uint8_t> demote_buf;
+  void flush_demotions() {
+    if (demote_blocks.empty()) return;
+    const size_t bb = tier_buf.size();
+    demote_buf.resize(demote_blocks.size() * bb);
+    runner.read_blocks(demote_blocks, demote_buf.data());
+    for (size_t i = 0; i < demote_hashes.size(); ++i) tiers->demote(demote_hashes[i], demote_buf.data() + i * bb);
+    demote_blocks.clear();
+    demote_hashes.clear();
+  }
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
   // Copies tier hits of new sequences in the background; last, so its thread stops first.
   std::unique_ptr<TierPromoter> promoter;
@@ -392,8 +408,9 @@ void Engine::setup_kv_tiers(bool unsupported) {
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
   Core* c = core_.get();
   c->kv.set_evict_hook([c](int32_t block, uint64_t hash) {
-    c->runner.read_block(block, c->tier_buf.data());
-    c->tiers->demote(hash, c->tier_buf.data());
+    c->demote_blocks.push_back(block);
+    c->demote_hashes.push_back(hash);
+    if (c->demote_blocks.size() * c->tier_buf.size() >= Core::kDemoteBatchBytes) c->flush_demotions();
   });
   // New sequences promote through the promoter (tier reads on its thread, installs here); the
   // scheduler's in-step fallback (a preempted sequence's re-admission) takes only host-memory
@@ -401,13 +418,17 @@ void Engine::setup_kv_tiers(bool unsupported) {
   c->sched.set_lower_tiers([c](uint64_t hash) { return c->tiers->contains_host(hash); },
                            [c](uint64_t hash, int32_t block) {
                              if (!c->tiers->fetch(hash, c->tier_buf.data())) return false;
+                             c->flush_demotions();
                              c->runner.write_block(block, c->tier_buf.data());
                              return true;
                            });
   c->promoter = std::make_unique<TierPromoter>(
       c->kv, *c->tiers, c->sched.options().prefix_salt, c->tiers->block_bytes(),
       [c](std::span<const uint64_t> hashes, uint8_t* out) { return c->tiers->fetch_many(hashes, out); },
-      [c](std::span<const int32_t> blocks, const uint8_t* in) { c->runner.write_blocks(blocks, in); });
+      [c](std::span<const int32_t> blocks, const uint8_t* in) {
+        c->flush_demotions();
+        c->runner.write_blocks(blocks, in);
+      });
 }
 
 bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
@@ -430,11 +451,25 @@ void Engine::shutdown() {
     // The pool's cached blocks go down to disk too, so a restart finds them.
     tiers_persisted_ = true;
     const BlockPool& pool = core_->kv.pool();
+    core_->flush_demotions();
     if (DiskTier* disk = core_->tiers->disk()) {
+      std::vector<int32_t> ids;
       for (int32_t q = 0; q < pool.n_idle_queues(); ++q) {
-        for (int32_t id = pool.idle_front(q); id >= 0; id = pool.idle_next(id)) {
-          core_->runner.read_block(id, core_->tier_buf.data());
-          disk->enqueue(pool.meta(id).hash, core_->tier_buf.data());
+        for (int32_t id = pool.idle_front(q); id >= 0; id = pool.idle_next(id)) ids.push_back(id);
+      }
+      // Read in batches (one device transfer per batch, StepExecutor::read_blocks).
+      const size_t bb = core_->tier_buf.size();
+      const size_t batch = std::max<size_t>(1, (size_t(64) << 20) / std::max<size_t>(bb, 1));
+      std::vector<uint8_t> bytes(std::min(batch, ids.size()) * bb);
+      for (size_t i = 0; i < ids.size(); i += batch) {
+        const size_t n = std::min(batch, ids.size() - i);
+        core_->runner.read_blocks(std::span<const int32_t>(ids).subspan(i, n), bytes.data());
+        for (size_t k = 0; k < n; ++k) {
+          const uint64_t hash = pool.meta(ids[i + k]).hash;
+          // A full writer queue drains first: shutdown keeps every cached block it can.
+          if (!disk->enqueue(hash, bytes.data() + k * bb) && core_->tiers->flush(options_.kv_flush_timeout_s)) {
+            disk->enqueue(hash, bytes.data() + k * bb);
+          }
         }
       }
     }
@@ -610,6 +645,7 @@ void Engine::step() {
         return argmax_only(a.req, a.sampler, core_->runner.vocab());
       }() ? 0 : 1);
     }
+    if (core_->tiers) core_->flush_demotions();
     const StepRows& rows = core_->runner.run(plan, want);
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
