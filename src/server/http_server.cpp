@@ -1,5 +1,12 @@
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include <httplib.h>
 
 #include <atomic>
@@ -185,6 +192,37 @@ HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions opt
 
 HttpServer::~HttpServer() { stop(); }
 
+namespace {
+
+// cpp-httplib listens with a backlog of 5: when hundreds of clients connect at once the
+// kernel's accept queue overflows and some connections are dropped unanswered. Listening
+// again on the bound socket (found by its port) raises the backlog to SOMAXCONN.
+void raise_listen_backlog(int port) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr {};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = -1;
+    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (p == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
+}  // namespace
+
 Result<int> HttpServer::bind() {
   int port = options_.port;
   if (port == 0) {
@@ -193,6 +231,7 @@ Result<int> HttpServer::bind() {
   } else if (!http_->bind_to_port(options_.host, port)) {
     return make_error(ErrorCode::kIo, "cannot listen on " + options_.host + ":" + std::to_string(port) + " (in use, or no permission)");
   }
+  raise_listen_backlog(port);
   return port;
 }
 
@@ -300,13 +339,6 @@ void HttpServer::install_routes() {
   s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     json card = {{"id", model_.name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
                  {"max_model_len", model_.max_model_len}, {"vocab_size", model_.tokenizer.vocab_size()}};
-    // The shape clients such as `strata bench serve` compute rooflines from.
-    const ModelConfig& mc = engine_.model_config();
-    card["strata"] = {{"model_type", mc.model_type}, {"n_layers", mc.n_layers}, {"hidden", mc.hidden},
-                      {"intermediate", mc.intermediate}, {"n_heads", mc.n_heads}, {"n_kv_heads", mc.n_kv_heads},
-                      {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"tied", mc.tie_embeddings},
-                      {"kv_bytes_per_token", engine_.kv_bytes_per_token()}, {"kv_blocks", engine_.n_kv_blocks()},
-                      {"block_size", engine_.block_size()}};
     // The shape clients such as `strata bench serve` compute rooflines from.
     const ModelConfig& mc = engine_.model_config();
     card["strata"] = {{"model_type", mc.model_type}, {"n_layers", mc.n_layers}, {"hidden", mc.hidden},
