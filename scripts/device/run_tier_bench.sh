@@ -10,7 +10,7 @@
 #   STRATA_DEVICE_BIN     the packaged binaries (default .device/bin)
 #   STRATA_TIER_WORK_DIR  where the disk tier lives (default /tmp: the machine's local disk)
 #   STRATA_SKIP_TESTS=1   skips gpu_kv_transfer_test
-#   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the bench (120, 420)
+#   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the bench (120, 300)
 set -u
 out=${OUT:-/tmp/strata-tier-bench}
 mkdir -p "$out"
@@ -54,7 +54,7 @@ work=${STRATA_TIER_WORK_DIR:-/tmp}
 df -h "$work" | tail -1
 serve_args="--device cuda --load-format dummy --max-model-len $((prompt + 256)) --max-batch-tokens 8192 \
 --max-num-seqs 4 --kv-disk-bytes $((kv_prompt * 4)) --kv-flush-timeout 120"
-timeout "${STRATA_BENCH_TIMEOUT:-420}" python3 bench/kv_tier_bench.py --strata "$bin/strata" --model "$model" \
+timeout "${STRATA_BENCH_TIMEOUT:-300}" python3 bench/kv_tier_bench.py --strata "$bin/strata" --model "$model" \
   --prompt-tokens "$prompt" --rounds "$rounds" --kv-host-bytes $((kv_prompt * 2 + (256 << 20))) \
   --serve-args "$serve_args" --work-dir "$work" --probe-bytes $((1 << 30)) --start-timeout 300 --timeout 300 \
   --json "$out/kv_tier_bench.json" 2>&1 | tee "$out/kv_tier_bench.log"
