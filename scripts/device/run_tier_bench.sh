@@ -7,7 +7,8 @@
 # host tier, and from the disk tier after a restart, against the targets. Logs and the bench
 # JSON go to $OUT. Prints one PASS/FAIL line per part and exits non-zero on a FAIL.
 # Usage: bash scripts/device/run_tier_bench.sh [prompt_tokens] [rounds]
-#   STRATA_DEVICE_BIN     the packaged binaries (default .device/bin)
+#   STRATA_DEVICE_BIN     the packaged binaries (default .device/bin), with lib/ holding the
+#                         shared libraries the binaries need beyond CUDA (libcpp-httplib, brotli)
 #   STRATA_TIER_WORK_DIR  where the disk tier lives (default /tmp: the machine's local disk)
 #   STRATA_SKIP_TESTS=1   skips gpu_kv_transfer_test
 #   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the bench (120, 300)
@@ -17,6 +18,8 @@ mkdir -p "$out"
 bin=$(cd "${STRATA_DEVICE_BIN:-.device/bin}" && pwd)
 export STRATA_SOURCE_DIR=$PWD
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+# Shared libraries the static-deps build still needs (cpp-httplib, brotli), when packaged.
+[ -d "$bin/lib" ] && export LD_LIBRARY_PATH=$bin/lib:$LD_LIBRARY_PATH
 if ldd "$bin/strata" | grep -q "not found"; then
   extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
