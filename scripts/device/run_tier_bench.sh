@@ -32,7 +32,8 @@ if [ "${STRATA_SKIP_TESTS:-0}" != 1 ]; then
   timeout "${STRATA_TEST_TIMEOUT:-120}" "$bin/gpu_kv_transfer_test" >"$out/gpu_kv_transfer_test.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[ +(OK|FAILED) +\]|Failure|Expected|Which is|KV transfer" "$out/gpu_kv_transfer_test.log" | head -40
-  if [ $rc -eq 0 ]; then echo "PASS gpu_kv_transfer_test"; else echo "FAIL gpu_kv_transfer_test rc=$rc"; status=1; fi
+  if [ $rc -eq 0 ] && ! grep -q "SKIPPED" "$out/gpu_kv_transfer_test.log"; then echo "PASS gpu_kv_transfer_test"
+  else echo "FAIL gpu_kv_transfer_test rc=$rc (a skip means no CUDA device)"; status=1; fi
 fi
 
 # A Llama-3.1-8B-shaped config with the llama3 tokenizer (as scripts/device/run_serve_bench.sh).
