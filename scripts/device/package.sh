@@ -4,6 +4,10 @@
 # Usage: scripts/device/package.sh [target...]
 #   STRATA_CUDA_BUILD  build directory (default build-cuda; one per person building at once)
 #   STRATA_DEVICE_BIN  destination (default .device/bin)
+#   STRATA_DEVICE_XZ   also pack the destination into this .tar.xz (binaries compress ~7x;
+#                      the tree plus raw binaries can pass the 64 MiB a device call carries):
+#                      carry its folder and unpack there with `tar xJf FILE`
+# Shared libraries the static-deps build still loads (cpp-httplib, brotli) go to DEST/lib.
 # With no targets: the GPU tests, the GPU benchmark and the strata binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,4 +31,13 @@ for t in "${targets[@]}"; do
   f=$(find "$build" -name "$t" -type f -perm -u+x | head -1)
   strip -o "$dest/$t" "$f"
 done
-ls -la "$dest"
+mkdir -p "$dest/lib"
+for t in "${targets[@]}"; do
+  { ldd "$dest/$t" | awk '/=> \// {print $3}' | grep -E "libcpp-httplib|libbrotli" || true; } | xargs -r -I{} cp -L {} "$dest/lib/"
+done
+ls -la "$dest" "$dest/lib"
+if [ -n "${STRATA_DEVICE_XZ:-}" ]; then
+  mkdir -p "$(dirname "$STRATA_DEVICE_XZ")"
+  tar cJf "$STRATA_DEVICE_XZ" "$dest"
+  ls -la "$STRATA_DEVICE_XZ"
+fi

@@ -60,6 +60,7 @@ struct Engine::Core {
   std::unique_ptr<StepExecutor> exec;  // the host ModelRunner unless the engine was given one
   StepExecutor& runner;
   std::vector<uint8_t> want_logits;    // per logit row of the step being run
+  std::vector<RowSample> row_samples;  // per logit row, when the executor samples on its device
   std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
   uint64_t next_id = 1;
   EngineStats stats;
@@ -636,17 +637,32 @@ void Engine::step() {
     }
     // Rows whose token is the plain argmax need no logits on the host when the executor
     // hands back its greedy tokens (a GPU: no [rows, vocab] transfer).
+    // An executor that samples on its device takes the other sampled rows (no logprobs) as
+    // RowSamples: the engine draws each row's random value from the request's sampler here,
+    // the one draw sample() would have consumed, so seeds and checkpoints stay on the host.
     std::vector<uint8_t>& want = core_->want_logits;
+    std::vector<RowSample>& samples = core_->row_samples;
+    const bool device_sampling = core_->runner.device_sampling();
     want.clear();
+    samples.clear();
     for (const auto& span : plan.spans) {
-      if (span.logits_all) want.insert(want.end(), size_t(span.n_tokens), uint8_t(1));
-      else if (span.sample) want.push_back([&] {
-        const Active& a = *core_->active.at(span.seq->id);
-        return argmax_only(a.req, a.sampler, core_->runner.vocab());
-      }() ? 0 : 1);
+      if (span.logits_all) {
+        want.insert(want.end(), size_t(span.n_tokens), uint8_t(1));
+        if (device_sampling) samples.resize(want.size());
+      } else if (span.sample) {
+        Active& a = *core_->active.at(span.seq->id);
+        const bool argmax = argmax_only(a.req, a.sampler, core_->runner.vocab());
+        RowSample rs;
+        if (device_sampling && !argmax && a.req.logprobs < 0) {
+          rs.sampler = &a.sampler;
+          rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
+        }
+        want.push_back(argmax || rs.sampler != nullptr ? 0 : 1);
+        if (device_sampling) samples.push_back(rs);
+      }
     }
     if (core_->tiers) core_->flush_demotions();
-    const StepRows& rows = core_->runner.run(plan, want);
+    const StepRows& rows = core_->runner.run(plan, want, samples);
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
       float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));
@@ -698,8 +714,16 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
     const size_t last_row = first_row + size_t(n_rows - 1);
     const int32_t host_row = rows.host_row[last_row];
     const float* last = host_row >= 0 ? logits + size_t(host_row) * size_t(vocab) : nullptr;
-    // Without host logits the row is the executor's greedy token (argmax_only said so).
-    const int32_t token = last != nullptr ? a.sampler.sample(last, vocab) : rows.argmax.at(last_row);
+    // Without host logits the row is the executor's sampled token (a RowSample) or its greedy
+    // token (argmax_only said so).
+    const int32_t device_token = rows.sampled.empty() ? StepRows::kNotSampled : rows.sampled.at(last_row);
+    if (last == nullptr && device_token == -1) {
+      finish(a, FinishReason::kError, "sampling failed: every logit of the row is -inf or NaN");
+      continue;
+    }
+    const int32_t token = last != nullptr ? a.sampler.sample(last, vocab)
+                          : device_token != StepRows::kNotSampled ? device_token
+                                                                  : rows.argmax.at(last_row);
     a.sampler.accept(token);
     ++a.n_generated;
     ++core_->stats.generated_tokens;

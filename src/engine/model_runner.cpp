@@ -74,12 +74,17 @@ const float* ModelRunner::run(const StepPlan& plan) {
   return logits_.data();
 }
 
-const StepRows& ModelRunner::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) {
+const StepRows& ModelRunner::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                                 std::span<const RowSample> samples) {
   rows_.logits = run(plan);
   const int64_t n = batch_.n_logit_rows();
   rows_.host_row.resize(size_t(n));
   for (int64_t r = 0; r < n; ++r) rows_.host_row[size_t(r)] = int32_t(r);
   rows_.argmax.clear();
+  // Every row comes back as logits; the engine hands no RowSamples to a host executor.
+  STRATA_CHECK(samples.empty() || std::none_of(samples.begin(), samples.end(), [](const RowSample& s) { return s.sampler != nullptr; }),
+               "a host executor samples no rows");
+  rows_.sampled.assign(size_t(n), StepRows::kNotSampled);
   return rows_;
 }
 

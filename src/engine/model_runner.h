@@ -38,7 +38,8 @@ class ModelRunner final : public StepExecutor {
   KvStorage& kv_storage() { return kv_; }
 
   // StepExecutor: run(plan) above with every row as logits (want_logits is not needed).
-  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) override;
+  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                      std::span<const RowSample> samples) override;
   bool device_argmax() const override { return false; }
   int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
   // Blocks through kv_tier_io's layout (full-attention layers in their codecs).

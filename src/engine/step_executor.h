@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/step_plan.h"
+#include "sampling/sampler.h"
 
 namespace strata {
 
@@ -22,6 +23,18 @@ struct StepRows {
                                     // the greedy token is on the host
   std::vector<int32_t> argmax;      // [n_rows] greedy token (lowest id on ties), or empty when
                                     // the executor hands every row as logits
+  std::vector<int32_t> sampled;     // [n_rows] token the executor sampled for a row the engine
+                                    // handed it (RowSample), kNotSampled elsewhere; -1: every
+                                    // logit of the row was -inf or NaN
+  static constexpr int32_t kNotSampled = -2;
+};
+
+// A logit row the executor samples itself (device_sampling()): the request's sampler, read for
+// its parameters and penalty history, and the 64-bit draw the engine took from the sampler's
+// RNG for this token (Sampler::next_draw(), exactly the one draw sample() would consume).
+struct RowSample {
+  const Sampler* sampler = nullptr;  // null: the row is not sampled by the executor
+  uint64_t draw = 0;
 };
 
 class StepExecutor {
@@ -29,14 +42,19 @@ class StepExecutor {
   virtual ~StepExecutor() = default;
 
   // Runs the plan. want_logits [n_rows]: rows whose f32 logits the engine reads on the host;
-  // the others may come back as the greedy token only. Valid until the next run(). Throws
-  // std::exception on a failed step (the engine ends the step's requests).
-  virtual const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) = 0;
+  // the others may come back as the greedy token only. samples: empty, or [n_rows] with the
+  // rows the executor samples itself (only when device_sampling(); those rows have
+  // want_logits 0). Valid until the next run(). Throws std::exception on a failed step (the
+  // engine ends the step's requests).
+  virtual const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                              std::span<const RowSample> samples) = 0;
   virtual int32_t vocab() const = 0;
   // Blocks of the full-attention KV pool the block ids index.
   virtual int32_t n_kv_blocks() const = 0;
   // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
   virtual bool device_argmax() const = 0;
+  // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).
+  virtual bool device_sampling() const { return false; }
 
   // Floats of one slot's recurrent state over every layer (0: no recurrent state).
   virtual int64_t state_floats() const = 0;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <chrono>
 #include <thread>
 
 #include "../support/engine_test_support.h"
@@ -47,8 +48,8 @@ void logits_from_hash(uint64_t h, float* out) {
 // Layer 0 full attention, layer 1 sliding (window > 0), layer 2 recurrent (with_state).
 class FakeModel final : public Model {
  public:
-  FakeModel(ThreadPool& pool, int32_t window, bool with_state)
-      : Model(make_config(), pool), window_(window), with_state_(with_state) {}
+  FakeModel(ThreadPool& pool, int32_t window, bool with_state, std::chrono::microseconds step_time = {})
+      : Model(make_config(), pool), window_(window), with_state_(with_state), step_time_(step_time) {}
   static ModelConfig make_config() {
     ModelConfig c;
     c.model_type = "fake";
@@ -76,6 +77,7 @@ class FakeModel final : public Model {
     return v;
   }
   void forward(const StepBatch& batch, KvStorage& kv, StateStorage* state, float* logits) override {
+    if (step_time_.count() > 0) std::this_thread::sleep_for(step_time_);
     const int32_t bs = kv.block_size();
     auto slot_of = [&](const std::vector<int32_t>& table, int layer, int32_t p) {
       STRATA_CHECK(size_t(p / bs) < table.size(), "position past the block table");
@@ -146,6 +148,7 @@ class FakeModel final : public Model {
  private:
   int32_t window_;
   bool with_state_;
+  std::chrono::microseconds step_time_;  // a step's simulated duration
 };
 
 std::vector<int32_t> reference_greedy(const FakeModel& m, std::vector<int32_t> tokens, int32_t n) {
@@ -284,7 +287,9 @@ TEST(EngineWindow, LongSequenceHoldsOnlyItsWindowInTheSlidingPool) {
   o.max_batch_tokens = 32;
   o.max_num_seqs = 4;
   o.prefix_caching = false;
-  auto e = Engine::create(std::make_unique<FakeModel>(pool, 10, false), o);
+  // Steps of 1 ms keep the sequence decoding while the stats are read: without it the whole
+  // generation can end before the first read, which then sees empty pools.
+  auto e = Engine::create(std::make_unique<FakeModel>(pool, 10, false, std::chrono::milliseconds(1)), o);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
   Engine& engine = **e;
   EXPECT_GT(engine.n_kv_window_blocks(), 0);

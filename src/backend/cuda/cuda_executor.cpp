@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -52,9 +53,138 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
   }
   const char* p = std::getenv("STRATA_PROFILE_STEPS");
   profile_ = p != nullptr && std::string(p) == "1";
+
+  // Device sampling scratch: the sampler's workspace, the rows, and penalty lists covering
+  // every row's whole context (a row's seen ids and counts are at most its context length).
+  const CudaModelOptions& o = decoder_->options();
+  const int32_t vocab = decoder_->config().vocab_size;
+  auto s = std::make_unique<Sampling>();
+  s->max_rows = o.max_logit_rows;
+  s->list_capacity = std::min<int64_t>(int64_t(o.max_logit_rows) * o.max_blocks_per_seq * o.block_size, int64_t(1) << 24);
+  s->bias_capacity = int64_t(o.max_logit_rows) * 1024;
+  s->workspace_bytes = sampling_workspace_bytes(o.max_logit_rows, vocab);
+  const size_t rows = size_t(s->max_rows), lists = size_t(s->list_capacity), bias = size_t(s->bias_capacity);
+  const size_t bytes = s->workspace_bytes + rows * (sizeof(SamplingRow) + 4) + lists * 12 + bias * 8 + 8 * 256;
+  Status st = [&]() -> Status {
+    auto arena = DeviceArena::create(bytes, "device sampling");
+    if (!arena.ok()) return arena.error();
+    s->arena = std::move(arena).value();
+    DeviceArena& a = *s->arena;
+    auto take = [&](auto** out, size_t n, const char* what) -> Status {
+      using T = std::remove_pointer_t<std::remove_reference_t<decltype(*out)>>;
+      auto r = a.take_array<T>(n, what);
+      if (!r.ok()) return r.error();
+      *out = *r;
+      return Status();
+    };
+    auto ws = a.take(s->workspace_bytes, "sampling workspace");
+    if (!ws.ok()) return ws.error();
+    s->workspace = *ws;
+    STRATA_RETURN_IF_ERROR(take(&s->rows, rows, "sampling rows"));
+    STRATA_RETURN_IF_ERROR(take(&s->tokens, rows, "sampled tokens"));
+    STRATA_RETURN_IF_ERROR(take(&s->seen_ids, lists, "repetition ids"));
+    STRATA_RETURN_IF_ERROR(take(&s->count_ids, lists, "penalty ids"));
+    STRATA_RETURN_IF_ERROR(take(&s->count_values, lists, "penalty counts"));
+    STRATA_RETURN_IF_ERROR(take(&s->bias_ids, bias, "logit bias ids"));
+    STRATA_RETURN_IF_ERROR(take(&s->bias_values, bias, "logit bias values"));
+    return Status();
+  }();
+  if (st.ok()) {
+    sampling_ = std::move(s);
+  } else {
+    cudaGetLastError();
+    log::warn("device sampling scratch ({} bytes) not allocated, sampled rows copy their logits to the host: {}", bytes,
+              st.error().to_string());
+  }
 }
 
-const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) {
+void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples) {
+  Sampling& s = *sampling_;
+  s.h_rows.clear();
+  s.h_row_index.clear();
+  s.h_bias_ids.clear();
+  s.h_bias_values.clear();
+  s.h_seen.clear();
+  s.h_count_ids.clear();
+  s.h_count_values.clear();
+  for (size_t r = 0; r < samples.size(); ++r) {
+    const Sampler* sampler = samples[r].sampler;
+    if (sampler == nullptr) continue;
+    const SamplingParams& p = sampler->params();
+    SamplingRow row = sampling_row(p);
+    row.draw = samples[r].draw;
+    row.top_logprobs = -1;
+    row.bias_begin = int32_t(s.h_bias_ids.size());
+    for (const auto& [id, v] : p.logit_bias) {
+      s.h_bias_ids.push_back(id);
+      s.h_bias_values.push_back(v);
+    }
+    row.bias_count = int32_t(s.h_bias_ids.size()) - row.bias_begin;
+    row.seen_begin = int32_t(s.h_seen.size());
+    for (int32_t id : sampler->seen_ids()) s.h_seen.push_back(id);
+    row.seen_count = int32_t(s.h_seen.size()) - row.seen_begin;
+    row.counts_begin = int32_t(s.h_count_ids.size());
+    for (const auto& [id, n] : sampler->token_counts()) {
+      s.h_count_ids.push_back(id);
+      s.h_count_values.push_back(n);
+    }
+    row.counts_count = int32_t(s.h_count_ids.size()) - row.counts_begin;
+    s.h_rows.push_back(row);
+    s.h_row_index.push_back(int32_t(r));
+  }
+  if (s.h_rows.empty()) return;
+  if (int64_t(s.h_rows.size()) > s.max_rows || int64_t(s.h_seen.size()) > s.list_capacity ||
+      int64_t(s.h_count_ids.size()) > s.list_capacity || int64_t(s.h_bias_ids.size()) > s.bias_capacity) {
+    throw std::runtime_error("device sampling: the step's rows (" + std::to_string(s.h_rows.size()) + "), penalty ids (" +
+                             std::to_string(s.h_seen.size()) + ", " + std::to_string(s.h_count_ids.size()) +
+                             ") or logit_bias entries (" + std::to_string(s.h_bias_ids.size()) + ") pass the scratch's capacity");
+  }
+  // The sampler reads row i of its batch as logits row h_row_index[i]: rows are packed so
+  // that each sampled row's logits stay where the step wrote them (stride = vocab, base at
+  // the row), one launch per run of consecutive rows.
+  const cudaStream_t stream = decoder_->stream();
+  auto up = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
+      throw std::runtime_error("device sampling: upload failed");
+    }
+  };
+  up(s.rows, s.h_rows.data(), s.h_rows.size() * sizeof(SamplingRow));
+  up(s.bias_ids, s.h_bias_ids.data(), s.h_bias_ids.size() * 4);
+  up(s.bias_values, s.h_bias_values.data(), s.h_bias_values.size() * 4);
+  up(s.seen_ids, s.h_seen.data(), s.h_seen.size() * 4);
+  up(s.count_ids, s.h_count_ids.data(), s.h_count_ids.size() * 4);
+  up(s.count_values, s.h_count_values.data(), s.h_count_values.size() * 4);
+  const int32_t vocab = decoder_->config().vocab_size;
+  const float* logits = decoder_->device_logits();
+  for (size_t i = 0; i < s.h_rows.size();) {
+    size_t j = i + 1;
+    while (j < s.h_rows.size() && s.h_row_index[j] == s.h_row_index[j - 1] + 1) ++j;
+    SamplingBatch b;
+    b.logits = logits + size_t(s.h_row_index[i]) * size_t(vocab);
+    b.logits_stride = vocab;
+    b.n_rows = int32_t(j - i);
+    b.vocab = vocab;
+    b.rows = s.rows + i;
+    b.bias_ids = s.bias_ids;
+    b.bias_values = s.bias_values;
+    b.seen_ids = s.seen_ids;
+    b.count_ids = s.count_ids;
+    b.count_values = s.count_values;
+    b.tokens = s.tokens + i;
+    b.workspace = s.workspace;
+    b.workspace_bytes = s.workspace_bytes;
+    launch_sampling(b, stream);
+    i = j;
+  }
+  s.h_tokens.resize(s.h_rows.size());
+  if (cudaMemcpyAsync(s.h_tokens.data(), s.tokens, s.h_rows.size() * 4, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
+    throw std::runtime_error("device sampling: token copy failed");
+  }
+}
+
+const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                                  std::span<const RowSample> samples) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = profile_ ? Clock::now() : Clock::time_point{};
   batch_.tokens.clear();
@@ -86,8 +216,23 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
   if (logits_.size() < host_rows_.size() * vocab) logits_.resize(host_rows_.size() * vocab);
   rows_.argmax.resize(size_t(n_rows));
   const Clock::time_point t1 = profile_ ? Clock::now() : Clock::time_point{};
-  Status st = decoder_->forward_rows(batch_, rows_.argmax.data(), host_rows_.data(), int64_t(host_rows_.size()), logits_.data());
+  STRATA_CHECK(samples.empty() || int64_t(samples.size()) == n_rows, "samples has one entry per logit row");
+  const bool any_sample =
+      std::any_of(samples.begin(), samples.end(), [](const RowSample& x) { return x.sampler != nullptr; });
+  STRATA_CHECK(!any_sample || sampling_ != nullptr, "rows handed for device sampling without its scratch");
+  Status st = decoder_->enqueue(batch_);
   if (!st.ok()) throw std::runtime_error("CUDA step: " + st.error().to_string());
+  // The sampler and its token copy are queued before fetch_rows' copies and synchronize.
+  const bool sampled = any_sample && batch_.n_tokens() > 0;
+  if (sampled) launch_device_sampling(samples);
+  st = decoder_->fetch_rows(rows_.argmax.data(), host_rows_.data(), int64_t(host_rows_.size()), logits_.data());
+  if (!st.ok()) throw std::runtime_error("CUDA step: " + st.error().to_string());
+  rows_.sampled.assign(size_t(n_rows), StepRows::kNotSampled);
+  if (sampled) {
+    for (size_t i = 0; i < sampling_->h_row_index.size(); ++i) {
+      rows_.sampled[size_t(sampling_->h_row_index[i])] = sampling_->h_tokens[i];
+    }
+  }
   if (profile_) {
     const Clock::time_point t2 = Clock::now();
     auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -202,8 +347,12 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return make_error(ErrorCode::kUnsupported, "cudaMemGetInfo failed");
     // What the process holds already (context) counts against the fraction; the cuBLASLt
     // handle and the pinned metadata take a little more, kept aside.
-    // The KV block staging (CudaExecutor) is taken after the pool.
-    const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes;
+    // The KV block staging and the device sampling scratch (CudaExecutor) are taken after the
+    // pool.
+    const int64_t sampling = int64_t(sampling_workspace_bytes(mo.max_logit_rows, cfg->vocab_size)) +
+                             std::min<int64_t>(int64_t(mo.max_logit_rows) * mo.max_blocks_per_seq * mo.block_size, int64_t(1) << 24) * 12 +
+                             int64_t(mo.max_logit_rows) * 1024 * 8;
+    const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes + sampling;
     const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
                            CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
     if (budget <= 0) {

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/device_memory.h"
 #include "backend/cuda/kv_transfer.h"
+#include "backend/cuda/sampling.h"
 #include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/model.h"
@@ -29,10 +31,16 @@ class CudaExecutor final : public StepExecutor {
   explicit CudaExecutor(std::unique_ptr<CudaDecoder> decoder,
                         int64_t kv_staging_bytes = KvTransfer::kDefaultStagingBytes);
 
-  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits) override;
+  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                      std::span<const RowSample> samples) override;
   int32_t vocab() const override { return decoder_->config().vocab_size; }
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
   bool device_argmax() const override { return true; }
+  // Sampled rows without logprobs run through the device sampler (sampling.h) when its
+  // scratch could be taken at creation.
+  bool device_sampling() const override { return sampling_ != nullptr && sampling_on_; }
+  // Off: sampled rows copy their logits to the host sampler instead (tests compare the two).
+  void set_device_sampling(bool on) { sampling_on_ = on; }
   // The CUDA forward has no recurrent-state families.
   int64_t state_floats() const override { return 0; }
   void save_state(int32_t, float*) override {}
@@ -53,6 +61,30 @@ class CudaExecutor final : public StepExecutor {
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
   std::vector<float> logits_;       // [host rows, vocab]
   StepRows rows_;
+  // Device sampling: scratch, per-row parameters and the step's penalty / bias lists, taken
+  // once at creation (sized for max_logit_rows rows and their whole contexts).
+  struct Sampling {
+    std::unique_ptr<DeviceArena> arena;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    SamplingRow* rows = nullptr;
+    int32_t* tokens = nullptr;
+    int32_t* bias_ids = nullptr;
+    float* bias_values = nullptr;
+    int32_t* seen_ids = nullptr;
+    int32_t* count_ids = nullptr;
+    int32_t* count_values = nullptr;
+    int64_t max_rows = 0, list_capacity = 0, bias_capacity = 0;
+    // Host side of one step.
+    std::vector<SamplingRow> h_rows;
+    std::vector<int32_t> h_row_index;  // logit row of each sampled row
+    std::vector<int32_t> h_tokens, h_bias_ids, h_seen, h_count_ids, h_count_values;
+    std::vector<float> h_bias_values;
+  };
+  std::unique_ptr<Sampling> sampling_;  // null: device sampling off
+  bool sampling_on_ = true;
+  // Uploads the step's sampled rows and launches the sampler over the device logits.
+  void launch_device_sampling(std::span<const RowSample> samples);
   // STRATA_PROFILE_STEPS=1: where the step time goes, logged every 256 steps: the engine's
   // host work between steps (planning, commit, streaming), packing the batch here, and the
   // device step (enqueue to the end of the copies back).

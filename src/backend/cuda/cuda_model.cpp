@@ -500,7 +500,10 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   const int64_t n = batch.n_tokens();
   const int64_t n_seqs = int64_t(batch.seqs.size());
   const int64_t n_rows = batch.n_logit_rows();
-  if (n == 0) return Status();
+  if (n == 0) {
+    n_logit_rows_ = 0;
+    return Status();
+  }
   if (n > opt_.max_tokens) return make_error(ErrorCode::kOutOfRange, "step has " + std::to_string(n) + " tokens, more than max_tokens " + std::to_string(opt_.max_tokens));
   if (n_seqs > opt_.max_seqs) return make_error(ErrorCode::kOutOfRange, "step has " + std::to_string(n_seqs) + " sequences, more than max_seqs " + std::to_string(opt_.max_seqs));
   if (n_rows > opt_.max_logit_rows) return make_error(ErrorCode::kOutOfRange, "step asks for " + std::to_string(n_rows) + " logit rows, more than " + std::to_string(opt_.max_logit_rows));
@@ -787,9 +790,15 @@ Status CudaDecoder::forward(const StepBatch& batch, int32_t* argmax, float* logi
 
 Status CudaDecoder::forward_rows(const StepBatch& batch, int32_t* argmax, const int32_t* rows, int64_t n, float* logits) {
   STRATA_RETURN_IF_ERROR(enqueue(batch));
+  return fetch_rows(argmax, rows, n, logits);
+}
+
+const float* CudaDecoder::device_logits() const { return buf_->logits; }
+
+Status CudaDecoder::fetch_rows(int32_t* argmax, const int32_t* rows, int64_t n, float* logits) {
   const int64_t n_rows = n_logit_rows_;
   const size_t row_bytes = size_t(cfg_.vocab_size) * 4;
-  if (batch.n_tokens() > 0 && n_rows > 0) {
+  if (n_rows > 0) {
     STRATA_CUDA_CHECK(cudaMemcpyAsync(argmax, buf_->argmax, size_t(n_rows) * 4, cudaMemcpyDeviceToHost, stream_));
     // Runs of consecutive rows go in one copy each (a prompt-logprobs span is one run).
     for (int64_t i = 0; i < n;) {

@@ -75,6 +75,15 @@ class CudaDecoder {
   // As forward(), but copies only the logit rows listed in `rows` (n of them, ascending) to
   // `logits` [n, vocab]; the greedy token of every row still goes to `argmax`.
   Status forward_rows(const StepBatch& batch, int32_t* argmax, const int32_t* rows, int64_t n, float* logits);
+  // The second half of forward_rows for a step already enqueued (work queued on stream() in
+  // between, e.g. sampling over device_logits(), runs before the copies): the argmax of every
+  // row, the n listed rows' logits, then a stream synchronize.
+  Status fetch_rows(int32_t* argmax, const int32_t* rows, int64_t n, float* logits);
+  // The last enqueued step's logits on the device, [n_logit_rows(), vocab] f32; valid until
+  // the next step is enqueued.
+  const float* device_logits() const;
+  int64_t n_logit_rows() const { return n_logit_rows_; }
+  const CudaModelOptions& options() const { return opt_; }
 
   // Bytes of one KV block over every layer: per layer the K rows then the V rows,
   // [block_size, n_kv_heads, head_dim] bf16 each.
