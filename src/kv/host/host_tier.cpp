@@ -1,19 +1,42 @@
 #include "kv/host/host_tier.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
+#include <new>
 
 namespace strata {
+
+HostTier::HostTier(int64_t max_bytes, size_t block_bytes) : block_bytes_(std::max<size_t>(block_bytes, 1)) {
+  const int64_t slots = std::max<int64_t>(max_bytes, 0) / int64_t(block_bytes_);
+  max_bytes_ = slots * int64_t(block_bytes_);
+  slab_bytes_ = size_t(max_bytes_);
+  if (slab_bytes_ > 0) {
+    void* p = mmap(nullptr, slab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    slab_ = static_cast<uint8_t*>(p);
+  }
+  free_slots_.reserve(size_t(slots));
+  for (int64_t i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+}
+
+HostTier::~HostTier() {
+  if (slab_ != nullptr) munmap(slab_, slab_bytes_);
+}
 
 void HostTier::erase(uint64_t hash) {
   auto it = map_.find(hash);
   if (it == map_.end()) return;
   lru_.erase(it->second.lru);
-  bytes_ -= int64_t(it->second.data.size());
+  bytes_ -= int64_t(block_bytes_);
+  free_slots_.push_back(it->second.slot);
   map_.erase(it);
 }
 
-void HostTier::put(uint64_t hash, const uint8_t* data, size_t n) {
+void HostTier::put(uint64_t hash, const uint8_t* data) {
   erase(hash);
+  const size_t n = block_bytes_;
   if (int64_t(n) > max_bytes_) return;
   const double now = tier_clock_s();
   const bool incoming_pinned = pinned(hash, now);
@@ -37,17 +60,19 @@ void HostTier::put(uint64_t hash, const uint8_t* data, size_t n) {
   }
   lru_.push_front(hash);
   Entry e;
-  e.data.assign(data, data + n);
+  e.slot = free_slots_.back();
+  free_slots_.pop_back();
+  std::memcpy(slab_ + size_t(e.slot) * n, data, n);
   e.lru = lru_.begin();
-  map_.emplace(hash, std::move(e));
+  map_.emplace(hash, e);
   bytes_ += int64_t(n);
 }
 
-const std::vector<uint8_t>* HostTier::get(uint64_t hash) {
+const uint8_t* HostTier::get(uint64_t hash) {
   auto it = map_.find(hash);
   if (it == map_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
-  return &it->second.data;
+  return slab_ + size_t(it->second.slot) * block_bytes_;
 }
 
 void HostTier::pin(uint64_t hash, double until) {

@@ -25,14 +25,22 @@ inline double tier_clock_s() {
 
 class HostTier {
  public:
-  explicit HostTier(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  // Every block is block_bytes; the budget is max_bytes / block_bytes slots in one slab taken
+  // and faulted in here (MAP_POPULATE), so a demotion is a copy into resident memory with no
+  // allocation or page fault (a 32k-token prompt of an 8B model demotes GiBs at once).
+  HostTier(int64_t max_bytes, size_t block_bytes);
+  ~HostTier();
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
 
-  // Stores a copy of `n` bytes under `hash` (refreshing it when present), evicting past the
-  // budget as the header says. A block larger than the budget is not kept.
-  void put(uint64_t hash, const uint8_t* data, size_t n);
+  // Stores a copy of the block_bytes at `data` under `hash` (refreshing it when present),
+  // evicting past the budget as the header says.
+  void put(uint64_t hash, const uint8_t* data);
   bool contains(uint64_t hash) const { return map_.count(hash) > 0; }
-  // The block's bytes (and it becomes most recently used), null when absent.
-  const std::vector<uint8_t>* get(uint64_t hash);
+  // The block's block_bytes bytes (and it becomes most recently used), null when absent. Valid
+  // until the next put().
+  const uint8_t* get(uint64_t hash);
+  size_t block_bytes() const { return block_bytes_; }
   // Exempts `hash` from LRU eviction until `until` (tier_clock_s()); keeps the later expiry.
   void pin(uint64_t hash, double until);
   bool pinned(uint64_t hash, double now) const;
@@ -45,13 +53,17 @@ class HostTier {
 
  private:
   struct Entry {
-    std::vector<uint8_t> data;
+    int64_t slot = 0;  // index into the slab
     std::list<uint64_t>::iterator lru;
   };
   void erase(uint64_t hash);
   void prune_pins(double now);
 
-  int64_t max_bytes_;
+  int64_t max_bytes_;  // slots x block_bytes
+  size_t block_bytes_;
+  uint8_t* slab_ = nullptr;          // [slots, block_bytes]
+  size_t slab_bytes_ = 0;
+  std::vector<int64_t> free_slots_;
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
   int64_t pinned_evictions_ = 0;

@@ -6,14 +6,14 @@ namespace strata {
 
 KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk)
     : block_bytes_(block_bytes),
-      host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes) : nullptr),
+      host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes, size_t(block_bytes)) : nullptr),
       disk_(std::move(disk)) {}
 
 void KvTiers::demote(uint64_t hash, const uint8_t* data) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++demoted_;
-    if (host_) host_->put(hash, data, size_t(block_bytes_));
+    if (host_) host_->put(hash, data);
   }
   if (disk_) disk_->enqueue(hash, data);
 }
@@ -40,8 +40,8 @@ bool KvTiers::fetch(uint64_t hash, uint8_t* out) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (host_) {
-      if (const auto* d = host_->get(hash)) {
-        std::memcpy(out, d->data(), d->size());
+      if (const uint8_t* d = host_->get(hash)) {
+        std::memcpy(out, d, size_t(block_bytes_));
         ++host_hits_;
         return true;
       }
@@ -56,7 +56,7 @@ bool KvTiers::fetch(uint64_t hash, uint8_t* out) {
     return false;
   }
   ++disk_hits_;
-  if (host_) host_->put(hash, out, size_t(block_bytes_));
+  if (host_) host_->put(hash, out);
   return true;
 }
 
@@ -81,8 +81,8 @@ int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
     std::lock_guard<std::mutex> lock(mu_);
     for (; n < hashes.size(); ++n) {
       if (host_) {
-        if (const auto* d = host_->get(hashes[n])) {
-          std::memcpy(out + n * bb, d->data(), bb);
+        if (const uint8_t* d = host_->get(hashes[n])) {
+          std::memcpy(out + n * bb, d, bb);
           ++host_hits_;
           continue;
         }
