@@ -36,19 +36,9 @@ if [ "${STRATA_SKIP_TESTS:-0}" != 1 ]; then
   else echo "FAIL gpu_kv_transfer_test rc=$rc (a skip means no CUDA device)"; status=1; fi
 fi
 
-# A Llama-3.1-8B-shaped config with the llama3 tokenizer (as scripts/device/run_serve_bench.sh).
-model=$(mktemp -d /tmp/llama8b-dummy-XXXXXX)
-cat >"$model/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
- "vocab_size": 128256, "tie_word_embeddings": false, "rope_theta": 500000.0, "max_position_embeddings": 131072,
- "rms_norm_eps": 1e-05, "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
- "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "torch_dtype": "bfloat16",
- "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
-JSON
-xz -dc tests/data/reference/tokenizers/llama3/tokenizer.json.xz >"$model/tokenizer.json"
-cp tests/data/reference/tokenizers/llama3/tokenizer_config.json "$model/"
+# A Llama-3.1-8B-shaped config with the llama3 tokenizer.
+source scripts/device/llama8b_dummy.sh
+model=$(make_llama8b_dummy)
 
 # KV of one 32k prompt: 32768 x 128 KiB = 4 GiB. The bench sizes the device pool itself
 # (--kv-cache-bytes, 1.5 prompts); the host tier holds two prompts, the disk tier several, and

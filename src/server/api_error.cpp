@@ -32,6 +32,17 @@ ApiError api_error_from(const Error& error, std::string param) {
   return e;
 }
 
+std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization,
+                                      const std::string& x_api_key) {
+  if (key.empty() || authorization == "Bearer " + key || x_api_key == key) return std::nullopt;
+  ApiError e;
+  e.status = 401;
+  e.code = "invalid_api_key";
+  e.message = authorization.empty() && x_api_key.empty() ? "missing API key: send Authorization: Bearer <key>"
+                                                         : "invalid API key";
+  return e;
+}
+
 std::string openai_error_type(int status) {
   switch (status) {
     case 401: return "authentication_error";

@@ -26,6 +26,11 @@ ApiError bad_field(std::string param, std::string message);
 // kResourceExhausted -> 429, kUnsupported -> 400, anything else -> 500.
 ApiError api_error_from(const Error& error, std::string param = "");
 
+// The 401 for a request whose Authorization (Bearer) and x-api-key headers both miss `key`;
+// nullopt when one matches or no key is configured.
+std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization,
+                                      const std::string& x_api_key);
+
 // OpenAI's error type for a status: invalid_request_error, authentication_error, ...
 std::string openai_error_type(int status);
 std::string anthropic_error_type(int status);

@@ -251,16 +251,10 @@ void HttpServer::install_routes() {
   s.set_write_timeout(30, 0);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string bearer = req.get_header_value("Authorization");
-    const std::string x_key = req.get_header_value("x-api-key");
-    if (bearer == "Bearer " + options_.api_key || x_key == options_.api_key) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = 401;
-    e.code = "invalid_api_key";
-    e.message = bearer.empty() && x_key.empty() ? "missing API key: send Authorization: Bearer <key>"
-                                                : "invalid API key";
-    write_error(req, res, e);
+    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const auto e = check_api_key(options_.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
+    if (!e) return httplib::Server::HandlerResponse::Unhandled;
+    write_error(req, res, *e);
     metrics_.count_request(req.path, 401);
     return httplib::Server::HandlerResponse::Handled;
   });

@@ -815,15 +815,10 @@ void Supervisor::install_routes() {
   s.set_write_timeout(30, 0);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string bearer = req.get_header_value("Authorization");
-    const std::string x_key = req.get_header_value("x-api-key");
-    if (bearer == "Bearer " + o_.api_key || x_key == o_.api_key) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = 401;
-    e.code = "invalid_api_key";
-    e.message = bearer.empty() && x_key.empty() ? "missing API key: send Authorization: Bearer <key>" : "invalid API key";
-    write_error(req, res, e);
+    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const auto e = check_api_key(o_.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
+    if (!e) return httplib::Server::HandlerResponse::Unhandled;
+    write_error(req, res, *e);
     return httplib::Server::HandlerResponse::Handled;
   });
 
