@@ -234,11 +234,18 @@ int run_serve(ServeArgs a) {
   auto port = http.bind();
   if (!port.ok()) return fail(port.error());
 
-  std::thread waiter([&http, signals] {
+  // One stop() is lost when the signal lands after bind() but before the listener runs (the
+  // listener would then serve on): stop() repeats until run() has returned.
+  std::atomic<bool> listener_done{false};
+  std::thread waiter([&http, &listener_done, signals] {
     int sig = 0;
     sigwait(&signals, &sig);
+    if (listener_done.load()) return;
     log::info("signal {}: shutting down", sig);
-    http.stop();
+    while (!listener_done.load()) {
+      http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
   log::info("serving {} on {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token), max_model_len {}, tool calls: {}{})",
             name, model->device, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
@@ -263,6 +270,7 @@ int run_serve(ServeArgs a) {
   std::printf("strata serve: listening on http://%s:%d\n", a.host.c_str(), *port);
   std::fflush(stdout);
   const bool ok = http.run();
+  listener_done = true;
   serving = false;
   if (engine_watch.joinable()) engine_watch.join();
   (*engine)->shutdown();

@@ -916,18 +916,26 @@ int Supervisor::run() {
     return 1;
   }
 
-  std::thread waiter([this, signals] {
+  // One stop() is lost when the signal lands before the listener runs: it repeats until the
+  // listener has returned.
+  std::atomic<bool> listener_done{false};
+  std::thread waiter([this, &listener_done, signals] {
     int sig = 0;
     sigwait(&signals, &sig);
+    if (listener_done.load()) return;
     log::info("signal {}: stopping the engine process, then the server", sig);
     stop_child();
-    http_->stop();
+    while (!listener_done.load()) {
+      http_->stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
   log::info("supervising the engine process (pid {}); restarts it up to {} times a minute", pid_,
             o_.max_restarts_per_minute);
   std::printf("strata serve: listening on http://%s:%d\n", o_.host.c_str(), port);
   std::fflush(stdout);
   const bool ok = http_->listen_after_bind();
+  listener_done = true;
   stop_child();
   pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the signal thread if the listener ended on its own
   waiter.join();
