@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "server/api_response.h"
 #include "server/connection_watch.h"
+#include "server/http_errors.h"
 #include "server/output_assembler.h"
 #include "server/supervisor.h"
 
@@ -26,15 +27,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::system_clock;
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
-
-bool is_anthropic_path(const std::string& path) { return path == "/v1/messages"; }
-
-void write_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
-  const json body = is_anthropic_path(req.path) ? anthropic_error_body(e) : openai_error_body(e);
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-}
 
 void write_json(httplib::Response& res, const json& j) {
   res.status = 200;
@@ -276,18 +268,7 @@ void HttpServer::install_routes() {
   });
 
   s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    log::error("{} {}: {}", req.method, req.path, what);
-    ApiError e;
-    e.status = 500;
-    e.message = "internal error: " + what;
-    write_error(req, res, e);
+    write_internal_error(req, res, ep);
     metrics_.count_request(req.path, 500);
   });
 

@@ -27,6 +27,7 @@
 
 #include "core/log.h"
 #include "server/api_error.h"
+#include "server/http_errors.h"
 #include "server/api_response.h"
 #include "server/connection_watch.h"
 
@@ -144,15 +145,6 @@ int exit_code_of(int status) {
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-bool is_anthropic_path(const std::string& path) { return path == "/v1/messages"; }
-
-void write_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
-  const json body = is_anthropic_path(req.path) ? anthropic_error_body(e) : openai_error_body(e);
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 // The closing SSE text of a stream the supervisor cannot finish.
@@ -836,18 +828,7 @@ void Supervisor::install_routes() {
   });
 
   s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    log::error("{} {}: {}", req.method, req.path, what);
-    ApiError e;
-    e.status = 500;
-    e.message = "internal error: " + what;
-    write_error(req, res, e);
+    write_internal_error(req, res, ep);
   });
 
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
