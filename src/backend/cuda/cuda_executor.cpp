@@ -39,6 +39,20 @@ class ShapeModel final : public Model {
   }
 };
 
+// Device sampling scratch (CudaExecutor::Sampling): penalty lists cover every row's whole
+// context (a row's seen ids and counts are at most its context length), capped at 16M ids;
+// logit_bias takes up to 1024 entries per row.
+int64_t sampling_list_capacity(const CudaModelOptions& o) {
+  return std::min<int64_t>(int64_t(o.max_logit_rows) * o.max_blocks_per_seq * o.block_size, int64_t(1) << 24);
+}
+int64_t sampling_bias_capacity(const CudaModelOptions& o) { return int64_t(o.max_logit_rows) * 1024; }
+// Bytes of the arena: workspace, rows and tokens, three id lists, bias ids and values, and
+// alignment slack for the eight pieces.
+size_t sampling_scratch_bytes(const CudaModelOptions& o, int32_t vocab) {
+  return sampling_workspace_bytes(o.max_logit_rows, vocab) + size_t(o.max_logit_rows) * (sizeof(SamplingRow) + 4) +
+         size_t(sampling_list_capacity(o)) * 12 + size_t(sampling_bias_capacity(o)) * 8 + 8 * 256;
+}
+
 }  // namespace
 
 CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_staging_bytes)
@@ -54,17 +68,16 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
   const char* p = std::getenv("STRATA_PROFILE_STEPS");
   profile_ = p != nullptr && std::string(p) == "1";
 
-  // Device sampling scratch: the sampler's workspace, the rows, and penalty lists covering
-  // every row's whole context (a row's seen ids and counts are at most its context length).
+  // Device sampling scratch (sizes: sampling_scratch_bytes).
   const CudaModelOptions& o = decoder_->options();
   const int32_t vocab = decoder_->config().vocab_size;
   auto s = std::make_unique<Sampling>();
   s->max_rows = o.max_logit_rows;
-  s->list_capacity = std::min<int64_t>(int64_t(o.max_logit_rows) * o.max_blocks_per_seq * o.block_size, int64_t(1) << 24);
-  s->bias_capacity = int64_t(o.max_logit_rows) * 1024;
+  s->list_capacity = sampling_list_capacity(o);
+  s->bias_capacity = sampling_bias_capacity(o);
   s->workspace_bytes = sampling_workspace_bytes(o.max_logit_rows, vocab);
   const size_t rows = size_t(s->max_rows), lists = size_t(s->list_capacity), bias = size_t(s->bias_capacity);
-  const size_t bytes = s->workspace_bytes + rows * (sizeof(SamplingRow) + 4) + lists * 12 + bias * 8 + 8 * 256;
+  const size_t bytes = sampling_scratch_bytes(o, vocab);
   Status st = [&]() -> Status {
     auto arena = DeviceArena::create(bytes, "device sampling");
     if (!arena.ok()) return arena.error();
@@ -349,10 +362,8 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     // handle and the pinned metadata take a little more, kept aside.
     // The KV block staging and the device sampling scratch (CudaExecutor) are taken after the
     // pool.
-    const int64_t sampling = int64_t(sampling_workspace_bytes(mo.max_logit_rows, cfg->vocab_size)) +
-                             std::min<int64_t>(int64_t(mo.max_logit_rows) * mo.max_blocks_per_seq * mo.block_size, int64_t(1) << 24) * 12 +
-                             int64_t(mo.max_logit_rows) * 1024 * 8;
-    const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes + sampling;
+    const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes +
+                            int64_t(sampling_scratch_bytes(mo, cfg->vocab_size));
     const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
                            CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
     if (budget <= 0) {
