@@ -213,6 +213,9 @@ struct LaunchTuning {
   // 16-byte weight loads in flight per lane and weight row: 4, 8 or 16 (16 at one activation
   // row only, else 8; measured best at batch 1 and 2: bench/cuda/RESULTS.md).
   int32_t gemv_unroll = 16;
+  // Steps whose tiles are all one query token (decode, not fused) run the tensor-core decode
+  // kernel (warps share each key tile) instead of the 64-row flash tile; off: the old choice.
+  bool decode_mma_attention = true;
 };
 void set_launch_tuning(const LaunchTuning& t);
 LaunchTuning launch_tuning();
