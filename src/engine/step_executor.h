@@ -79,6 +79,19 @@ class StepExecutor {
     const size_t bb = block_bytes_total();
     for (size_t i = 0; i < blocks.size(); ++i) write_block(blocks[i], in + i * bb);
   }
+  // The same with each block's bytes in a place of its own (block i at outs[i] / ins[i]): the
+  // KV tiers' host slots, copied straight into and out of. A device copies directly between
+  // its pool and memory given to register_host_memory(), and through staging otherwise.
+  virtual void read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+    for (size_t i = 0; i < blocks.size(); ++i) read_block(blocks[i], outs[i]);
+  }
+  virtual void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
+    for (size_t i = 0; i < blocks.size(); ++i) write_block(blocks[i], ins[i]);
+  }
+  // Host memory that read_blocks_to / write_blocks_from will use often (a device pins it for
+  // direct copies). True when registered; unregister before the memory goes away.
+  virtual bool register_host_memory(void* /*p*/, size_t /*bytes*/) { return false; }
+  virtual void unregister_host_memory(void* /*p*/) {}
 
  private:
   size_t block_bytes_total() const {

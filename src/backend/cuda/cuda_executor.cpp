@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <type_traits>
 
@@ -292,6 +293,67 @@ void CudaExecutor::write_blocks(std::span<const int32_t> blocks, const uint8_t* 
   if (!transfer_) return StepExecutor::write_blocks(blocks, in);
   Status st = transfer_->write(blocks, in);
   if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
+}
+
+bool CudaExecutor::registered(const uint8_t* p, size_t bytes) const {
+  for (const auto& [base, n] : registered_) {
+    if (p >= base && p + bytes <= base + n) return true;
+  }
+  return false;
+}
+
+void CudaExecutor::read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  if (!transfer_) return StepExecutor::read_blocks_to(blocks, outs);
+  const size_t bb = size_t(decoder_->kv_block_bytes());
+  bool direct = true;
+  for (uint8_t* p : outs) direct = direct && registered(p, bb);
+  if (direct) {
+    Status st = transfer_->read_direct(blocks, outs);
+    if (!st.ok()) throw std::runtime_error("KV blocks copy to the host: " + st.error().to_string());
+    return;
+  }
+  transfer_buf_.resize(blocks.size() * bb);
+  read_blocks(blocks, transfer_buf_.data());
+  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(outs[i], transfer_buf_.data() + i * bb, bb);
+}
+
+void CudaExecutor::write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
+  if (!transfer_) return StepExecutor::write_blocks_from(blocks, ins);
+  const size_t bb = size_t(decoder_->kv_block_bytes());
+  bool direct = true;
+  for (const uint8_t* p : ins) direct = direct && registered(p, bb);
+  if (direct) {
+    Status st = transfer_->write_direct(blocks, ins);
+    if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
+    return;
+  }
+  transfer_buf_.resize(blocks.size() * bb);
+  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(transfer_buf_.data() + i * bb, ins[i], bb);
+  write_blocks(blocks, transfer_buf_.data());
+}
+
+bool CudaExecutor::register_host_memory(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: later calls must not see it
+    log::warn("KV host memory ({} bytes) not page-locked, its device copies are staged: {}", bytes, cudaGetErrorString(e));
+    return false;
+  }
+  registered_.emplace_back(static_cast<const uint8_t*>(p), bytes);
+  log::info("KV host memory page-locked for direct device copies: {} MiB in {:.0f} ms", bytes >> 20,
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  return true;
+}
+
+void CudaExecutor::unregister_host_memory(void* p) {
+  for (auto it = registered_.begin(); it != registered_.end(); ++it) {
+    if (it->first != p) continue;
+    cudaHostUnregister(p);
+    registered_.erase(it);
+    return;
+  }
 }
 
 KvCodecConfig cuda_kv_codecs() {

@@ -51,12 +51,22 @@ class CudaExecutor final : public StepExecutor {
   // A gather/scatter kernel and one large copy per staging chunk (kv_transfer.h).
   void read_blocks(std::span<const int32_t> blocks, uint8_t* out) override;
   void write_blocks(std::span<const int32_t> blocks, const uint8_t* in) override;
+  // Straight between the pool's staging and places in registered (pinned) host memory with
+  // no host-side copy (KvTransfer::read_direct); other places go through the staging.
+  void read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
+  void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) override;
+  // cudaHostRegister: the range becomes page-locked, copied to and from by DMA.
+  bool register_host_memory(void* p, size_t bytes) override;
+  void unregister_host_memory(void* p) override;
 
   CudaDecoder& decoder() { return *decoder_; }
 
  private:
   std::unique_ptr<CudaDecoder> decoder_;
   std::unique_ptr<KvTransfer> transfer_;  // null: staging could not be allocated
+  std::vector<std::pair<const uint8_t*, size_t>> registered_;  // register_host_memory() ranges
+  std::vector<uint8_t> transfer_buf_;  // read_blocks_to / write_blocks_from of unregistered places
+  bool registered(const uint8_t* p, size_t bytes) const;
   StepBatch batch_;
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
   std::vector<float> logits_;       // [host rows, vocab]

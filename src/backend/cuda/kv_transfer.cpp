@@ -126,4 +126,64 @@ Status KvTransfer::write(std::span<const int32_t> blocks, const uint8_t* in) {
   return Status();
 }
 
+namespace {
+
+// Runs of list entries [k, k + r) whose places follow each other, each copied at once.
+template <class P, class F>
+Status for_each_run(std::span<P> places, size_t begin, int32_t n, size_t bb, F copy) {
+  for (int32_t k = 0; k < n;) {
+    int32_t r = 1;
+    while (k + r < n && places[begin + size_t(k + r)] == places[begin + size_t(k)] + size_t(r) * bb) ++r;
+    STRATA_RETURN_IF_ERROR(copy(places[begin + size_t(k)], size_t(k), size_t(r)));
+    k += r;
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status KvTransfer::read_direct(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  STRATA_RETURN_IF_ERROR(check_ids(blocks));
+  if (outs.size() != blocks.size()) return make_error(ErrorCode::kInvalidArgument, "KV transfer: one place per block");
+  const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
+  const size_t bb = size_t(block_bytes_);
+  // All on one stream: chunk c + 2's gather into half c % 2 waits for chunk c's copies out.
+  int h = 0;
+  for (size_t begin = 0; begin < blocks.size(); begin += size_t(chunk_blocks_), h ^= 1) {
+    KvBlockList list;
+    list.n = int32_t(std::min(blocks.size() - begin, size_t(chunk_blocks_)));
+    std::copy_n(blocks.begin() + begin, list.n, list.ids);
+    uint8_t* dev = device_ + size_t(h) * half;
+    launch_kv_gather(layout_, list, dev, stream_);
+    STRATA_RETURN_IF_ERROR(for_each_run(outs, begin, list.n, bb, [&](uint8_t* dst, size_t k, size_t r) -> Status {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, dev + k * bb, r * bb, cudaMemcpyDeviceToHost, stream_));
+      return Status();
+    }));
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+Status KvTransfer::write_direct(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
+  STRATA_RETURN_IF_ERROR(check_ids(blocks));
+  if (ins.size() != blocks.size()) return make_error(ErrorCode::kInvalidArgument, "KV transfer: one place per block");
+  const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
+  const size_t bb = size_t(block_bytes_);
+  // One stream: chunk c + 2's copies into half c % 2 wait for chunk c's scatter.
+  int h = 0;
+  for (size_t begin = 0; begin < blocks.size(); begin += size_t(chunk_blocks_), h ^= 1) {
+    KvBlockList list;
+    list.n = int32_t(std::min(blocks.size() - begin, size_t(chunk_blocks_)));
+    std::copy_n(blocks.begin() + begin, list.n, list.ids);
+    uint8_t* dev = device_ + size_t(h) * half;
+    STRATA_RETURN_IF_ERROR(for_each_run(ins, begin, list.n, bb, [&](const uint8_t* src, size_t k, size_t r) -> Status {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + k * bb, src, r * bb, cudaMemcpyHostToDevice, stream_));
+      return Status();
+    }));
+    launch_kv_scatter(layout_, list, dev, stream_);
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
 }  // namespace strata::cuda

@@ -336,6 +336,36 @@ bool DiskTier::enqueue(uint64_t hash, const uint8_t* data) {
   return true;
 }
 
+bool DiskTier::enqueue_ref(uint64_t hash, const uint8_t* data, std::function<void()> done) {
+  bool kept = false, ok = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(hash); it != index_.end()) {
+      files_.at(it->second.seq).last_use = ++use_tick_;
+    } else if (queued_.count(hash) == 0) {
+      if (queued_ref_bytes_ + block_bytes_ > options_.ref_queue_bytes) {
+        ++counters_.dropped_blocks;
+        ok = false;
+      } else {
+        Pending p;
+        p.hash = hash;
+        p.ref = data;
+        p.done = std::move(done);
+        queue_.push_back(std::move(p));
+        queued_.insert(hash);
+        queued_ref_bytes_ += block_bytes_;
+        kept = true;
+      }
+    }
+  }
+  if (kept) {
+    cv_.notify_one();
+  } else if (done) {
+    done();
+  }
+  return ok;
+}
+
 void DiskTier::prefetch(std::span<const uint64_t> hashes) {
   std::map<uint64_t, std::pair<int64_t, int64_t>> ranges;  // file seq -> [first, end) bytes
   std::map<uint64_t, fs::path> paths;
@@ -473,8 +503,8 @@ bool DiskTier::write_group(uint64_t seq, const std::vector<Pending>& group, File
     size_t o = 0;
     for (int64_t n : options_.tensor_bytes) {
       if (!ok) break;
-      const uint64_t sum = XXH3_64bits(p.data.data() + o, size_t(n));
-      ok = write_all(fd, p.data.data() + o, size_t(n)) &&
+      const uint64_t sum = XXH3_64bits(p.bytes() + o, size_t(n));
+      ok = write_all(fd, p.bytes() + o, size_t(n)) &&
            write_all(fd, reinterpret_cast<const uint8_t*>(&sum), sizeof(sum));
       o += size_t(n);
     }
@@ -527,11 +557,14 @@ void DiskTier::writer_loop() {
     lock.unlock();
     FileEntry entry;
     const bool ok = write_group(seq, group, entry);
+    for (auto& p : group) {
+      if (p.done) p.done();  // the referenced bytes are not read again
+    }
     lock.lock();
     writing_ = false;
     for (const auto& p : group) {
       queued_.erase(p.hash);
-      queued_bytes_ -= block_bytes_;
+      (p.ref != nullptr ? queued_ref_bytes_ : queued_bytes_) -= block_bytes_;
     }
     if (ok) {
       counters_.written_blocks += int64_t(group.size());
@@ -558,7 +591,7 @@ DiskTierStats DiskTier::stats() const {
   s.files = int64_t(files_.size());
   s.bytes = total_bytes_;
   s.blocks = int64_t(index_.size());
-  s.queued_bytes = queued_bytes_;
+  s.queued_bytes = queued_bytes_ + queued_ref_bytes_;
   return s;
 }
 

@@ -21,13 +21,16 @@
 // live in memory only.
 //
 // Demotion goes through enqueue(): a queue capped in bytes feeds the writer thread; what does
-// not fit is dropped and counted. All methods are thread-safe.
+// not fit is dropped and counted. enqueue_ref() queues a block without copying it: the writer
+// reads the caller's bytes (a leased host-tier slot) and says when it is done with them. All
+// methods are thread-safe.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <span>
@@ -45,6 +48,7 @@ struct DiskTierOptions {
   std::filesystem::path dir;
   int64_t max_bytes = int64_t(4) << 30;        // files in the directory, all together
   int64_t queue_bytes = int64_t(256) << 20;    // writer queue cap; past it demotions are dropped
+  int64_t ref_queue_bytes = int64_t(2) << 30;  // the same for blocks queued by reference (enqueue_ref)
   int32_t max_group_blocks = 64;               // blocks per file at most
   std::string identity;                        // must match for a file to be loaded
   std::vector<int64_t> tensor_bytes;           // one block's tensors, in order
@@ -81,6 +85,11 @@ class DiskTier {
   // Queues one block (block_bytes() bytes) for writing. False when it was dropped (queue full);
   // true also when the block is already on disk or queued.
   bool enqueue(uint64_t hash, const uint8_t* data);
+  // As enqueue(), reading `data` in place: it must stay unchanged until `done` is called, which
+  // happens once in every case (at once, on the caller's thread, when the block is not kept:
+  // already on disk or queued, or dropped; else on the writer thread after the write), with no
+  // lock of this tier held. Capped by ref_queue_bytes.
+  bool enqueue_ref(uint64_t hash, const uint8_t* data, std::function<void()> done);
   // Reads a block into `out` (block_bytes() bytes). False on a miss; a checksum failure or
   // an unreadable file quarantines the file and is a miss.
   bool read(uint64_t hash, uint8_t* out);
@@ -115,6 +124,9 @@ class DiskTier {
   struct Pending {
     uint64_t hash = 0;
     std::vector<uint8_t> data;
+    const uint8_t* ref = nullptr;  // enqueue_ref(): the bytes are here instead of in `data`
+    std::function<void()> done;
+    const uint8_t* bytes() const { return ref != nullptr ? ref : data.data(); }
   };
 
   explicit DiskTier(DiskTierOptions options);
@@ -145,6 +157,7 @@ class DiskTier {
   std::deque<Pending> queue_;
   std::unordered_set<uint64_t> queued_;
   int64_t queued_bytes_ = 0;
+  int64_t queued_ref_bytes_ = 0;
   int64_t total_bytes_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t use_tick_ = 0;

@@ -19,10 +19,20 @@ HostTier::HostTier(int64_t max_bytes, size_t block_bytes) : block_bytes_(std::ma
   }
   free_slots_.reserve(size_t(slots));
   for (int64_t i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  refs_.assign(size_t(slots), 0);
+  orphaned_.assign(size_t(slots), 0);
 }
 
 HostTier::~HostTier() {
   if (slab_ != nullptr) munmap(slab_, slab_bytes_);
+}
+
+void HostTier::free_slot(int64_t slot) {
+  if (refs_[size_t(slot)] > 0) {
+    orphaned_[size_t(slot)] = 1;  // a lease still reads it: freed at the last release
+  } else {
+    free_slots_.push_back(slot);
+  }
 }
 
 void HostTier::erase(uint64_t hash) {
@@ -30,19 +40,17 @@ void HostTier::erase(uint64_t hash) {
   if (it == map_.end()) return;
   lru_.erase(it->second.lru);
   bytes_ -= int64_t(block_bytes_);
-  free_slots_.push_back(it->second.slot);
+  free_slot(it->second.slot);
   map_.erase(it);
 }
 
-void HostTier::put(uint64_t hash, const uint8_t* data) {
+bool HostTier::make_room(uint64_t hash) {
   erase(hash);
-  const size_t n = block_bytes_;
-  if (int64_t(n) > max_bytes_) return;
   const double now = tier_clock_s();
-  const bool incoming_pinned = pinned(hash, now);
-  // Unpinned blocks first, least recently used first; then, only for a pinned newcomer, pinned ones.
+  // Unpinned blocks first, least recently used first; then, only for a pinned newcomer, pinned
+  // ones. Slots still leased or reserved are not free even when their bytes left the budget.
   auto it = lru_.end();
-  while (bytes_ + int64_t(n) > max_bytes_ && it != lru_.begin()) {
+  while (free_slots_.empty() && it != lru_.begin()) {
     --it;
     if (pinned(*it, now)) continue;
     const uint64_t victim = *it;
@@ -50,29 +58,65 @@ void HostTier::put(uint64_t hash, const uint8_t* data) {
     erase(victim);
     ++evictions_;
   }
-  if (bytes_ + int64_t(n) > max_bytes_) {
-    if (!incoming_pinned) return;
-    while (bytes_ + int64_t(n) > max_bytes_ && !lru_.empty()) {
+  if (free_slots_.empty()) {
+    if (!pinned(hash, now)) return false;
+    while (free_slots_.empty() && !lru_.empty()) {
       erase(lru_.back());
       ++evictions_;
       ++pinned_evictions_;
     }
   }
+  return !free_slots_.empty();
+}
+
+void HostTier::put(uint64_t hash, const uint8_t* data) {
+  uint8_t* slot = reserve(hash);
+  if (slot == nullptr) return;
+  std::memcpy(slot, data, block_bytes_);
+  commit(hash, slot);
+}
+
+uint8_t* HostTier::reserve(uint64_t hash) {
+  if (!make_room(hash)) return nullptr;
+  const int64_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  return slab_ + size_t(slot) * block_bytes_;
+}
+
+void HostTier::commit(uint64_t hash, uint8_t* slot) {
+  erase(hash);  // a block stored under the hash meanwhile is replaced
   lru_.push_front(hash);
   Entry e;
-  e.slot = free_slots_.back();
-  free_slots_.pop_back();
-  std::memcpy(slab_ + size_t(e.slot) * n, data, n);
+  e.slot = slot_of(slot);
   e.lru = lru_.begin();
   map_.emplace(hash, e);
-  bytes_ += int64_t(n);
+  bytes_ += int64_t(block_bytes_);
 }
+
+void HostTier::cancel(uint8_t* slot) { free_slot(slot_of(slot)); }
 
 const uint8_t* HostTier::get(uint64_t hash) {
   auto it = map_.find(hash);
   if (it == map_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
   return slab_ + size_t(it->second.slot) * block_bytes_;
+}
+
+const uint8_t* HostTier::lease(uint64_t hash) {
+  const uint8_t* p = get(hash);
+  if (p == nullptr) return nullptr;
+  if (refs_[size_t(slot_of(p))]++ == 0) ++leased_slots_;
+  return p;
+}
+
+void HostTier::release(const uint8_t* p) {
+  const size_t slot = size_t(slot_of(p));
+  if (--refs_[slot] > 0) return;
+  --leased_slots_;
+  if (orphaned_[slot]) {
+    orphaned_[slot] = 0;
+    free_slots_.push_back(int64_t(slot));
+  }
 }
 
 void HostTier::pin(uint64_t hash, double until) {

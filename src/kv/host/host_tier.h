@@ -7,6 +7,12 @@
 // unpinned blocks go first, least recently used first; pinned ones go only when nothing
 // unpinned is left and the incoming block is pinned too (an unpinned block that would need a
 // pinned one's room is not kept). Not thread-safe: KvTiers locks around it.
+//
+// Copies made elsewhere: reserve() hands out a slot for a block that a device copies into
+// directly (commit() then makes it visible, cancel() returns it), and lease() hands out a
+// stored block's slot for reading in place (a device copy out of it, the disk writer): a
+// leased slot keeps its bytes until release(), even when its block is evicted or replaced
+// meanwhile (the slot is reused only after the last release).
 #pragma once
 
 #include <chrono>
@@ -41,6 +47,22 @@ class HostTier {
   // until the next put().
   const uint8_t* get(uint64_t hash);
   size_t block_bytes() const { return block_bytes_; }
+
+  // A slot for `hash` (a present block of that hash goes first), evicting as put() does; the
+  // block is not visible until commit(). Null when it does not fit.
+  uint8_t* reserve(uint64_t hash);
+  // The reserved slot's bytes are written: `hash` is stored there, most recently used.
+  void commit(uint64_t hash, uint8_t* slot);
+  // The reserved slot goes back unused.
+  void cancel(uint8_t* slot);
+  // The block's slot (and it becomes most recently used), held until release(); null when absent.
+  const uint8_t* lease(uint64_t hash);
+  void release(const uint8_t* slot);
+  int64_t leased_slots() const { return leased_slots_; }
+  int64_t n_slots() const { return int64_t(refs_.size()); }
+  // The slab all slots live in (to register it with a device for direct copies).
+  uint8_t* slab() const { return slab_; }
+  size_t slab_bytes() const { return slab_bytes_; }
   // Exempts `hash` from LRU eviction until `until` (tier_clock_s()); keeps the later expiry.
   void pin(uint64_t hash, double until);
   bool pinned(uint64_t hash, double now) const;
@@ -58,12 +80,19 @@ class HostTier {
   };
   void erase(uint64_t hash);
   void prune_pins(double now);
+  // Frees a slot, evicting as the header says; false when none can be had for `hash`.
+  bool make_room(uint64_t hash);
+  int64_t slot_of(const uint8_t* p) const { return int64_t((p - slab_) / std::ptrdiff_t(block_bytes_)); }
+  void free_slot(int64_t slot);
 
   int64_t max_bytes_;  // slots x block_bytes
   size_t block_bytes_;
   uint8_t* slab_ = nullptr;          // [slots, block_bytes]
   size_t slab_bytes_ = 0;
   std::vector<int64_t> free_slots_;
+  std::vector<int32_t> refs_;      // [slots] leases held
+  std::vector<uint8_t> orphaned_;  // [slots] 1: its block is gone, freed at the last release
+  int64_t leased_slots_ = 0;       // slots with refs_ > 0
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
   int64_t pinned_evictions_ = 0;

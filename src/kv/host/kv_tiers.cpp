@@ -9,13 +9,161 @@ KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTi
       host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes, size_t(block_bytes)) : nullptr),
       disk_(std::move(disk)) {}
 
+KvTiers::~KvTiers() { disk_.reset(); }
+
+std::span<uint8_t> KvTiers::host_memory() const {
+  if (!host_ || host_->slab() == nullptr) return {};
+  return {host_->slab(), host_->slab_bytes()};
+}
+
+void KvTiers::queue_disk_from_host(std::span<const uint64_t> hashes, std::span<const uint8_t* const> leased) {
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    const uint8_t* p = leased[i];
+    bool by_ref = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      by_ref = host_->leased_slots() <= host_->n_slots() / 2;
+    }
+    if (by_ref) {
+      disk_->enqueue_ref(hashes[i], p, [this, p] {
+        std::lock_guard<std::mutex> lock(mu_);
+        host_->release(p);
+      });
+      continue;
+    }
+    disk_->enqueue(hashes[i], p);
+    std::lock_guard<std::mutex> lock(mu_);
+    host_->release(p);
+  }
+}
+
+void KvTiers::reserve_demotions(std::span<const uint64_t> hashes, std::vector<uint8_t*>& slots,
+                                std::vector<uint8_t>& present) {
+  slots.assign(hashes.size(), nullptr);
+  present.assign(hashes.size(), 0);
+  std::vector<uint64_t> to_disk;
+  std::vector<const uint8_t*> leases;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!host_) return;
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      if (host_->contains(hashes[i])) {
+        present[i] = 1;
+        ++demoted_;
+        ++demote_skipped_;
+        if (disk_ && !disk_->contains(hashes[i])) {
+          to_disk.push_back(hashes[i]);
+          leases.push_back(host_->lease(hashes[i]));
+        } else {
+          host_->get(hashes[i]);  // most recently used
+        }
+        continue;
+      }
+      slots[i] = host_->reserve(hashes[i]);
+    }
+  }
+  if (disk_) queue_disk_from_host(to_disk, leases);
+}
+
+void KvTiers::commit_demotions(std::span<const uint64_t> hashes, std::span<uint8_t* const> slots) {
+  std::vector<uint64_t> to_disk;
+  std::vector<const uint8_t*> leases;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      if (slots[i] == nullptr) continue;
+      ++demoted_;
+      host_->commit(hashes[i], slots[i]);
+      if (disk_) {
+        to_disk.push_back(hashes[i]);
+        leases.push_back(host_->lease(hashes[i]));
+      }
+    }
+  }
+  if (disk_) queue_disk_from_host(to_disk, leases);
+}
+
+void KvTiers::cancel_demotions(std::span<uint8_t* const> slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint8_t* s : slots) {
+    if (s != nullptr) host_->cancel(s);
+  }
+}
+
+void KvTiers::release(std::span<const uint8_t* const> slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const uint8_t* s : slots) host_->release(s);
+}
+
+int32_t KvTiers::fetch_batch(std::span<const uint64_t> hashes, int32_t max_disk, uint8_t* buf,
+                             std::vector<const uint8_t*>& srcs, std::vector<uint8_t>& leased) {
+  const size_t bb = size_t(block_bytes_);
+  srcs.clear();
+  leased.clear();
+  std::vector<uint64_t> from_disk;
+  std::vector<size_t> disk_index;
+  std::vector<uint8_t*> outs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t n = 0; n < hashes.size(); ++n) {
+      if (host_) {
+        if (const uint8_t* d = host_->lease(hashes[n])) {
+          srcs.push_back(d);
+          leased.push_back(1);
+          ++host_hits_;
+          continue;
+        }
+      }
+      if (int32_t(from_disk.size()) >= max_disk || !disk_ || !disk_->contains(hashes[n])) break;
+      outs.push_back(buf + from_disk.size() * bb);
+      srcs.push_back(outs.back());
+      leased.push_back(0);
+      from_disk.push_back(hashes[n]);
+      disk_index.push_back(n);
+    }
+  }
+  size_t n = srcs.size();
+  if (!from_disk.empty()) {
+    std::vector<uint8_t> ok;
+    disk_->read_many(from_disk, outs, ok);  // unlocked: demotions go on meanwhile
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t k = 0; k < from_disk.size(); ++k) {
+      if (!ok[k]) {
+        ++failures_;
+        n = disk_index[k];
+        break;
+      }
+      ++disk_hits_;  // not copied up: the pool block these go to demotes to host memory when evicted
+    }
+    // Blocks past a failed read are not used: their leases go back.
+    for (size_t i = n; i < srcs.size(); ++i) {
+      if (leased[i]) {
+        host_->release(srcs[i]);
+        --host_hits_;
+      }
+    }
+  }
+  srcs.resize(n);
+  leased.resize(n);
+  return int32_t(n);
+}
+
 void KvTiers::demote(uint64_t hash, const uint8_t* data) {
+  const uint8_t* leased = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++demoted_;
-    if (host_) host_->put(hash, data);
+    if (host_) {
+      host_->put(hash, data);
+      if (disk_) leased = host_->lease(hash);  // the disk writer reads the host copy
+    }
   }
-  if (disk_) disk_->enqueue(hash, data);
+  if (!disk_) return;
+  if (leased != nullptr) {
+    queue_disk_from_host(std::span<const uint64_t>(&hash, 1), std::span<const uint8_t* const>(&leased, 1));
+  } else {
+    disk_->enqueue(hash, data);
+  }
 }
 
 bool KvTiers::contains(uint64_t hash) const {
@@ -123,6 +271,7 @@ KvTierStats KvTiers::stats() const {
       s.host_pinned_evictions = host_->pinned_evictions();
     }
     s.demoted_blocks = demoted_;
+    s.demote_copies_skipped = demote_skipped_;
     s.host_hit_blocks = host_hits_;
     s.disk_hit_blocks = disk_hits_;
     s.promote_failures = failures_;

@@ -9,6 +9,12 @@
 // layers or recurrent state (which need the window pool or a state snapshot as well) run
 // without tiers.
 //
+// Direct copies: a caller that copies blocks itself (a device DMA into or out of host memory,
+// possibly registered with the device: host_memory()) demotes through reserve_demotions() /
+// commit_demotions() and promotes through fetch_batch() / release(). A block host memory
+// already holds is not copied down again (its bytes are those of its hash); demoted blocks go
+// to the disk writer by reference to their host slot (one copy in host memory, not two).
+//
 // Sessions: pin() keeps a session's blocks in both tiers past LRU eviction until the session's
 // TTL (HostTier, DiskTier say how the budgets treat pinned blocks); a block pinned while still
 // in the device pool keeps the pin when it demotes later.
@@ -35,6 +41,7 @@ struct KvTierStats {
   int64_t host_evictions = 0;
   int64_t host_pinned_evictions = 0;  // pinned blocks the host budget had to drop
   int64_t demoted_blocks = 0;
+  int64_t demote_copies_skipped = 0;  // demoted blocks host memory already held (no copy)
   int64_t host_hit_blocks = 0;
   int64_t disk_hit_blocks = 0;
   int64_t promote_failures = 0;  // a block listed in a tier that could not be read
@@ -46,6 +53,10 @@ class KvTiers {
  public:
   // host_bytes 0: no host tier; disk null: no disk tier.
   KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk);
+  // The disk tier goes first: its writer may still read leased host slots.
+  ~KvTiers();
+  KvTiers(const KvTiers&) = delete;
+  KvTiers& operator=(const KvTiers&) = delete;
 
   int64_t block_bytes() const { return block_bytes_; }
   void demote(uint64_t hash, const uint8_t* data);
@@ -62,6 +73,25 @@ class KvTiers {
   int32_t fetch_many(std::span<const uint64_t> hashes, uint8_t* out);
   // Starts the disk reads of those of `hashes` not in host memory (DiskTier::prefetch).
   void prefetch(std::span<const uint64_t> hashes);
+  // Demotion of blocks the caller copies itself. Per hash: present[i] = 1 when host memory holds
+  // it already (made most recently used and queued for disk from there if the disk lacks it:
+  // nothing to copy), else slots[i] = a reserved host slot of block_bytes() to copy the block
+  // into, then commit_demotions(), or null when host memory has no room (demote() the bytes).
+  void reserve_demotions(std::span<const uint64_t> hashes, std::vector<uint8_t*>& slots, std::vector<uint8_t>& present);
+  // The copies into the slots are done (null slots are skipped): the blocks become visible and
+  // are queued for disk from their slots.
+  void commit_demotions(std::span<const uint64_t> hashes, std::span<uint8_t* const> slots);
+  // The reserved slots go back unused (a failed copy); null ones are skipped.
+  void cancel_demotions(std::span<uint8_t* const> slots);
+  // Promotion without a host copy, of the leading blocks of `hashes` the tiers hold, stopping
+  // before the (max_disk + 1)-th disk block: srcs[i] is block i's bytes, a leased host slot
+  // (leased[i] = 1; release() after use) or buf + k * block_bytes() for the k-th disk block of
+  // the call (buf holds max_disk blocks). Returns how many; as fetch_many() otherwise.
+  int32_t fetch_batch(std::span<const uint64_t> hashes, int32_t max_disk, uint8_t* buf,
+                      std::vector<const uint8_t*>& srcs, std::vector<uint8_t>& leased);
+  void release(std::span<const uint8_t* const> slots);
+  // The host tier's slab (empty without one), for registering it with a device.
+  std::span<uint8_t> host_memory() const;
   // Waits for the disk writer's queue, at most timeout_s. True when nothing is left queued.
   bool flush(double timeout_s);
   KvTierStats stats() const;
@@ -69,10 +99,15 @@ class KvTiers {
 
  private:
   int64_t block_bytes_;
+  // Queues host-memory blocks for disk from their leased slots: by reference (the lease ends
+  // once written) while at most half the host slots are leased, so that leases never leave the
+  // host tier without room; past that as a copy (the lease ends at once). Unlocked.
+  void queue_disk_from_host(std::span<const uint64_t> hashes, std::span<const uint8_t* const> leased);
+
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
   mutable std::mutex mu_;  // host_ and the counters; disk_ locks itself
-  int64_t demoted_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0, pinned_ = 0;
+  int64_t demoted_ = 0, demote_skipped_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0, pinned_ = 0;
 };
 
 }  // namespace strata
