@@ -137,8 +137,10 @@ int32_t attention_max_rows();  // query rows (token x head of one KV group) one 
 // Tokens per query tile that launch_paged_attention wants for these shapes: 64 rows for the
 // tensor-core kernel (head_dim 16/32/64/128, one split), else attention_max_rows() rows.
 int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t n_splits);
-// Picks the tensor-core kernel when flash_attention_supports(head_dim), n_splits == 1 and the
-// tile fits its rows; else the CUDA-core kernel (which needs tokens_per_tile * group <=
+// Picks the tensor-core decode kernel when every tile is one token (n_tiles == n_tokens), no
+// post, group <= 16 and head_dim 64 or 128 (any n_splits); else the tensor-core flash kernel
+// when flash_attention_supports(head_dim), n_splits == 1 and the tile fits its rows; else the
+// CUDA-core kernel (which needs tokens_per_tile * group <=
 // attention_max_rows()).
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream);
 void launch_attention_combine(const PagedAttentionArgs& a, cudaStream_t stream);
