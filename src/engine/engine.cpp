@@ -76,12 +76,13 @@ struct Engine::Core {
   std::vector<uint8_t> demote_buf;
   void flush_demotions() {
     if (demote_blocks.empty()) return;
-    const size_t bb = tier_buf.size();
-    demote_buf.resize(demote_blocks.size() * bb);
-    runner.read_blocks(demote_blocks, demote_buf.data());
-    for (size_t i = 0; i < demote_hashes.size(); ++i) tiers->demote(demote_hashes[i], demote_buf.data() + i * bb);
+    demote_to_tiers(*tiers, runner, demote_blocks, demote_hashes, demote_buf);
     demote_blocks.clear();
     demote_hashes.clear();
+  }
+  bool host_tier_registered = false;  // the host tier's memory is registered with the executor
+  ~Core() {
+    if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());
   }
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
   // Copies tier hits of new sequences in the background; last, so its thread stops first.
@@ -408,6 +409,10 @@ void Engine::setup_kv_tiers(bool unsupported) {
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
   Core* c = core_.get();
+  // Demotions and promotions copy blocks straight between the pool and host slots (a device: DMA).
+  if (const std::span<uint8_t> host = c->tiers->host_memory(); !host.empty()) {
+    c->host_tier_registered = c->runner.register_host_memory(host.data(), host.size());
+  }
   c->kv.set_evict_hook([c](int32_t block, uint64_t hash) {
     c->demote_blocks.push_back(block);
     c->demote_hashes.push_back(hash);
@@ -425,10 +430,9 @@ void Engine::setup_kv_tiers(bool unsupported) {
                            });
   c->promoter = std::make_unique<TierPromoter>(
       c->kv, *c->tiers, c->sched.options().prefix_salt, c->tiers->block_bytes(),
-      [c](std::span<const uint64_t> hashes, uint8_t* out) { return c->tiers->fetch_many(hashes, out); },
-      [c](std::span<const int32_t> blocks, const uint8_t* in) {
+      [c](std::span<const int32_t> blocks, std::span<const uint8_t* const> srcs) {
         c->flush_demotions();
-        c->runner.write_blocks(blocks, in);
+        c->runner.write_blocks_from(blocks, srcs);
       });
 }
 

@@ -52,6 +52,39 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
   }
 }
 
+void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t> blocks,
+                     std::span<const uint64_t> hashes, std::vector<uint8_t>& scratch) {
+  if (blocks.empty()) return;
+  std::vector<uint8_t*> slots;
+  std::vector<uint8_t> present;
+  tiers.reserve_demotions(hashes, slots, present);
+  std::vector<int32_t> direct, copied;
+  std::vector<uint8_t*> places;
+  std::vector<uint64_t> copied_hashes;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (present[i]) continue;
+    if (slots[i] != nullptr) {
+      direct.push_back(blocks[i]);
+      places.push_back(slots[i]);
+    } else {
+      copied.push_back(blocks[i]);
+      copied_hashes.push_back(hashes[i]);
+    }
+  }
+  try {
+    exec.read_blocks_to(direct, places);
+  } catch (...) {
+    tiers.cancel_demotions(slots);
+    throw;
+  }
+  tiers.commit_demotions(hashes, slots);
+  if (copied.empty()) return;
+  const size_t bb = size_t(tiers.block_bytes());
+  scratch.resize(copied.size() * bb);
+  exec.read_blocks(copied, scratch.data());
+  for (size_t i = 0; i < copied.size(); ++i) tiers.demote(copied_hashes[i], scratch.data() + i * bb);
+}
+
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
                                                double disk_read_delay_s) {

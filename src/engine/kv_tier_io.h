@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "engine/step_executor.h"
 #include "kv/host/kv_tiers.h"
 #include "model/kv_storage.h"
 
@@ -20,6 +22,13 @@ namespace strata {
 std::vector<int64_t> tier_tensor_bytes(const KvStorage& kv, int n_layers);
 void gather_tier_block(KvStorage& kv, int n_layers, int32_t block, uint8_t* out);
 void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_t* in);
+
+// Demotes pool blocks `blocks` (evicted, published under `hashes`) to the tiers: those host
+// memory holds already are not copied again, those it has room for are copied straight into
+// their host slots (StepExecutor::read_blocks_to: a device DMAs into them), the rest go through
+// `scratch` and KvTiers::demote(). On a failed copy (the executor throws) nothing is demoted.
+void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t> blocks,
+                     std::span<const uint64_t> hashes, std::vector<uint8_t>& scratch);
 
 // Host tier of host_bytes (0: none) and a disk tier in disk_dir (empty: none) under
 // disk_bytes, for blocks of `kv` whose identity (what makes equal hashes interchangeable) is

@@ -10,13 +10,12 @@
 namespace strata {
 
 TierPromoter::TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes,
-                           FetchFn fetch, InstallFn install)
+                           InstallFn install)
     : kv_(kv),
       tiers_(tiers),
       salt_(prefix_salt),
       block_bytes_(block_bytes),
       max_staged_(size_t(std::max<int64_t>(4, kStagingBytes / std::max<int64_t>(block_bytes, 1)))),
-      fetch_(std::move(fetch)),
       install_(std::move(install)) {
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -29,6 +28,18 @@ TierPromoter::~TierPromoter() {
   cv_.notify_all();
   space_cv_.notify_all();
   worker_.join();
+  for (auto& j : jobs_) {
+    for (Batch& b : j->staged) release_leases(b);
+  }
+}
+
+void TierPromoter::release_leases(Batch& b) {
+  std::vector<const uint8_t*> leases;
+  for (size_t i = 0; i < b.srcs.size(); ++i) {
+    if (b.leased[i]) leases.push_back(b.srcs[i]);
+  }
+  if (!leases.empty()) tiers_.release(leases);
+  b.leased.assign(b.leased.size(), 0);
 }
 
 bool TierPromoter::start(Sequence* seq, double now) {
@@ -81,8 +92,9 @@ void TierPromoter::worker_loop() {
     if (stop_) break;
     Job* job = queue_.front();
     queue_.pop_front();
-    // Batches of up to half the staging allowance: large sequential disk reads, and the next
-    // batch is read while the engine installs the previous one.
+    // Batches of up to half the staging allowance in disk blocks (host blocks are leased, not
+    // copied: any number): large sequential disk reads, and the next batch is read while the
+    // engine installs the previous one.
     const size_t batch_max = std::max<size_t>(1, max_staged_ / 2);
     const size_t bb = static_cast<size_t>(block_bytes_);
     for (size_t i = 0; i < job->hashes.size();) {
@@ -91,30 +103,38 @@ void TierPromoter::worker_loop() {
       if (stop_ || job->seq == nullptr) break;  // ended meanwhile: the rest is not needed
       lock.unlock();
       // The device starts on this batch's small files at once and on the next batch while this
-      // one is read and installed.
+      // one is read and installed (host-memory blocks are left out).
       tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(i, want));
       const size_t next = i + want;
       if (next < job->hashes.size()) {
         tiers_.prefetch(std::span<const uint64_t>(job->hashes).subspan(next, std::min(batch_max, job->hashes.size() - next)));
       }
-      std::vector<uint8_t> bytes;
+      Batch b;
       {
         std::lock_guard<std::mutex> relock(mu_);
         if (!spare_.empty()) {
-          bytes = std::move(spare_.back());
+          b.bytes = std::move(spare_.back());
           spare_.pop_back();
         }
       }
-      bytes.resize(want * bb);
-      const size_t got = size_t(std::max(fetch_(std::span<const uint64_t>(job->hashes).subspan(i, want), bytes.data()), 0));
-      bytes.resize(got * bb);
+      b.bytes.resize(batch_max * bb);
+      const size_t got = size_t(std::max(
+          tiers_.fetch_batch(std::span<const uint64_t>(job->hashes).subspan(i), int32_t(batch_max), b.bytes.data(), b.srcs, b.leased),
+          0));
+      size_t disk = 0;
+      for (uint8_t l : b.leased) disk += l ? 0 : 1;
       lock.lock();
+      if (disk == 0) {  // host blocks only: the buffer goes back at once
+        if (spare_.size() < 2) spare_.push_back(std::move(b.bytes));
+        b.bytes = {};
+      }
       if (got > 0) {
-        job->staged.push_back(std::move(bytes));
-        job->staged_blocks += got;
+        job->staged.push_back(std::move(b));
+        job->staged_blocks += disk;
       }
       i += got;
-      if (got < want) break;  // the chain ends here
+      // The chain ends at a miss (fewer disk blocks than the batch allows, short of the end).
+      if (got == 0 || (disk < batch_max && i < job->hashes.size())) break;
     }
     job->finished = true;
   }
@@ -134,7 +154,7 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
   std::vector<Sequence*> ready;
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& j = **it;
-    std::deque<std::vector<uint8_t>> staged;
+    std::deque<Batch> staged;
     bool finished = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -143,23 +163,24 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
       finished = j.finished;  // read with the swap: nothing is staged after it is set
     }
     if (!staged.empty()) space_cv_.notify_all();
-    const size_t bb = static_cast<size_t>(block_bytes_);
-    for (const auto& bytes : staged) {
-      if (j.seq == nullptr || j.failed) break;
-      const size_t n = bytes.size() / bb;
-      try {
-        install_(std::span<const int32_t>(j.blocks).subspan(size_t(j.n_installed), n), bytes.data());
-        j.n_installed += int32_t(n);
-      } catch (const std::exception& e) {  // the rest of the chain is recomputed
-        log::warn("KV tier promotion: installing {} blocks from block {} failed: {}", n,
-                  j.blocks[size_t(j.n_installed)], e.what());
-        j.failed = true;
+    for (Batch& b : staged) {
+      const size_t n = b.srcs.size();
+      if (j.seq != nullptr && !j.failed) {
+        try {
+          install_(std::span<const int32_t>(j.blocks).subspan(size_t(j.n_installed), n), b.srcs);
+          j.n_installed += int32_t(n);
+        } catch (const std::exception& e) {  // the rest of the chain is recomputed
+          log::warn("KV tier promotion: installing {} blocks from block {} failed: {}", n,
+                    j.blocks[size_t(j.n_installed)], e.what());
+          j.failed = true;
+        }
       }
+      release_leases(b);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& bytes : staged) {
-        if (spare_.size() < 2) spare_.push_back(std::move(bytes));
+      for (Batch& b : staged) {
+        if (spare_.size() < 2 && !b.bytes.empty()) spare_.push_back(std::move(b.bytes));
       }
     }
     if (!finished) {

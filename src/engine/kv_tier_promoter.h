@@ -3,16 +3,18 @@
 //
 // start() walks the prompt's block hashes: blocks the pool still caches are held (a reference
 // taken, so no eviction takes them); for each block only the tiers have, while the chain lasts,
-// a pool block is allocated, and a background thread reads the tiers' bytes into host staging
-// buffers in batches (one large read per disk file and batch, the next batch prefetched), at
-// most about kStagingBytes ahead of the engine. The sequence waits here, outside the
-// scheduler, while other sequences keep stepping. poll() (engine thread, every loop) installs
-// the staged blocks into the pool through the executor (only the engine thread touches the
-// executor and pool metadata), and once the reads are done publishes the installed blocks
-// under their hashes, frees the others (the chain ends there; the scheduler recomputes from
-// that point) and hands the sequence to the scheduler, whose admission then finds the whole
-// prefix in the pool. The references are dropped once the sequence has left the waiting state
-// (it holds its own then) or ended.
+// a pool block is allocated, and a background thread takes the tiers' blocks in batches
+// (KvTiers::fetch_batch): host-memory blocks are leased in place (no copy: the install reads
+// their host slots, a device by DMA), disk blocks are read into host staging buffers (one large
+// read per disk file and batch, the next batch prefetched), at most about kStagingBytes of them
+// ahead of the engine. The sequence waits here, outside the scheduler, while other sequences
+// keep stepping. poll() (engine thread, every loop) installs the batches into the pool through
+// the executor (only the engine thread touches the executor and pool metadata) and returns the
+// leases, and once the reads are done publishes the installed blocks under their hashes, frees
+// the others (the chain ends there; the scheduler recomputes from that point) and hands the
+// sequence to the scheduler, whose admission then finds the whole prefix in the pool. The
+// references are dropped once the sequence has left the waiting state (it holds its own then)
+// or ended.
 #pragma once
 
 #include <condition_variable>
@@ -34,20 +36,17 @@ namespace strata {
 
 class TierPromoter {
  public:
-  // fetch: the tiers' bytes of blocks `hashes` into out + i * block_bytes until the first miss,
-  // returning how many; runs on the promotion thread. install: a batch's bytes (block i at
-  // in + i * block_bytes) into pool blocks `blocks`, in one call so a device pool takes the batch
-  // in a few large copies (StepExecutor::write_blocks); runs on the engine thread.
-  using FetchFn = std::function<int32_t(std::span<const uint64_t> hashes, uint8_t* out)>;
-  using InstallFn = std::function<void(std::span<const int32_t> blocks, const uint8_t* in)>;
-  // Fetched, not yet installed, per job; read in batches of half this. The promotion thread
-  // allocates and touches two batch buffers when it starts, kept for reuse: promotions then
-  // write into resident pages, not fresh ones (a page fault costs microseconds).
+  // install: a batch's blocks (block i's bytes at srcs[i]: a leased host slot or a staging
+  // buffer) into pool blocks `blocks`, in one call so a device pool takes the batch in a few
+  // large copies (StepExecutor::write_blocks_from); runs on the engine thread.
+  using InstallFn = std::function<void(std::span<const int32_t> blocks, std::span<const uint8_t* const> srcs)>;
+  // Disk blocks read, not yet installed, per job; read in batches of half this. The promotion
+  // thread allocates and touches two batch buffers when it starts, kept for reuse: promotions
+  // then write into resident pages, not fresh ones (a page fault costs microseconds).
   static constexpr int64_t kStagingBytes = int64_t(32) << 20;
 
-  TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, FetchFn fetch,
-               InstallFn install);
-  // Finishes the read in progress and drops the rest.
+  TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, InstallFn install);
+  // Finishes the read in progress and drops the rest (returning its leases).
   ~TierPromoter();
   TierPromoter(const TierPromoter&) = delete;
   TierPromoter& operator=(const TierPromoter&) = delete;
@@ -67,12 +66,18 @@ class TierPromoter {
   int64_t promoted_blocks() const { return promoted_blocks_; }
 
  private:
+  struct Batch {
+    std::vector<uint8_t> bytes;        // [disk blocks, block_bytes] read from disk
+    std::vector<const uint8_t*> srcs;  // per block: its bytes (a leased host slot or in `bytes`)
+    std::vector<uint8_t> leased;       // per block: srcs[i] is a host-tier lease
+  };
   struct Job {
     const Sequence* seq = nullptr;  // null: the sequence ended meanwhile
     std::vector<uint64_t> hashes;   // tier blocks to copy, in chain order
     std::vector<int32_t> blocks;    // their pool blocks
-    // Under mu_: batches read by the promotion thread, not yet installed; their blocks; reads done.
-    std::deque<std::vector<uint8_t>> staged;  // each [n, block_bytes] bytes
+    // Under mu_: batches taken by the promotion thread, not yet installed; their disk blocks
+    // (staging bytes); reads done.
+    std::deque<Batch> staged;
     size_t staged_blocks = 0;
     bool finished = false;
     // Engine thread: leading blocks installed; an install threw.
@@ -85,13 +90,13 @@ class TierPromoter {
     bool handed_over = false;     // returned by poll()
   };
   void worker_loop();
+  void release_leases(Batch& b);
 
   KvCacheManager& kv_;
   KvTiers& tiers_;
   uint64_t salt_;
   int64_t block_bytes_;
   size_t max_staged_;  // blocks
-  FetchFn fetch_;
   InstallFn install_;
   std::unordered_map<uint64_t, Hold> holds_;  // by Sequence::id (engine thread only)
   std::vector<std::unique_ptr<Job>> jobs_;    // engine thread owns them; the worker reads via queue_

@@ -491,3 +491,117 @@ TEST(KvTiers, DiskHitAfterHostEvictionAndCounts) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Copies made outside the tier: a reserved slot is invisible until committed and reusable after
+// a cancel; a leased slot keeps its bytes when its block is evicted or replaced, and is reused
+// only after the last release.
+TEST(KvHostTier, ReservedAndLeasedSlotsKeepTheirBytes) {
+  HostTier h(300, 100);
+  const auto a = block(1, 100), b = block(2, 100), c = block(3, 100);
+  uint8_t* s1 = h.reserve(1);
+  ASSERT_NE(s1, nullptr);
+  EXPECT_FALSE(h.contains(1));  // not visible before commit
+  std::memcpy(s1, a.data(), 100);
+  h.commit(1, s1);
+  ASSERT_TRUE(h.contains(1));
+  EXPECT_EQ(std::vector<uint8_t>(h.get(1), h.get(1) + 100), a);
+  uint8_t* s2 = h.reserve(2);
+  ASSERT_NE(s2, nullptr);
+  h.cancel(s2);
+  EXPECT_FALSE(h.contains(2));
+  h.put(2, b.data());
+  h.put(3, c.data());
+  // 1 is leased, then evicted by two newcomers: its bytes stay until released.
+  const uint8_t* l1 = h.lease(1);
+  ASSERT_NE(l1, nullptr);
+  EXPECT_EQ(h.leased_slots(), 1);
+  h.put(4, block(4, 100).data());  // evicts 2 (1 was just used)
+  EXPECT_TRUE(h.contains(1));
+  EXPECT_FALSE(h.contains(2));
+  // 1 replaced: the lease still reads the old bytes, whose slot is not free, so 3 goes.
+  h.put(1, block(11, 100).data());
+  EXPECT_EQ(std::vector<uint8_t>(l1, l1 + 100), a);
+  EXPECT_EQ(std::vector<uint8_t>(h.get(1), h.get(1) + 100), block(11, 100));
+  EXPECT_NE(h.get(1), l1);
+  EXPECT_FALSE(h.contains(3));
+  // While the old slot is leased only two of the three slots hold blocks.
+  h.put(5, block(5, 100).data());
+  EXPECT_EQ(h.n_blocks(), 2);
+  EXPECT_FALSE(h.contains(4));
+  EXPECT_EQ(std::vector<uint8_t>(l1, l1 + 100), a);
+  h.release(l1);
+  EXPECT_EQ(h.leased_slots(), 0);
+  h.put(6, block(6, 100).data());  // the released slot takes it: nothing evicted
+  EXPECT_EQ(h.n_blocks(), 3);
+  EXPECT_TRUE(h.contains(1) && h.contains(5) && h.contains(6));
+  EXPECT_EQ(std::vector<uint8_t>(h.get(6), h.get(6) + 100), block(6, 100));
+  EXPECT_EQ(h.bytes(), 300);
+}
+
+// Direct demotion: blocks host memory holds are reported present and not copied again; reserved
+// slots become visible on commit and reach the disk by reference with their bytes intact;
+// fetch_batch leases host blocks in place, reads disk blocks into the buffer and stops before
+// the disk block past its limit or at the first miss.
+TEST(KvTiers, DirectDemotionSkipsPresentBlocksAndFetchBatchLeases) {
+  const fs::path dir = fresh_dir("tiers_direct");
+  auto disk = open_ok(options(dir));
+  ASSERT_TRUE(disk);
+  KvTiers tiers(192, 192 * 16, std::move(disk));
+  tiers.demote(1, block(1, 192).data());
+  const std::vector<uint64_t> hashes = {1, 2, 3};
+  std::vector<uint8_t*> slots;
+  std::vector<uint8_t> present;
+  tiers.reserve_demotions(hashes, slots, present);
+  EXPECT_EQ(present, (std::vector<uint8_t>{1, 0, 0}));
+  ASSERT_EQ(slots[0], nullptr);
+  ASSERT_NE(slots[1], nullptr);
+  ASSERT_NE(slots[2], nullptr);
+  EXPECT_FALSE(tiers.contains_host(2));
+  std::memcpy(slots[1], block(2, 192).data(), 192);
+  std::memcpy(slots[2], block(3, 192).data(), 192);
+  tiers.commit_demotions(hashes, slots);
+  EXPECT_TRUE(tiers.contains_host(2) && tiers.contains_host(3));
+  ASSERT_TRUE(tiers.flush(10.0));
+  auto s = tiers.stats();
+  EXPECT_EQ(s.demoted_blocks, 4);  // 1 twice
+  EXPECT_EQ(s.demote_copies_skipped, 1);
+  EXPECT_EQ(s.disk.written_blocks, 3);
+  std::vector<uint8_t> out(192);
+  for (uint64_t h : hashes) {
+    ASSERT_TRUE(tiers.disk()->read(h, out.data())) << h;
+    EXPECT_EQ(out, block(h, 192)) << "disk copy of " << h << " (queued by reference)";
+  }
+  // A cancelled reservation leaves nothing behind.
+  const uint64_t seven = 7;
+  tiers.reserve_demotions(std::span<const uint64_t>(&seven, 1), slots, present);
+  ASSERT_NE(slots[0], nullptr);
+  tiers.cancel_demotions(slots);
+  EXPECT_FALSE(tiers.contains(7));
+  // Disk-only blocks 4, 5, 6 next to host blocks 1, 2, 3.
+  for (uint64_t h = 4; h <= 6; ++h) ASSERT_TRUE(tiers.disk()->enqueue(h, block(h, 192).data()));
+  ASSERT_TRUE(tiers.flush(10.0));
+  const std::vector<uint64_t> chain = {2, 4, 1, 5, 3, 6, 42};
+  std::vector<uint8_t> buf(2 * 192);
+  std::vector<const uint8_t*> srcs;
+  std::vector<uint8_t> leased;
+  ASSERT_EQ(tiers.fetch_batch(chain, 2, buf.data(), srcs, leased), 5);  // stops before the third disk block (6)
+  EXPECT_EQ(leased, (std::vector<uint8_t>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(srcs[1], buf.data());
+  EXPECT_EQ(srcs[3], buf.data() + 192);
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    EXPECT_EQ(std::vector<uint8_t>(srcs[i], srcs[i] + 192), block(chain[i], 192)) << chain[i];
+  }
+  tiers.release(std::vector<const uint8_t*>{srcs[0], srcs[2], srcs[4]});
+  ASSERT_EQ(tiers.fetch_batch(std::span<const uint64_t>(chain).subspan(5), 2, buf.data(), srcs, leased), 1);  // 42: miss
+  EXPECT_EQ(std::vector<uint8_t>(srcs[0], srcs[0] + 192), block(6, 192));
+  s = tiers.stats();
+  EXPECT_EQ(s.host_hit_blocks, 3);
+  EXPECT_EQ(s.disk_hit_blocks, 3);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace strata

@@ -22,7 +22,7 @@ void KvTiers::queue_disk_from_host(std::span<const uint64_t> hashes, std::span<c
     bool by_ref = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      by_ref = host_->leased_slots() <= host_->n_slots() / 2;
+      by_ref = host_->leased_slots() < host_->n_slots() / 4;
     }
     if (by_ref) {
       disk_->enqueue_ref(hashes[i], p, [this, p] {

@@ -100,8 +100,9 @@ class KvTiers {
  private:
   int64_t block_bytes_;
   // Queues host-memory blocks for disk from their leased slots: by reference (the lease ends
-  // once written) while at most half the host slots are leased, so that leases never leave the
-  // host tier without room; past that as a copy (the lease ends at once). Unlocked.
+  // once written) while fewer than a quarter of the host slots are leased (a leased slot whose
+  // block is evicted is not reused before the write: the writer's backlog must not take much
+  // of the host budget), past that as a copy (the lease ends at once). Unlocked.
   void queue_disk_from_host(std::span<const uint64_t> hashes, std::span<const uint8_t* const> leased);
 
   std::unique_ptr<HostTier> host_;
