@@ -4,7 +4,9 @@
 // among the oracle's top-5), with chunked prefill (a 64-token step budget), several sequences
 // per step and prefix-cache hits; greedy rows answered by the device argmax agree with rows the
 // host samples from copied logits; a KV block survives the executor's host round trip bit for
-// bit. Needs a GPU.
+// bit; a prompt pushed out of a small pool into the KV host tier (registered host memory,
+// direct copies both ways) comes back from it with the same greedy tokens as a device prefix
+// cache hit. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "backend/cuda/cuda_executor.h"
@@ -281,7 +284,7 @@ TEST_P(GpuEngine, DeviceSamplingEqualsHostSampling) {
   host->shutdown();
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuEngine, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen2-tiny", "mistral-tiny"),
+INSTANTIATE_TEST_SUITE_P(Families, GpuEngine, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen2-tiny", "mistral-tiny", "gemma3-tiny", "qwen3moe-tiny"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
                            for (char& ch : n) {
@@ -325,12 +328,70 @@ TEST(GpuEngineExecutor, KvBlockHostRoundTripIsExact) {
   EXPECT_THROW(ex.read_block(ex.n_kv_blocks(), d.data()), std::exception);
 }
 
+// A 16-block pool: the second prompt evicts the first one's blocks to the host tier (copied
+// straight into its registered slots); the first prompt then promotes them back (straight out of
+// the slots) and its greedy tokens equal those of the hit on the device prefix cache, which ran
+// on the same cached KV before it left the device.
+TEST(GpuEngineTiers, HostTierHitMatchesTheDeviceCacheHit) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto cfg = load_model_config(model_path("llama3-tiny"));
+  ASSERT_TRUE(cfg.ok());
+  const KvPoolLayout l{cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 16};
+  CudaEngineOptions o = small_device(64);
+  o.kv_cache_bytes = 16 * l.bytes_per_block();
+  auto parts = make_cuda_engine_parts(model_path("llama3-tiny"), o);
+  ASSERT_TRUE(parts.ok()) << parts.error().to_string();
+  ASSERT_EQ(parts->executor->n_kv_blocks(), 16);
+  EngineOptions eo;
+  eo.block_size = 16;
+  eo.max_batch_tokens = 64;
+  eo.max_num_seqs = 8;
+  eo.max_model_len = 256;
+  eo.kv_codecs = cuda_kv_codecs();
+  eo.model_identity = "llama3-tiny";
+  eo.kv_host_bytes = 64 * l.bytes_per_block();
+  auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
+  ASSERT_TRUE(e.ok()) << e.error().to_string();
+  Engine& engine = **e;
+  engine.start();
+  std::mt19937 rng(12);
+  auto prompt = [&] {
+    std::vector<int32_t> p(160);
+    for (auto& t : p) t = 3 + int32_t(rng() % 900);
+    return p;
+  };
+  const std::vector<int32_t> a = prompt(), b = prompt();
+  auto run = [&](const std::string& id, const std::vector<int32_t>& p) {
+    auto s = engine.submit(greedy_request(id, p, 8));
+    EXPECT_TRUE(s.ok());
+    return s.ok() ? drain(**s) : Outcome{};
+  };
+  const Outcome cold = run("cold", a);
+  const Outcome device_hit = run("device-hit", a);
+  EXPECT_EQ(device_hit.final.usage.cached_tokens, 144);  // 9 full blocks; the last token is computed
+  run("other", b);
+  const Outcome host_hit = run("host-hit", a);
+  EXPECT_EQ(host_hit.final.usage.cached_tokens, 144);
+  EXPECT_EQ(host_hit.tokens, device_hit.tokens);
+  EXPECT_EQ(cold.tokens.size(), 8u);
+  KvTierStats t;
+  for (int i = 0; i < 100; ++i) {  // stats are published by the engine loop
+    t = engine.stats().kv_tiers;
+    if (t.host_hit_blocks > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(t.enabled);
+  EXPECT_GT(t.host_hit_blocks, 0) << "the repeat was served from the host tier";
+  EXPECT_GT(t.demoted_blocks, 0);
+  engine.shutdown();
+}
+
 TEST(GpuEngineExecutor, UnsupportedModelsAreRefusedNamingTypeAndDevice) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  auto gemma = make_cuda_engine_parts(model_path("gemma2-tiny"), small_device(64));
+  auto gemma = make_cuda_engine_parts(model_path("gemma4-tiny"), small_device(64));
   ASSERT_FALSE(gemma.ok());
   EXPECT_EQ(gemma.error().code, ErrorCode::kUnsupported);
-  EXPECT_NE(gemma.error().message.find("gemma2"), std::string::npos) << gemma.error().message;
+  EXPECT_NE(gemma.error().message.find("gemma4"), std::string::npos) << gemma.error().message;
   EXPECT_NE(gemma.error().message.find("--device cuda"), std::string::npos) << gemma.error().message;
   KvCodecConfig int8;
   int8.default_spec.codec = KvCodec::kInt8;
