@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "backend/cuda/cuda_family.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -305,31 +306,47 @@ bool CudaExecutor::registered(const uint8_t* p, size_t bytes) const {
 void CudaExecutor::read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
   if (!transfer_) return StepExecutor::read_blocks_to(blocks, outs);
   const size_t bb = size_t(decoder_->kv_block_bytes());
-  bool direct = true;
-  for (uint8_t* p : outs) direct = direct && registered(p, bb);
-  if (direct) {
-    Status st = transfer_->read_direct(blocks, outs);
-    if (!st.ok()) throw std::runtime_error("KV blocks copy to the host: " + st.error().to_string());
-    return;
+  // Registered places take the direct copies; the others go through the staging, one call per
+  // run of adjacent places (a staging buffer of many blocks: one call).
+  std::vector<int32_t> direct_blocks;
+  std::vector<uint8_t*> direct_outs;
+  for (size_t i = 0; i < blocks.size();) {
+    if (registered(outs[i], bb)) {
+      direct_blocks.push_back(blocks[i]);
+      direct_outs.push_back(outs[i]);
+      ++i;
+      continue;
+    }
+    size_t r = 1;
+    while (i + r < blocks.size() && outs[i + r] == outs[i] + r * bb && !registered(outs[i + r], bb)) ++r;
+    read_blocks(blocks.subspan(i, r), outs[i]);
+    i += r;
   }
-  transfer_buf_.resize(blocks.size() * bb);
-  read_blocks(blocks, transfer_buf_.data());
-  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(outs[i], transfer_buf_.data() + i * bb, bb);
+  if (direct_blocks.empty()) return;
+  Status st = transfer_->read_direct(direct_blocks, direct_outs);
+  if (!st.ok()) throw std::runtime_error("KV blocks copy to the host: " + st.error().to_string());
 }
 
 void CudaExecutor::write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
   if (!transfer_) return StepExecutor::write_blocks_from(blocks, ins);
   const size_t bb = size_t(decoder_->kv_block_bytes());
-  bool direct = true;
-  for (const uint8_t* p : ins) direct = direct && registered(p, bb);
-  if (direct) {
-    Status st = transfer_->write_direct(blocks, ins);
-    if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
-    return;
+  std::vector<int32_t> direct_blocks;
+  std::vector<const uint8_t*> direct_ins;
+  for (size_t i = 0; i < blocks.size();) {
+    if (registered(ins[i], bb)) {
+      direct_blocks.push_back(blocks[i]);
+      direct_ins.push_back(ins[i]);
+      ++i;
+      continue;
+    }
+    size_t r = 1;
+    while (i + r < blocks.size() && ins[i + r] == ins[i] + r * bb && !registered(ins[i + r], bb)) ++r;
+    write_blocks(blocks.subspan(i, r), ins[i]);
+    i += r;
   }
-  transfer_buf_.resize(blocks.size() * bb);
-  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(transfer_buf_.data() + i * bb, ins[i], bb);
-  write_blocks(blocks, transfer_buf_.data());
+  if (direct_blocks.empty()) return;
+  Status st = transfer_->write_direct(direct_blocks, direct_ins);
+  if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
 }
 
 bool CudaExecutor::register_host_memory(void* p, size_t bytes) {
@@ -371,16 +388,10 @@ Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& co
   auto refuse = [&](const std::string& what) {
     return make_error(ErrorCode::kUnsupported, "--device cuda: " + what);
   };
-  const std::string& t = cfg.model_type;
-  if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3") {
-    return refuse("model type '" + t + "' has no CUDA forward (llama, mistral, qwen2, qwen3); use --device cpu");
-  }
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    if (cfg.is_sliding(l)) {
-      return refuse("model type '" + t + "' has sliding-window layers (layer " + std::to_string(l) +
-                    "), which the CUDA engine does not page yet; use --device cpu");
-    }
-  }
+  // Sliding-window layers keep full KV on the device (CudaDecoder applies the window in
+  // attention), so ShapeModel reports no windows and every layer reads the sequence's table.
+  auto family = family_flags(cfg);
+  if (!family.ok()) return refuse(family.error().message + "; use --device cpu");
   auto exact = [](const KvCodecSpec& s) { return s.codec == KvCodec::kAuto || s.codec == KvCodec::kBf16; };
   if (!exact(codecs.default_spec)) {
     return refuse(std::string("--kv-cache-dtype ") + kv_codec_name(codecs.default_spec.codec) +

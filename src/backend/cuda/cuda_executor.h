@@ -52,7 +52,8 @@ class CudaExecutor final : public StepExecutor {
   void read_blocks(std::span<const int32_t> blocks, uint8_t* out) override;
   void write_blocks(std::span<const int32_t> blocks, const uint8_t* in) override;
   // Straight between the pool's staging and places in registered (pinned) host memory with
-  // no host-side copy (KvTransfer::read_direct); other places go through the staging.
+  // no host-side copy (KvTransfer::read_direct); other places go through the staging
+  // (read_blocks / write_blocks), one call per run of adjacent places.
   void read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
   void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) override;
   // cudaHostRegister: the range becomes page-locked, copied to and from by DMA.
@@ -65,7 +66,6 @@ class CudaExecutor final : public StepExecutor {
   std::unique_ptr<CudaDecoder> decoder_;
   std::unique_ptr<KvTransfer> transfer_;  // null: staging could not be allocated
   std::vector<std::pair<const uint8_t*, size_t>> registered_;  // register_host_memory() ranges
-  std::vector<uint8_t> transfer_buf_;  // read_blocks_to / write_blocks_from of unregistered places
   bool registered(const uint8_t* p, size_t bytes) const;
   StepBatch batch_;
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
@@ -125,7 +125,7 @@ struct CudaEngineParts {
 };
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
-// CudaDecoder lacks, sliding-window layers, recurrent state, a KV codec other than auto/bf16.
+// CudaDecoder lacks (cuda_family.h; recurrent state among them), a KV codec other than auto/bf16.
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
 
 // Loads (or draws) the model in `dir` on the current device and sizes its KV pool. The KV
