@@ -171,6 +171,7 @@ def main():
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--log-dir", default=None, help="copy the servers' logs here before the work directory goes")
     args = p.parse_args()
     args.strata = os.path.abspath(args.strata)
     vocab = args.vocab or json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
@@ -240,6 +241,11 @@ def main():
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
     finally:
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)
+            for f in os.listdir(work):
+                if f.endswith(".log"):
+                    shutil.copy(os.path.join(work, f), os.path.join(args.log_dir, f))
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -12,6 +12,7 @@
 #   STRATA_TIER_WORK_DIR  where the disk tier lives (default /tmp: the machine's local disk)
 #   STRATA_SKIP_TESTS=1   skips gpu_kv_transfer_test
 #   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the bench (120, 300)
+#   STRATA_TIER_LOGS      also keep the servers' logs in this folder
 set -u
 out=${OUT:-/tmp/strata-tier-bench}
 mkdir -p "$out"
@@ -51,7 +52,7 @@ serve_args="--device cuda --load-format dummy --max-model-len $((prompt + 256)) 
 timeout "${STRATA_BENCH_TIMEOUT:-300}" python3 bench/kv_tier_bench.py --strata "$bin/strata" --model "$model" \
   --prompt-tokens "$prompt" --rounds "$rounds" --kv-host-bytes $((kv_prompt * 2 + (256 << 20))) \
   --serve-args "$serve_args" --work-dir "$work" --probe-bytes $((1 << 30)) --start-timeout 300 --timeout 300 \
-  --json "$out/kv_tier_bench.json" 2>&1 | tee "$out/kv_tier_bench.log"
+  --json "$out/kv_tier_bench.json" ${STRATA_TIER_LOGS:+--log-dir "$STRATA_TIER_LOGS"} 2>&1 | tee "$out/kv_tier_bench.log"
 rc=${PIPESTATUS[0]}
 # The bench ran and each hit came from its tier: cached tokens cover the prompt's full blocks.
 python3 - "$out/kv_tier_bench.json" "$prompt" "$rc" <<'PY'

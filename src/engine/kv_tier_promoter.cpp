@@ -53,6 +53,7 @@ bool TierPromoter::start(Sequence* seq, double now) {
   hold.seq = seq;
   auto job = std::make_unique<Job>();
   job->seq = seq;
+  job->t_start = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < limit; ++i) {
     const auto h = hashes.subspan(size_t(i), 1);
     if (kv_.count_cached(h) == 1) {
@@ -69,6 +70,7 @@ bool TierPromoter::start(Sequence* seq, double now) {
     kv_.release(hold.blocks, now);
     return false;
   }
+  job->start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->t_start).count();
   holds_.emplace(seq->id, std::move(hold));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,8 +169,11 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
       const size_t n = b.srcs.size();
       if (j.seq != nullptr && !j.failed) {
         try {
+          const auto t0 = std::chrono::steady_clock::now();
           install_(std::span<const int32_t>(j.blocks).subspan(size_t(j.n_installed), n), b.srcs);
+          j.install_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           j.n_installed += int32_t(n);
+          for (uint8_t l : b.leased) j.host_blocks += l;
         } catch (const std::exception& e) {  // the rest of the chain is recomputed
           log::warn("KV tier promotion: installing {} blocks from block {} failed: {}", n,
                     j.blocks[size_t(j.n_installed)], e.what());
@@ -205,6 +210,13 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
     }
     hold.handed_over = true;
     ready.push_back(hold.seq);
+    if (int64_t(j.n_installed) * block_bytes_ >= (int64_t(256) << 20)) {
+      log::info("KV tier promotion: {} blocks ({} from host memory) in {:.1f} ms: allocation and demotions {:.1f} ms, "
+                "installs {:.1f} ms",
+                j.n_installed, j.host_blocks,
+                1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - j.t_start).count(), 1e3 * j.start_s,
+                1e3 * j.install_s);
+    }
     it = jobs_.erase(it);
   }
   return ready;

@@ -17,6 +17,7 @@
 // or ended.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -83,6 +84,11 @@ class TierPromoter {
     // Engine thread: leading blocks installed; an install threw.
     int32_t n_installed = 0;
     bool failed = false;
+    // For the log line of a large promotion: when start() began, its seconds (allocations and
+    // the demotions they cause), the installs' seconds, blocks leased from host memory.
+    std::chrono::steady_clock::time_point t_start;
+    double start_s = 0.0, install_s = 0.0;
+    int64_t host_blocks = 0;
   };
   struct Hold {
     Sequence* seq = nullptr;
