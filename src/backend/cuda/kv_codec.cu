@@ -1,0 +1,701 @@
+// KV codec rows on the GPU (see kv_codec.h): the encoder and the split-KV decode attention.
+//
+// Encoder: one warp per (token, KV head) row. The row is built in shared memory as 32-bit words
+// (bytes little-endian, codes OR-ed in) and stored whole. Every value is computed with the
+// reference's own arithmetic (IEEE division and square root, round-to-nearest-even, the
+// Walsh-Hadamard butterflies in the same pairing, the turbo RMS summed in double in index
+// order), so the bytes are the reference's.
+//
+// Attention: a block (4 warps) takes one KV head of one sequence and one split of its keys.
+// A warp scores several keys at once: each key belongs to a lane group of head_dim / 16
+// lanes, each lane owning 16 consecutive dims of the key and value rows (so an affine lane
+// sees one group: one scale and bias). A row part dequantizes in registers to "unit" values u
+// with x = mul * u + add per row part; the dot is mul * sum(q u) + add * sum(q), and the value
+// sum gets (e * mul) * u per dim and e * add once per row part. Keys are scored a tile at a
+// time (the softmax rescale happens once per tile); the lane groups, then the warps, merge at
+// the end, and the split partials (max, sum of exp, unnormalized sums) are merged by a second
+// kernel, which also rotates turbo3 outputs back.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_codec.h"
+#include "backend/cuda/pdl.cuh"
+
+// Defined with the row formats (backend/reference/kv_codec.cpp); that header is C++20.
+namespace strata {
+extern const float kLloydMax3[8];
+uint64_t kv_rotation_seed(int32_t layer, int32_t kv_head);
+void kv_rotation_signs(uint64_t seed, int32_t dim, float* signs);
+}  // namespace strata
+
+namespace strata::cuda {
+namespace {
+
+using Kind = KvRowKindGpu;
+
+constexpr int kMaxDim = 256;
+constexpr int kMaxRowWords = 256;   // rows of at most 1,024 bytes
+constexpr int kMaxSignWords = 256;  // rotation sign bits of all KV heads: n_kv_heads * dim <= 8,192
+constexpr int kMaxSplits = 64;
+
+// The turbo3 constants a launch passes by value: codebook and the rotation signs of each KV
+// head (bit d of head h: bits[(h * dim + d) / 32], set for -1).
+struct TurboConsts {
+  float levels[8];
+  uint32_t sign_bits[kMaxSignWords];
+};
+
+TurboConsts turbo_consts(int32_t seed_layer, int32_t n_kv_heads, int32_t dim) {
+  TurboConsts c{};
+  for (int i = 0; i < 8; ++i) c.levels[i] = kLloydMax3[i];
+  float signs[kMaxDim];
+  for (int32_t h = 0; h < n_kv_heads; ++h) {
+    kv_rotation_signs(kv_rotation_seed(seed_layer, h), dim, signs);
+    for (int32_t d = 0; d < dim; ++d) {
+      const int32_t bit = h * dim + d;
+      if (signs[d] < 0.0f) c.sign_bits[bit / 32] |= 1u << (bit % 32);
+    }
+  }
+  return c;
+}
+
+__device__ __forceinline__ float sign_of(const TurboConsts& c, int bit) {
+  return (c.sign_bits[bit >> 5] >> (bit & 31)) & 1u ? -1.0f : 1.0f;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_min(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ uint32_t f32_to_bf16_bits(float x) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoder
+
+// reference f32_to_e4m3: round to nearest even, saturating at +-448, subnormals below 2^-6.
+__device__ uint32_t f32_to_e4m3(float x) {
+  const uint32_t sign = signbit(x) ? 0x80u : 0u;
+  float a = fabsf(x);
+  if (!(a < 448.0f)) a = 448.0f;
+  if (a < 0.015625f) return sign | uint32_t(rintf(a * 512.0f));
+  int e = 0;
+  frexpf(a, &e);
+  int q = int(rintf(ldexpf(a, 3 - (e - 1))));
+  int biased = e - 1 + 7;
+  if (q == 16) {
+    q = 8;
+    ++biased;
+  }
+  return sign | uint32_t(biased << 3) | uint32_t(q - 8);
+}
+
+__device__ __forceinline__ void or_byte(uint32_t* w, int byte, uint32_t v) {
+  atomicOr(w + (byte >> 2), v << (8 * (byte & 3)));
+}
+
+constexpr int kEncWarps = 4;
+
+__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc) {
+  __shared__ float xs[kEncWarps][kMaxDim];
+  __shared__ uint32_t ws[kEncWarps][kMaxRowWords];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
+  if (row >= int64_t(a.n_tokens) * a.n_kv_heads) return;
+  const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0) return;
+  const KvRowLayout& f = a.fmt;
+  const int dim = f.dim, n_words = f.bytes / 4;
+  float* x = xs[warp];
+  uint32_t* w = ws[warp];
+  const uint16_t* src = a.x + row * dim;
+  for (int d = lane; d < dim; d += 32) x[d] = bf16_to_f32(src[d]);
+  for (int i = lane; i < n_words; i += 32) w[i] = 0u;
+  __syncwarp();
+
+  switch (f.kind) {
+    case Kind::kBf16:
+      for (int i = lane; i < dim / 2; i += 32) w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      break;
+    case Kind::kFp8: {
+      float amax = 0.0f;
+      for (int d = lane; d < dim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+      amax = warp_max(amax);
+      const float scale = amax / 448.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      if (lane == 0) w[0] = __float_as_uint(scale);
+      for (int d = lane; d < dim; d += 32) or_byte(w, 4 + d, f32_to_e4m3(x[d] * inv));
+      break;
+    }
+    case Kind::kAffine8:
+    case Kind::kAffine4: {
+      const bool eight = f.kind == Kind::kAffine8;
+      const int qmax = eight ? 255 : 15;
+      const int packed = eight ? (dim + 3) / 4 * 4 : (dim + 7) / 8 * 4;
+      const int n_groups = dim / f.group;
+      for (int g = 0; g < n_groups; ++g) {
+        const float* xg = x + g * f.group;
+        float mn = INFINITY, mx = -INFINITY;
+        for (int i = lane; i < f.group; i += 32) mn = fminf(mn, xg[i]), mx = fmaxf(mx, xg[i]);
+        mn = warp_min(mn);
+        mx = warp_max(mx);
+        const uint32_t s16 = f32_to_bf16_bits((mx - mn) / float(qmax)), b16 = f32_to_bf16_bits(mn);
+        if (lane == 0) {
+          or_byte(w, packed + 2 * g, s16 & 0xff);
+          or_byte(w, packed + 2 * g + 1, s16 >> 8);
+          or_byte(w, packed + 2 * (n_groups + g), b16 & 0xff);
+          or_byte(w, packed + 2 * (n_groups + g) + 1, b16 >> 8);
+        }
+        const float s = bf16_to_f32(s16), b = bf16_to_f32(b16);
+        for (int i = lane; i < f.group; i += 32) {
+          const int d = g * f.group + i;
+          const int q = s > 0.0f ? min(max(int(rintf((xg[i] - b) / s)), 0), qmax) : 0;
+          if (eight) {
+            or_byte(w, d, uint32_t(q));
+          } else {
+            or_byte(w, d / 2, uint32_t(q) << (4 * (d % 2)));
+          }
+        }
+      }
+      break;
+    }
+    case Kind::kTurbo3: {
+      // y = H (s . x) / sqrt(dim): the reference's butterflies, stage by stage.
+      for (int d = lane; d < dim; d += 32) x[d] *= sign_of(tc, h * dim + d);
+      __syncwarp();
+      for (int len = 1; len < dim; len <<= 1) {
+        for (int k = lane; k < dim / 2; k += 32) {
+          const int j = (k / len) * 2 * len + k % len;
+          const float p = x[j], r = x[j + len];
+          x[j] = p + r;
+          x[j + len] = p - r;
+        }
+        __syncwarp();
+      }
+      const float norm = 1.0f / sqrtf(float(dim));
+      for (int d = lane; d < dim; d += 32) x[d] *= norm;
+      __syncwarp();
+      double ss = 0.0;
+      if (lane == 0) {
+        for (int d = 0; d < dim; ++d) ss += double(x[d]) * double(x[d]);  // index order, as the reference
+      }
+      ss = __shfl_sync(0xffffffffu, ss, 0);
+      const float rms = float(sqrt(ss / double(dim)));
+      const float inv = rms > 0.0f ? 1.0f / rms : 0.0f;
+      if (lane == 0) w[0] = __float_as_uint(rms);
+      for (int d = lane; d < dim; d += 32) {
+        const float z = x[d] * inv;
+        uint32_t c = 0;
+        while (c < 7 && z > 0.5f * (tc.levels[c] + tc.levels[c + 1])) ++c;
+        const int bit = 3 * d;
+        atomicOr(w + 1 + (bit >> 5), c << (bit & 31));
+        if ((bit & 31) > 29) atomicOr(w + 2 + (bit >> 5), c >> (32 - (bit & 31)));
+      }
+      break;
+    }
+  }
+  __syncwarp();
+  uint32_t* dst = reinterpret_cast<uint32_t*>(a.pool + (slot * a.n_kv_heads + h) * int64_t(f.bytes));
+  for (int i = lane; i < n_words; i += 32) dst[i] = w[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+constexpr int kDpl = 16;          // dims per lane
+constexpr int kAttnWarps = 4;
+constexpr int kKeysPerGroup = 2;  // keys per lane group per tile
+
+// One lane's 16 dims of one row, as loaded (before dequantization).
+template <Kind K>
+struct RowPart {
+  static constexpr int kWords = K == Kind::kBf16 ? 8 : (K == Kind::kFp8 || K == Kind::kAffine8) ? 4 : 2;
+  uint32_t w[kWords];
+  uint32_t meta0;  // fp8 scale, turbo3 rms (f32 bits); affine scale (bf16 bits)
+  uint32_t meta1;  // affine bias (bf16 bits)
+};
+
+// Row parts are read from the shared-memory staging (cp.async below).
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
+  return uint32_t(*reinterpret_cast<const unsigned short*>(p));
+}
+
+// Row part li (dims [16 li, 16 li + 16)) of `row`.
+template <Kind K>
+__device__ __forceinline__ void load_part(RowPart<K>& r, const uint8_t* row, int li, const KvRowLayout& f) {
+  if constexpr (K == Kind::kBf16) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + 32 * li);
+    const uint4 x0 = p[0], x1 = p[1];
+    r.w[0] = x0.x, r.w[1] = x0.y, r.w[2] = x0.z, r.w[3] = x0.w;
+    r.w[4] = x1.x, r.w[5] = x1.y, r.w[6] = x1.z, r.w[7] = x1.w;
+    r.meta0 = r.meta1 = 0u;
+  } else if constexpr (K == Kind::kFp8) {
+    r.meta0 = ld_u32(row);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.w[i] = ld_u32(row + 4 + 16 * li + 4 * i);
+    r.meta1 = 0u;
+  } else if constexpr (K == Kind::kAffine8 || K == Kind::kAffine4) {
+    constexpr bool eight = K == Kind::kAffine8;
+    const int packed = eight ? f.dim : f.dim / 2;
+    const int n_groups = f.dim / f.group, g = (kDpl * li) / f.group;
+#pragma unroll
+    for (int i = 0; i < RowPart<K>::kWords; ++i) r.w[i] = ld_u32(row + (eight ? 16 : 8) * li + 4 * i);
+    r.meta0 = ld_u16(row + packed + 2 * g);
+    r.meta1 = ld_u16(row + packed + 2 * (n_groups + g));
+  } else {  // turbo3: 48 bits of codes at byte 6 li of the codes
+    r.meta0 = ld_u32(row);
+    const uint8_t* c = row + 4 + 6 * li;
+    r.w[0] = ld_u16(c) | (ld_u16(c + 2) << 16);
+    r.w[1] = ld_u16(c + 4);
+    r.meta1 = 0u;
+  }
+}
+
+__device__ __forceinline__ float byte_to_f32(uint32_t b) {  // b < 2^23: exact, no I2F
+  return __uint_as_float(0x4B000000u | b) - 8388608.0f;
+}
+
+// x[i] = mul * u[i] + add for the part's 16 dims.
+template <Kind K>
+__device__ __forceinline__ void unpack(const RowPart<K>& r, const float* levels, float (&u)[kDpl], float& mul,
+                                       float& add) {
+  if constexpr (K == Kind::kBf16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      u[2 * i] = __uint_as_float(r.w[i] << 16);
+      u[2 * i + 1] = __uint_as_float(r.w[i] & 0xffff0000u);
+    }
+    mul = 1.0f;
+    add = 0.0f;
+  } else if constexpr (K == Kind::kFp8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((r.w[i] >> (16 * j)) & 0xffffu), __NV_E4M3);
+        const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+        u[4 * i + 2 * j] = f2.x;
+        u[4 * i + 2 * j + 1] = f2.y;
+      }
+    }
+    mul = __uint_as_float(r.meta0);
+    add = 0.0f;
+  } else if constexpr (K == Kind::kAffine8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) u[4 * i + j] = byte_to_f32((r.w[i] >> (8 * j)) & 0xffu);
+    }
+    mul = bf16_to_f32(r.meta0);
+    add = bf16_to_f32(r.meta1);
+  } else if constexpr (K == Kind::kAffine4) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) u[8 * i + j] = byte_to_f32((r.w[i] >> (4 * j)) & 0xfu);
+    }
+    mul = bf16_to_f32(r.meta0);
+    add = bf16_to_f32(r.meta1);
+  } else {
+    const uint64_t bits = uint64_t(r.w[0]) | (uint64_t(r.w[1]) << 32);
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) u[i] = levels[(bits >> (3 * i)) & 7u];
+    mul = __uint_as_float(r.meta0);
+    add = 0.0f;
+  }
+}
+
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes16) {
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  if (bytes16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Tiles of K/V rows in flight per warp: each stage holds one tile (tile_keys rows of K then V).
+template <Kind KK>
+constexpr int kStages = KK == Kind::kBf16 ? 3 : 6;
+
+// Dynamic shared memory of one block: the warps' staging, later reused for the warp merge.
+size_t attention_smem(const KvRowLayout& k, const KvRowLayout& v, int stages, int group) {
+  const size_t tile_keys = size_t(kKeysPerGroup) * (32 / (k.dim / kDpl));
+  const size_t staging = size_t(kAttnWarps) * stages * tile_keys * size_t(k.bytes + v.bytes);
+  const size_t merge = size_t(kAttnWarps) * group * k.dim * sizeof(float);
+  return staging > merge ? staging : merge;
+}
+
+template <Kind KK, Kind VK, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float levels[8];
+  __shared__ float s_m[kAttnWarps][G], s_l[kAttnWarps][G];
+  constexpr int kS = kStages<KK>;
+  const int kvh = blockIdx.x, split = blockIdx.y, seq = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hd = a.k_fmt.dim;
+  const int lanes_per_key = hd / kDpl, keys_per_pass = 32 / lanes_per_key;
+  const int li = lane % lanes_per_key, grp = lane / lanes_per_key;
+  if (threadIdx.x < 8) levels[threadIdx.x] = tc.levels[threadIdx.x];
+
+  const int n_keys = a.context_lens[seq];
+  const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
+  const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
+  const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+
+  // Staging of this warp: kS stages of tile_keys (K row, V row) pairs.
+  const int kb = a.k_fmt.bytes, vb = a.v_fmt.bytes, pair = kb + vb;
+  const int tile_keys = kKeysPerGroup * keys_per_pass;
+  uint8_t* stage0 = smem_raw + size_t(warp) * kS * tile_keys * pair;
+  const int64_t k_stride = int64_t(a.n_kv_heads) * kb, v_stride = int64_t(a.n_kv_heads) * vb;
+  const uint8_t* k_base = a.k_pool + int64_t(kvh) * kb;
+  const uint8_t* v_base = a.v_pool + int64_t(kvh) * vb;
+  // This warp's tiles start at k_begin + (warp + kAttnWarps i) tile_keys.
+  const int first_kt = k_begin + warp * tile_keys, kt_step = kAttnWarps * tile_keys;
+  const int n_tiles = first_kt < k_end ? (k_end - first_kt + kt_step - 1) / kt_step : 0;
+  // Copies tile i's rows into its stage (bf16 rows in 16-byte pieces, others in words).
+  constexpr int kPiece = KK == Kind::kBf16 ? 16 : 4;
+  const int k_pieces = kb / kPiece, pieces = pair / kPiece;
+  auto issue = [&](int i) {
+    if (i < n_tiles) {
+      const int kt = first_kt + i * kt_step;
+      uint8_t* buf = stage0 + size_t(i % kS) * tile_keys * pair;
+      const int n = min(tile_keys, k_end - kt);
+      for (int j = 0; j < n; ++j) {
+        const int p = kt + j;
+        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+        const uint8_t* kr = k_base + slot * k_stride;
+        const uint8_t* vr = v_base + slot * v_stride;
+        for (int c = lane; c < pieces; c += 32) {
+          const uint8_t* src = c < k_pieces ? kr + c * kPiece : vr + (c - k_pieces) * kPiece;
+          cp_async(buf + j * pair + c * kPiece, src, kPiece == 16);
+        }
+      }
+    }
+    cp_async_commit();  // an empty group keeps the count uniform
+  };
+
+  pdl_wait();
+  pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kS - 1; ++i) issue(i);
+
+  // This lane's 16 dims of the group's query heads.
+  float qf[G][kDpl], qsum[G];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const uint4* p =
+        reinterpret_cast<const uint4*>(a.q + (int64_t(seq) * a.n_heads + kvh * G + h) * hd + kDpl * li);
+    const uint4 x0 = p[0], x1 = p[1];
+    const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    qsum[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      qf[h][2 * i] = __uint_as_float(w[i] << 16);
+      qf[h][2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      qsum[h] += qf[h][2 * i] + qf[h][2 * i + 1];
+    }
+  }
+  __syncthreads();  // levels
+
+  // m: running max (warp-uniform); l, bsum: this lane group's keys; acc: its dims.
+  float m[G], l[G], bsum[G], acc[G][kDpl];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+    bsum[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) acc[h][i] = 0.0f;
+  }
+
+  for (int ti = 0; ti < n_tiles; ++ti) {
+    issue(ti + kS - 1);
+    cp_async_wait<kS - 1>();  // tile ti has landed (this lane's copies)
+    __syncwarp();             // and every lane's
+    const int kt = first_kt + ti * kt_step;
+    const uint8_t* buf = stage0 + size_t(ti % kS) * tile_keys * pair;
+    bool valid[kKeysPerGroup];
+    const uint8_t* rows[kKeysPerGroup];
+#pragma unroll
+    for (int j = 0; j < kKeysPerGroup; ++j) {
+      const int kk = grp + keys_per_pass * j;
+      valid[j] = kt + kk < k_end;
+      rows[j] = buf + (valid[j] ? kk : 0) * pair;  // an invalid key reads key 0 (valid); its weight is 0
+    }
+    float s[kKeysPerGroup][G];
+#pragma unroll
+    for (int j = 0; j < kKeysPerGroup; ++j) {
+      RowPart<KK> kr;
+      load_part<KK>(kr, rows[j], li, a.k_fmt);
+      float u[kDpl], mul, add;
+      unpack<KK>(kr, levels, u, mul, add);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kDpl; i += 2) {
+          d0 = fmaf(qf[h][i], u[i], d0);
+          d1 = fmaf(qf[h][i + 1], u[i + 1], d1);
+        }
+        s[j][h] = (d0 + d1) * mul + add * qsum[h];
+      }
+    }
+    // Sum over the lane group, then logits and the tile's max over the warp.
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeysPerGroup; ++j) {
+        for (int o = 1; o < lanes_per_key; o <<= 1) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], o);
+        float x = s[j][h] * a.scale;
+        if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+        s[j][h] = valid[j] ? x : -INFINITY;
+        tmax = fmaxf(tmax, s[j][h]);
+      }
+      for (int o = lanes_per_key; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float m_new = fmaxf(m[h], tmax);  // finite: key kt is valid for lane group 0
+      const float corr = __expf(m[h] - m_new);  // 0 while m is -inf
+      m[h] = m_new;
+      l[h] *= corr;
+      bsum[h] *= corr;
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) acc[h][i] *= corr;
+#pragma unroll
+      for (int j = 0; j < kKeysPerGroup; ++j) {
+        s[j][h] = valid[j] ? __expf(s[j][h] - m_new) : 0.0f;
+        l[h] += s[j][h];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeysPerGroup; ++j) {
+      RowPart<VK> vr;
+      load_part<VK>(vr, rows[j] + kb, li, a.v_fmt);
+      float u[kDpl], mul, add;
+      unpack<VK>(vr, levels, u, mul, add);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float wgt = s[j][h] * mul;
+        bsum[h] = fmaf(s[j][h], add, bsum[h]);
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) acc[h][i] = fmaf(wgt, u[i], acc[h][i]);
+      }
+    }
+    __syncwarp();  // the stage is read before a later issue overwrites it
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the staging becomes the merge buffer
+  float* s_acc = reinterpret_cast<float*>(smem_raw);  // [kAttnWarps, G, hd]
+
+  // Lane groups merge (they share m), then the warps through shared memory.
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    for (int o = lanes_per_key; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+    for (int i = 0; i < kDpl; ++i) {
+      float v = acc[h][i] + bsum[h];
+      for (int o = lanes_per_key; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[h][i] = v;
+    }
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) s_acc[(warp * G + h) * hd + kDpl * li + i] = acc[h][i];
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) s_m[warp][h] = m[h], s_l[warp][h] = l[h];
+  }
+  __syncthreads();
+  const int64_t stride = int64_t(a.n_seqs) * a.n_heads;
+  for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x) {
+    const int h = idx / hd, d = idx % hd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
+    float o = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) {
+      const float wgt = s_m[w][h] == -INFINITY ? 0.0f : __expf(s_m[w][h] - mx);
+      o += wgt * s_acc[(w * G + h) * hd + d];
+      sum += wgt * s_l[w][h];
+    }
+    const int64_t prow = int64_t(split) * stride + int64_t(seq) * a.n_heads + kvh * G + h;
+    a.partial_out[prow * hd + d] = o;
+    if (d == 0) {
+      a.partial_ml[prow * 2] = mx;
+      a.partial_ml[prow * 2 + 1] = sum;
+    }
+  }
+}
+
+// One block of head_dim threads per (sequence, head): merges the splits, normalizes, rotates
+// turbo3 outputs back (y = s . H y / sqrt(dim)) and stores bf16.
+__global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
+  __shared__ float split_w[kMaxSplits];
+  __shared__ float inv_s;
+  __shared__ float y[kMaxDim];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.x;  // seq * n_heads + head
+  const int64_t stride = int64_t(a.n_seqs) * a.n_heads;
+  const int hd = a.v_fmt.dim, d = threadIdx.x;
+  if (threadIdx.x == 0) {
+    float mx = -INFINITY;
+    for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, a.partial_ml[(s * stride + row) * 2]);
+    float denom = 0.0f;
+    for (int s = 0; s < a.n_splits; ++s) {
+      const float ms = a.partial_ml[(s * stride + row) * 2];
+      const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
+      split_w[s] = wgt;
+      denom += wgt * a.partial_ml[(s * stride + row) * 2 + 1];
+    }
+    inv_s = denom > 0.0f ? 1.0f / denom : 0.0f;
+  }
+  __syncthreads();
+  float o = 0.0f;
+  for (int s = 0; s < a.n_splits; ++s) {
+    const float wgt = split_w[s];
+    const float x = a.partial_out[(s * stride + row) * hd + d];
+    o += wgt != 0.0f ? wgt * x : 0.0f;
+  }
+  o *= inv_s;
+  if (a.v_fmt.kind == Kind::kTurbo3) {
+    y[d] = o;
+    for (int len = 1; len < hd; len <<= 1) {
+      __syncthreads();
+      if (d < hd / 2) {
+        const int j = (d / len) * 2 * len + d % len;
+        const float p = y[j], r = y[j + len];
+        y[j] = p + r;
+        y[j + len] = p - r;
+      }
+    }
+    __syncthreads();
+    const int kvh = int(row % a.n_heads) / (a.n_heads / a.n_kv_heads);
+    o = y[d] * (1.0f / sqrtf(float(hd))) * sign_of(tc, kvh * hd + d);
+  }
+  a.out[row * hd + d] = uint16_t(f32_to_bf16_bits(o));
+}
+
+template <Kind KK, Kind VK, int G>
+void launch_attention(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+  const dim3 grid(a.n_kv_heads, a.n_splits, a.n_seqs);
+  const size_t smem = attention_smem(a.k_fmt, a.v_fmt, kStages<KK>, G);
+  static size_t raised = 0;  // the attribute is per kernel and process-wide
+  if (smem > raised) {
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kv_codec_attention_kernel<KK, VK, G>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    raised = smem;
+  }
+  launch_pdl(kv_codec_attention_kernel<KK, VK, G>, grid, kAttnWarps * 32, smem, stream, a, tc);
+}
+
+template <Kind KK, Kind VK>
+void launch_pair(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+  switch (a.n_heads / a.n_kv_heads) {
+    case 1: launch_attention<KK, VK, 1>(a, tc, stream); return;
+    case 2: launch_attention<KK, VK, 2>(a, tc, stream); return;
+    case 4: launch_attention<KK, VK, 4>(a, tc, stream); return;
+    case 8: launch_attention<KK, VK, 8>(a, tc, stream); return;
+    default: cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "group size not 1, 2, 4 or 8");
+  }
+}
+
+bool valid_dim(int32_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+
+}  // namespace
+
+const char* kv_codec_write_problem(const KvRowLayout& f) {
+  if (!valid_dim(f.dim)) return "head dim must be 32, 64, 128 or 256";
+  if (f.bytes <= 0 || f.bytes % 4 != 0 || f.bytes > 4 * kMaxRowWords) return "row bytes must be a multiple of 4, at most 1024";
+  if (f.kind == Kind::kAffine8 || f.kind == Kind::kAffine4) {
+    if (f.group <= 0 || f.group % 16 != 0 || f.dim % f.group != 0) return "affine group must be a multiple of 16 dividing the head dim";
+  } else if (f.kind != Kind::kBf16 && f.kind != Kind::kFp8 && f.kind != Kind::kTurbo3) {
+    return "row kind not stored on the GPU";
+  }
+  return "";
+}
+
+const char* kv_codec_gpu_problem(const KvRowLayout& k, const KvRowLayout& v) {
+  const char* p = kv_codec_write_problem(k);
+  if (*p != '\0') return p;
+  p = kv_codec_write_problem(v);
+  if (*p != '\0') return p;
+  if (k.dim != v.dim) return "key and value head dims must match";
+  const bool same = k.kind == v.kind && k.kind != Kind::kTurbo3;
+  const bool turbo = k.kind == Kind::kAffine8 && v.kind == Kind::kTurbo3;
+  if (!same && !turbo) return "key/value kinds must be one codec's pair (bf16, fp8, int8, int4 or turbo)";
+  return "";
+}
+
+void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
+  const char* p = kv_codec_write_problem(a.fmt);
+  if (*p != '\0') cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_write", p);
+  if (a.fmt.kind == Kind::kTurbo3 && int64_t(a.n_kv_heads) * a.fmt.dim > 32 * kMaxSignWords) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_write", "turbo3: n_kv_heads * head dim above 8192");
+  }
+  const int64_t rows = int64_t(a.n_tokens) * a.n_kv_heads;
+  if (rows == 0) return;
+  const TurboConsts tc = a.fmt.kind == Kind::kTurbo3 ? turbo_consts(a.seed_layer, a.n_kv_heads, a.fmt.dim) : TurboConsts{};
+  launch_pdl(kv_codec_write_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps)), kEncWarps * 32, 0, stream, a,
+             tc);
+}
+
+void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream) {
+  const char* p = kv_codec_gpu_problem(a.k_fmt, a.v_fmt);
+  if (*p != '\0') cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", p);
+  if (a.n_splits < 1 || a.n_splits > kMaxSplits) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "n_splits " + std::to_string(a.n_splits) + " (1..64)");
+  }
+  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "n_heads % n_kv_heads != 0");
+  }
+  if (a.n_seqs == 0) return;
+  const bool turbo = a.v_fmt.kind == Kind::kTurbo3;
+  if (turbo && int64_t(a.n_kv_heads) * a.v_fmt.dim > 32 * kMaxSignWords) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "turbo3: n_kv_heads * head dim above 8192");
+  }
+  TurboConsts tc{};
+  if (turbo) {
+    tc = turbo_consts(a.seed_layer, a.n_kv_heads, a.v_fmt.dim);
+  } else {
+    for (int i = 0; i < 8; ++i) tc.levels[i] = kLloydMax3[i];
+  }
+  switch (a.v_fmt.kind) {
+    case Kind::kBf16: launch_pair<Kind::kBf16, Kind::kBf16>(a, tc, stream); break;
+    case Kind::kFp8: launch_pair<Kind::kFp8, Kind::kFp8>(a, tc, stream); break;
+    case Kind::kAffine8: launch_pair<Kind::kAffine8, Kind::kAffine8>(a, tc, stream); break;
+    case Kind::kAffine4: launch_pair<Kind::kAffine4, Kind::kAffine4>(a, tc, stream); break;
+    case Kind::kTurbo3: launch_pair<Kind::kAffine8, Kind::kTurbo3>(a, tc, stream); break;
+  }
+  launch_pdl(kv_codec_combine_kernel, dim3(unsigned(a.n_seqs * a.n_heads)), unsigned(a.v_fmt.dim), 0, stream, a, tc);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,88 @@
+// KV codecs on the GPU: writing a step's new K/V rows into paged codec blocks, and decode
+// attention that reads the codec rows directly. The rows are byte for byte the formats of
+// backend/reference/kv_codec.h (one row per token and KV head, pools laid out [n_blocks *
+// block_size, n_kv_heads] rows as the CPU's cpu::kv_write_rows writes them), so a block can
+// move between the CPU and the GPU (tiers, checkpoints) without conversion.
+//
+// This header stays C++17 (nvcc compiles the .cu as C++17): a row format travels as
+// KvRowLayout, made from a KvRowFormat by kv_row_layout() in the C++20 code that has one.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+// Row kinds: the numeric values of strata::KvRowKind (kF32 is not stored on the GPU).
+enum class KvRowKindGpu : int32_t { kBf16 = 1, kFp8 = 2, kAffine8 = 3, kAffine4 = 4, kTurbo3 = 5 };
+
+struct KvRowLayout {
+  KvRowKindGpu kind = KvRowKindGpu::kBf16;
+  int32_t dim = 0;    // head dim
+  int32_t group = 0;  // affine group size (affine kinds only)
+  int32_t bytes = 0;  // bytes of one row (KvRowFormat::bytes())
+};
+
+// From a strata::KvRowFormat (or anything with kind, dim, group and bytes()).
+template <class Format>
+KvRowLayout kv_row_layout(const Format& f) {
+  return KvRowLayout{KvRowKindGpu(int32_t(f.kind)), f.dim, f.group, int32_t(f.bytes())};
+}
+
+// Empty when the GPU kernels handle this key/value layout pair, else why not. Supported pairs:
+// bf16/bf16, fp8/fp8, affine8/affine8, affine4/affine4 and affine8/turbo3 (the turbo codec);
+// head dims 32, 64, 128 or 256 (keys and values alike); affine groups a multiple of 16 that
+// divides the head dim; rows of at most 1,024 bytes.
+const char* kv_codec_gpu_problem(const KvRowLayout& k, const KvRowLayout& v);
+// Empty when launch_kv_codec_write can encode rows of this layout (the same head dims and
+// groups as above, any kind).
+const char* kv_codec_write_problem(const KvRowLayout& f);
+
+// Encodes x into pool rows: token t's head h goes to row slot_mapping[t] * n_kv_heads + h of
+// the pool (slot = block * block_size + position % block_size); slot < 0 skips the token.
+// The bytes equal reference::kv_encode_row of the same values (turbo3 rows use the rotation
+// seed kv_rotation_seed(seed_layer, h)).
+struct KvCodecWriteArgs {
+  const uint16_t* x;             // [n_tokens, n_kv_heads, fmt.dim] bf16
+  const int64_t* slot_mapping;   // [n_tokens]
+  uint8_t* pool;                 // [n_blocks * block_size, n_kv_heads] rows of fmt.bytes
+  KvRowLayout fmt;
+  int32_t n_tokens;
+  int32_t n_kv_heads;
+  int32_t seed_layer;            // turbo3 only
+};
+void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
+
+// Decode attention over codec pools: sequence s has one query token (its heads q[s]) that
+// sees the keys at positions [0, context_lens[s]) of its block table (its own key included:
+// write it first). GQA: query head h reads KV head h / (n_heads / n_kv_heads). The keys of a
+// sequence are cut into n_splits chunks; each (KV head, split, sequence) block dequantizes its
+// rows in registers (no dequantized copy) with f32 sums and writes partial (out, max, sum);
+// launch_kv_codec_attention then merges the splits (turbo3 values: in the rotated domain, then
+// rotated back once per output vector) into out.
+struct KvCodecAttentionArgs {
+  const uint16_t* q;            // [n_seqs, n_heads, k_fmt.dim] bf16
+  uint16_t* out;                // [n_seqs, n_heads, v_fmt.dim] bf16
+  const uint8_t* k_pool;        // [n_blocks * block_size, n_kv_heads] rows of k_fmt.bytes
+  const uint8_t* v_pool;        // [n_blocks * block_size, n_kv_heads] rows of v_fmt.bytes
+  KvRowLayout k_fmt;
+  KvRowLayout v_fmt;
+  int32_t seed_layer;           // turbo3 values: KV head h uses kv_rotation_seed(seed_layer, h)
+  const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]
+  const int32_t* context_lens;  // [n_seqs] keys each query sees, >= 1
+  float* partial_out;           // [n_splits, n_seqs, n_heads, v_fmt.dim] scratch
+  float* partial_ml;            // [n_splits, n_seqs, n_heads, 2] scratch: max, sum of exp
+  int32_t n_seqs;
+  int32_t n_splits;             // 1..64
+  int32_t max_blocks_per_seq;
+  int32_t block_size;
+  int32_t n_heads;
+  int32_t n_kv_heads;           // n_heads / n_kv_heads in {1, 2, 4, 8}
+  float scale;                  // multiplies q.k
+  float softcap;                // 0: none; else logits = softcap * tanh(logits / softcap)
+};
+// Both kernels (the split blocks, then the merge). Layouts must pass kv_codec_gpu_problem.
+void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream);
+
+}  // namespace strata::cuda
