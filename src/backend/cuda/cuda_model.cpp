@@ -5,7 +5,10 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_family.h"
+#include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 #include "model/rope.h"
@@ -26,7 +29,13 @@ struct CudaDecoder::Layer {
   uint16_t* gate_up = nullptr;  // [2 inter, hidden]: gate rows then up rows
   uint16_t* down = nullptr;     // [hidden, inter]
   float* in_norm = nullptr;     // [hidden]
-  float* post_norm = nullptr;   // [hidden]
+  float* post_norm = nullptr;   // [hidden] the FFN input norm (sandwich: pre_feedforward_layernorm)
+  float* attn_out_norm = nullptr;  // [hidden] sandwich: post_attention_layernorm, else null
+  float* ffn_out_norm = nullptr;   // [hidden] sandwich: post_feedforward_layernorm, else null
+  // Sparse (MoE) layers instead of gate_up/down:
+  uint16_t* router = nullptr;           // [n_experts, hidden]
+  uint16_t* experts_gate_up = nullptr;  // [n_experts, 2 moe_inter, hidden]: gate rows then up rows
+  uint16_t* experts_down = nullptr;     // [n_experts, hidden, moe_inter]
   float* qkv_bias = nullptr;    // [(n_heads + 2 n_kv_heads) head_dim] or null
   float* o_bias = nullptr;      // [hidden] or null
   float* q_norm = nullptr;      // [head_dim] or null
@@ -60,6 +69,16 @@ struct CudaDecoder::Buffers {
   float* ss_embed = nullptr;       // [kGemvMaxRows] sum of squares of each embedded row
   float* ss_parts = nullptr;       // [kGemvMaxRows, gemv_blocks(hidden)] per-block sums of squares
   int32_t* split_counters = nullptr;  // [S, n_kv_heads] zeros between steps (attention's in-kernel combine)
+  // MoE layers (moe.h), when the model has any: K = T * top_k routed slots.
+  float* moe_logits = nullptr;      // [T, n_experts]
+  int32_t* moe_ids = nullptr;       // [T, top_k]
+  float* moe_w = nullptr;           // [T, top_k]
+  int32_t* moe_offsets = nullptr;   // [n_experts + 1]
+  int32_t* moe_sorted = nullptr;    // [K]
+  int32_t* moe_slot_row = nullptr;  // [K]
+  uint16_t* moe_gate_up = nullptr;  // [K, 2 moe_inter]
+  uint16_t* moe_act = nullptr;      // [K, moe_inter]
+  float* moe_y = nullptr;           // [K, hidden]
 
   // Step metadata: one pinned host block mirrored by one device block, same offsets.
   char* meta_host = nullptr;
@@ -102,6 +121,7 @@ namespace {
 
 struct Dims {
   int64_t H, V, nh, nkv, hd, I, L, qkv_rows;
+  int64_t E, top_k, mI, n_sparse;  // MoE: experts, experts per token, expert inter, sparse layers
 };
 
 Dims dims_of(const ModelConfig& c) {
@@ -114,6 +134,11 @@ Dims dims_of(const ModelConfig& c) {
   d.I = c.intermediate;
   d.L = c.n_layers;
   d.qkv_rows = (d.nh + 2 * d.nkv) * d.hd;
+  d.n_sparse = 0;
+  for (int64_t l = 0; l < d.L; ++l) d.n_sparse += layer_sparse(c, l) ? 1 : 0;
+  d.E = d.n_sparse > 0 ? c.n_experts : 0;
+  d.top_k = d.n_sparse > 0 ? c.n_experts_per_tok : 0;
+  d.mI = d.n_sparse > 0 ? c.moe_intermediate : 0;
   return d;
 }
 
@@ -130,9 +155,17 @@ size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_ro
   for (int64_t l = 0; l < d.L; ++l) {
     add(2 * d.qkv_rows * d.H);
     add(2 * d.H * d.nh * d.hd);
-    add(2 * 2 * d.I * d.H);
-    add(2 * d.H * d.I);
+    if (l < d.L - d.n_sparse) {  // as many dense layers as there are (which ones does not matter)
+      add(2 * 2 * d.I * d.H);
+      add(2 * d.H * d.I);
+    } else {
+      add(2 * d.E * d.H);
+      add(2 * d.E * 2 * d.mI * d.H);
+      add(2 * d.E * d.H * d.mI);
+    }
     add(4 * d.H);
+    add(4 * d.H);
+    add(4 * d.H);  // sandwich norms
     add(4 * d.H);
     add(4 * d.qkv_rows);
     add(4 * d.H);
@@ -156,6 +189,18 @@ size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_ro
   add(4 * kGemvMaxRows);
   add(4 * kGemvMaxRows * size_t(gemv_blocks(d.H)));
   add(4 * S * d.nkv);
+  if (d.n_sparse > 0) {
+    const size_t K = T * size_t(d.top_k);
+    add(4 * T * d.E);
+    add(4 * K);
+    add(4 * K);
+    add(4 * (d.E + 1));
+    add(4 * K);
+    add(4 * K);
+    add(2 * K * 2 * d.mI);
+    add(2 * K * d.mI);
+    add(4 * K * d.H);
+  }
   add(kGemmWorkspace);
   add(1 << 20);  // step metadata (sized exactly in init_common; checked there)
   return b;
@@ -214,6 +259,18 @@ Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o
   TAKE(ss_embed, float, kGemvMaxRows);
   TAKE(ss_parts, float, kGemvMaxRows * gemv_blocks(d.H));
   TAKE(split_counters, int32_t, S * d.nkv);
+  if (d.n_sparse > 0) {
+    const int64_t K = T * d.top_k;
+    TAKE(moe_logits, float, T * d.E);
+    TAKE(moe_ids, int32_t, K);
+    TAKE(moe_w, float, K);
+    TAKE(moe_offsets, int32_t, d.E + 1);
+    TAKE(moe_sorted, int32_t, K);
+    TAKE(moe_slot_row, int32_t, K);
+    TAKE(moe_gate_up, uint16_t, K * 2 * d.mI);
+    TAKE(moe_act, uint16_t, K * d.mI);
+    TAKE(moe_y, float, K * d.H);
+  }
 #undef TAKE
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(b->split_counters, 0, size_t(S * d.nkv) * sizeof(int32_t)));
   auto ws = arena.take(kGemmWorkspace, "GEMM workspace");
@@ -244,30 +301,6 @@ Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o
   b->meta_host = static_cast<char*>(mh);
   STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->meta_copied, cudaEventDisableTiming));
   return Status();
-}
-
-struct FamilyFlags {
-  bool qk_norm = false, qkv_bias = false, o_bias = false;
-};
-
-Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
-  FamilyFlags f;
-  if (cfg.model_type == "llama" || cfg.model_type == "mistral") {
-    f.qkv_bias = f.o_bias = cfg.attention_bias;
-  } else if (cfg.model_type == "qwen2") {
-    f.qkv_bias = true;
-  } else if (cfg.model_type == "qwen3") {
-    f.qk_norm = true;
-    f.qkv_bias = f.o_bias = cfg.attention_bias;
-  } else {
-    return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type +
-                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3)");
-  }
-  if (cfg.mlp_bias) return make_error(ErrorCode::kUnsupported, "mlp_bias is not supported by the CUDA forward");
-  if (cfg.final_softcap != 0.0f || cfg.attn_softcap != 0.0f) {
-    return make_error(ErrorCode::kUnsupported, "logit soft-capping is not wired into the CUDA forward of " + cfg.model_type);
-  }
-  return f;
 }
 
 // Distinct layer types in order, and each layer's index into them.
@@ -321,9 +354,17 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   m->qkv_bias_ = flags->qkv_bias;
   m->o_bias_ = flags->o_bias;
   m->act_ = *act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
+  m->one_plus_w_ = flags->one_plus_w;
+  m->sandwich_ = flags->sandwich;
+  m->embed_scale_ = flags->embed_scale;
+  m->attn_softcap_ = options.attn_softcap ? flags->attn_softcap : 0.0f;
+  m->final_softcap_ = flags->final_softcap;
+  m->moe_ = flags->moe;
+  m->fused_ok_ = !m->one_plus_w_ && !m->sandwich_ && m->embed_scale_ == 1.0f && m->attn_softcap_ == 0.0f &&
+                 m->final_softcap_ == 0.0f && !m->moe_;
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(m->cfg_);
-  m->attn_scale_ = float(1.0 / std::sqrt(double(d.hd)));
+  m->attn_scale_ = flags->attn_scale > 0.0f ? flags->attn_scale : float(1.0 / std::sqrt(double(d.hd)));
   std::vector<int32_t> rope_index;
   const auto types = rope_types(m->cfg_, &rope_index);
   const bool tied = m->cfg_.lm_head_name.empty();
@@ -380,17 +421,40 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
       LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_bf16, "qkv");
     }
     LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_bf16, "o_proj");
-    {
+    if (layer_sparse(m->cfg_, l)) {
+      LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_bf16, "router");
+      std::vector<float> gu, dn;
+      for (int64_t e = 0; e < d.E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        for (const char* name : {"gate_proj", "up_proj"}) {
+          auto t = w.f32(x + name + ".weight", {d.mI, d.H});
+          if (!t.ok()) return t.error();
+          gu.insert(gu.end(), t->begin(), t->end());
+        }
+        auto t = w.f32(x + "down_proj.weight", {d.H, d.mI});
+        if (!t.ok()) return t.error();
+        dn.insert(dn.end(), t->begin(), t->end());
+      }
+      LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_bf16, "experts gate_up");
+      LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_bf16, "experts down_proj");
+    } else {
+      if (d.I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
       auto g = w.f32(p + "mlp.gate_proj.weight", {d.I, d.H});
       if (!g.ok()) return g.error();
       auto u = w.f32(p + "mlp.up_proj.weight", {d.I, d.H});
       if (!u.ok()) return u.error();
       g->insert(g->end(), u->begin(), u->end());
       LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_bf16, "gate_up");
+      LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_bf16, "down_proj");
     }
-    LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_bf16, "down_proj");
     LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
-    LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+    if (m->sandwich_) {
+      LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+      LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", d.H), upload_f32, "pre-feedforward norm");
+      LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", d.H), upload_f32, "post-feedforward norm");
+    } else {
+      LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+    }
     if (m->qkv_bias_) {
       std::vector<float> bias;
       for (const auto& [name, rows] : {std::pair<std::string, int64_t>{"q_proj", d.nh * d.hd}, {"k_proj", d.nkv * d.hd},
@@ -423,12 +487,23 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
                                                          uint64_t seed, float scale) {
   auto flags = family_flags(cfg);
   if (!flags.ok()) return flags.error();
+  auto act = activation_from_name(cfg.hidden_act);
+  if (!act.ok()) return act.error();
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
   m->cfg_ = cfg;
   m->qk_norm_ = flags->qk_norm;
+  m->act_ = *act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
+  m->one_plus_w_ = flags->one_plus_w;
+  m->sandwich_ = flags->sandwich;
+  m->embed_scale_ = flags->embed_scale;
+  m->attn_softcap_ = options.attn_softcap ? flags->attn_softcap : 0.0f;
+  m->final_softcap_ = flags->final_softcap;
+  m->moe_ = flags->moe;
+  m->fused_ok_ = !m->one_plus_w_ && !m->sandwich_ && m->embed_scale_ == 1.0f && m->attn_softcap_ == 0.0f &&
+                 m->final_softcap_ == 0.0f && !m->moe_;
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(cfg);
-  m->attn_scale_ = float(1.0 / std::sqrt(double(d.hd)));
+  m->attn_scale_ = flags->attn_scale > 0.0f ? flags->attn_scale : float(1.0 / std::sqrt(double(d.hd)));
   std::vector<int32_t> rope_index;
   const auto types = rope_types(cfg, &rope_index);
   const bool tied = cfg.tie_embeddings;
@@ -445,11 +520,13 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
     launch_fill_random_bf16(*dst, n, ++s, scale, m->stream_);
     return Status();
   };
+  // Norm weights that scale by 1 ((1 + w) norms hold 0).
+  const float unit = m->one_plus_w_ ? 0.0f : 1.0f;
   auto ones = [&](float** dst, int64_t n, const char* what) -> Status {
     auto p = A.take_array<float>(size_t(n), what);
     if (!p.ok()) return p.error();
     *dst = *p;
-    launch_fill_f32(*dst, n, 1.0f, m->stream_);
+    launch_fill_f32(*dst, n, unit, m->stream_);
     return Status();
   };
   STRATA_RETURN_IF_ERROR(rnd(&B.embed, d.V * d.H, "embedding"));
@@ -473,10 +550,20 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
     Layer& L = m->layers_[size_t(l)];
     STRATA_RETURN_IF_ERROR(rnd(&L.qkv, d.qkv_rows * d.H, "qkv"));
     STRATA_RETURN_IF_ERROR(rnd(&L.o, d.H * d.nh * d.hd, "o_proj"));
-    STRATA_RETURN_IF_ERROR(rnd(&L.gate_up, 2 * d.I * d.H, "gate_up"));
-    STRATA_RETURN_IF_ERROR(rnd(&L.down, d.H * d.I, "down_proj"));
+    if (layer_sparse(cfg, l)) {
+      STRATA_RETURN_IF_ERROR(rnd(&L.router, d.E * d.H, "router"));
+      STRATA_RETURN_IF_ERROR(rnd(&L.experts_gate_up, d.E * 2 * d.mI * d.H, "experts gate_up"));
+      STRATA_RETURN_IF_ERROR(rnd(&L.experts_down, d.E * d.H * d.mI, "experts down_proj"));
+    } else {
+      STRATA_RETURN_IF_ERROR(rnd(&L.gate_up, 2 * d.I * d.H, "gate_up"));
+      STRATA_RETURN_IF_ERROR(rnd(&L.down, d.H * d.I, "down_proj"));
+    }
     STRATA_RETURN_IF_ERROR(ones(&L.in_norm, d.H, "input norm"));
     STRATA_RETURN_IF_ERROR(ones(&L.post_norm, d.H, "post-attention norm"));
+    if (m->sandwich_) {
+      STRATA_RETURN_IF_ERROR(ones(&L.attn_out_norm, d.H, "post-attention norm"));
+      STRATA_RETURN_IF_ERROR(ones(&L.ffn_out_norm, d.H, "post-feedforward norm"));
+    }
     if (m->qk_norm_) {
       STRATA_RETURN_IF_ERROR(ones(&L.q_norm, d.hd, "q_norm"));
       STRATA_RETURN_IF_ERROR(ones(&L.k_norm, d.hd, "k_norm"));
@@ -696,7 +783,7 @@ QkvPostArgs CudaDecoder::qkv_post_args(size_t l) const {
   qa.rot_dim = B.rope_rot_dim[size_t(L.rope)];
   qa.attn_factor = B.rope_attn_factor[size_t(L.rope)];
   qa.norm_eps = cfg_.rms_eps;
-  qa.norm_one_plus_w = 0;
+  qa.norm_one_plus_w = one_plus_w_ ? 1 : 0;
   return qa;
 }
 
@@ -727,8 +814,24 @@ PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l)
   pa.head_dim = int32_t(d.hd);
   pa.window = L.window;
   pa.scale = attn_scale_;
-  pa.softcap = 0.0f;
+  pa.softcap = attn_softcap_;
   return pa;
+}
+
+// The sparse FFN of layer L over the n tokens of h into branch (see moe.h for the steps).
+void CudaDecoder::launch_moe_ffn(const Layer& L, int64_t n, cudaStream_t st) {
+  const Dims d = dims_of(cfg_);
+  Buffers& B = *buf_;
+  const int32_t k = int32_t(d.top_k), E = int32_t(d.E);
+  gemm_->run(st, B.h, L.router, B.moe_logits, GemmOut::kF32, n, d.E, d.H);
+  launch_moe_route({B.moe_logits, B.moe_ids, B.moe_w, int32_t(n), E, k, cfg_.norm_topk_prob ? 1 : 0, nullptr}, st);
+  launch_moe_group({B.moe_ids, int32_t(n) * k, E, B.moe_offsets, B.moe_sorted, B.moe_slot_row}, st);
+  // An expert takes a token at most once: a group holds at most n rows.
+  launch_grouped_gemm({B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E, int32_t(n), 2 * d.mI, d.H},
+                      st);
+  launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * k, int32_t(d.mI), Act(act_)}, st);
+  launch_grouped_gemm({B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, d.mI}, st);
+  launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.branch, int32_t(n), k, int32_t(d.H)}, st);
 }
 
 void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
@@ -738,20 +841,27 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   cudaStream_t st = stream_;
   STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
   if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
-  const bool fused = shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
+  const bool fused = fused_ok_ && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
                      n_rows == n && shape.n_splits <= 32 && d.H % 8 == 0 && (d.nh * d.hd) % 8 == 0 && d.I % 8 == 0;
   if (fused) {
     launch_fused_decode(shape);
     return;
   }
-  launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f}, st);
+  launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
+  const int32_t opw = one_plus_w_ ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     const bool first = l == 0;
     // x += previous layer's MLP output; h = norm_in(x).
-    launch_add_rms_norm({B.x, first ? nullptr : B.branch, nullptr, L.in_norm, nullptr, B.h, int32_t(n), int32_t(d.H),
-                         cfg_.rms_eps, 0},
-                        st);
+    if (!first && sandwich_) {
+      launch_sandwich_add_norm({B.x, B.branch, nullptr, layers_[l - 1].ffn_out_norm, L.in_norm, B.h, int32_t(n), int32_t(d.H),
+                                cfg_.rms_eps, opw},
+                               st);
+    } else {
+      launch_add_rms_norm({B.x, first ? nullptr : B.branch, nullptr, L.in_norm, nullptr, B.h, int32_t(n), int32_t(d.H),
+                           cfg_.rms_eps, opw},
+                          st);
+    }
     gemm_->run(st, B.h, L.qkv, B.qkv, GemmOut::kF32, n, d.qkv_rows, d.H);
     QkvPostArgs qa = qkv_post_args(l);
     qa.n = int32_t(n);
@@ -760,18 +870,35 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     launch_paged_attention(pa, st);
     launch_attention_combine(pa, st);
     gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, d.H, d.nh * d.hd);
-    launch_add_rms_norm({B.x, B.branch, L.o_bias, L.post_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, 0}, st);
-    gemm_->run(st, B.h, L.gate_up, B.gate_up, GemmOut::kBF16, n, 2 * d.I, d.H);
-    launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(d.I), Act(act_)}, st);
-    gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, d.H, d.I);
+    if (sandwich_) {
+      launch_sandwich_add_norm({B.x, B.branch, L.o_bias, L.attn_out_norm, L.post_norm, B.h, int32_t(n), int32_t(d.H),
+                                cfg_.rms_eps, opw},
+                               st);
+    } else {
+      launch_add_rms_norm({B.x, B.branch, L.o_bias, L.post_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, opw}, st);
+    }
+    if (L.router != nullptr) {
+      launch_moe_ffn(L, n, st);
+    } else {
+      gemm_->run(st, B.h, L.gate_up, B.gate_up, GemmOut::kBF16, n, 2 * d.I, d.H);
+      launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(d.I), Act(act_)}, st);
+      gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, d.H, d.I);
+    }
   }
   if (n_rows == 0) return;
   // x += last MLP output (h is scratch here), then the final norm of the logit rows only.
-  launch_add_rms_norm({B.x, B.branch, nullptr, buf_->final_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, 0}, st);
+  if (sandwich_ && !layers_.empty()) {
+    launch_sandwich_add_norm({B.x, B.branch, nullptr, layers_.back().ffn_out_norm, buf_->final_norm, B.h, int32_t(n),
+                              int32_t(d.H), cfg_.rms_eps, opw},
+                             st);
+  } else {
+    launch_add_rms_norm({B.x, B.branch, nullptr, buf_->final_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, opw}, st);
+  }
   launch_add_rms_norm({B.x, nullptr, nullptr, buf_->final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, int32_t(n_rows),
-                       int32_t(d.H), cfg_.rms_eps, 0},
+                       int32_t(d.H), cfg_.rms_eps, opw},
                       st);
   gemm_->run(st, B.rows_h, B.lm_head, B.logits, GemmOut::kF32, n_rows, d.V, d.H);
+  if (final_softcap_ > 0.0f) launch_softcap(B.logits, n_rows * d.V, final_softcap_, st);
   launch_argmax({B.logits, B.argmax, int32_t(n_rows), int32_t(d.V)}, st);
 }
 

@@ -1,5 +1,6 @@
-// CudaDecoder: the GPU forward of the plain pre-norm decoder families (llama, mistral, qwen2,
-// qwen3) in bf16 weights with an f32 residual stream. It reads the shared ModelConfig and
+// CudaDecoder: the GPU forward of the pre-norm decoder families of model/decoder.h (llama,
+// mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text and its multimodal wrapper's text
+// path) in bf16 weights with an f32 residual stream. It reads the shared ModelConfig and
 // the checkpoint through model/ (config parsing, weight names, RoPE tables are not forked),
 // keeps every weight in one DeviceArena and the KV cache in one KvBlockPool, and allocates
 // nothing once created: a step only copies its metadata (tokens, positions, block tables)
@@ -7,6 +8,12 @@
 //
 // Layer: x += o(attn(rope(norm_q/k(qkv(norm_in(x)))))); x += down(act(gate(h)) * up(h)),
 // h = norm_post(x), with the residual adds fused into the next RMSNorm.
+// Gemma 2/3 (family_kernels.h): (1 + w) norms, sandwich norms (each branch output is normed
+// before its residual add), embedding times sqrt(hidden), GELU-tanh, query_pre_attn_scalar,
+// attention and final logit soft-caps. Sliding-window layers keep full KV in the one pool
+// (every layer's block table is the sequence's table); the window is applied in attention.
+// MoE layers (qwen3_moe, moe.h): router GEMM, device top-k routing, experts as grouped GEMMs
+// over the tokens sorted by expert. Only the plain families take the fused decode path.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,6 +44,9 @@ struct CudaModelOptions {
   // size, captured the second time that size is seen (the first runs plainly, loading modules
   // and GEMM plans outside the capture).
   bool cuda_graphs = true;
+  // Apply attn_logit_softcapping (Gemma 2) as the architecture defines it; false reproduces
+  // transformers 5's default attention, which drops it (see LoadOptions::attn_softcap).
+  bool attn_softcap = true;
 };
 
 class CudaDecoder {
@@ -112,6 +122,7 @@ class CudaDecoder {
   };
   void launch_step(const StepShape& shape, bool record_copy);
   void launch_fused_decode(const StepShape& shape);
+  void launch_moe_ffn(const Layer& layer, int64_t n, cudaStream_t stream);
   QkvPostArgs qkv_post_args(size_t layer) const;
   PagedAttentionArgs attention_args(const StepShape& shape, size_t layer) const;
 
@@ -122,6 +133,14 @@ class CudaDecoder {
   bool o_bias_ = false;
   int32_t act_ = 0;  // Act
   float attn_scale_ = 1.0f;
+  // Family settings beyond the plain layer (see the top of this file).
+  bool one_plus_w_ = false;
+  bool sandwich_ = false;
+  float embed_scale_ = 1.0f;
+  float attn_softcap_ = 0.0f;
+  float final_softcap_ = 0.0f;
+  bool moe_ = false;
+  bool fused_ok_ = true;  // the fused decode path computes this family
   int64_t weight_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceArena> arena_;

@@ -1,0 +1,57 @@
+#include "backend/cuda/cuda_family.h"
+
+#include <algorithm>
+#include <string>
+
+#include "model/decoder.h"
+
+namespace strata::cuda {
+
+Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
+  FamilyFlags f;
+  if (cfg.model_type == "llama" || cfg.model_type == "mistral") {
+    f.qkv_bias = f.o_bias = cfg.attention_bias;
+  } else if (cfg.model_type == "qwen2") {
+    f.qkv_bias = true;
+  } else if (cfg.model_type == "qwen3") {
+    f.qk_norm = true;
+    f.qkv_bias = f.o_bias = cfg.attention_bias;
+  } else if (cfg.model_type == "qwen3_moe") {
+    if (cfg.n_experts <= 0) return make_error(ErrorCode::kInvalidArgument, "qwen3_moe config needs num_experts (or num_local_experts) > 0");
+    if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts || cfg.n_experts_per_tok > 64) {
+      return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(cfg.n_experts_per_tok) +
+                                                         " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
+    }
+    if (cfg.n_experts > 4096) return make_error(ErrorCode::kUnsupported, "num_experts " + std::to_string(cfg.n_experts) + " (the CUDA routing takes at most 4096)");
+    if (cfg.moe_intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size must be positive");
+    f.qk_norm = true;
+    f.qkv_bias = f.o_bias = cfg.attention_bias;
+    f.moe = true;
+  } else if (cfg.model_type == "gemma2" || cfg.model_type == "gemma3_text") {
+    auto spec = gemma2_decoder_spec(cfg);
+    if (!spec.ok()) return spec.error();
+    f.qk_norm = cfg.model_type == "gemma3_text";
+    f.qkv_bias = spec->qkv_bias;
+    f.o_bias = spec->o_bias;
+    f.one_plus_w = spec->norm_one_plus_w;
+    f.sandwich = spec->sandwich_norms;
+    f.embed_scale = spec->embed_scale;
+    f.attn_scale = spec->attn_scale;
+    f.attn_softcap = spec->attn_softcap;
+    f.final_softcap = spec->final_softcap;
+  } else {
+    return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type +
+                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text)");
+  }
+  if (cfg.mlp_bias) return make_error(ErrorCode::kUnsupported, "mlp_bias is not supported by the CUDA forward");
+  return f;
+}
+
+bool layer_sparse(const ModelConfig& c, int64_t l) {
+  return c.model_type == "qwen3_moe" && c.n_experts > 0 &&
+         std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), int32_t(l)) == c.mlp_only_layers.end() &&
+         (l + 1) % std::max(1, c.decoder_sparse_step) == 0;
+}
+
+
+}  // namespace strata::cuda

@@ -1,0 +1,31 @@
+// Which decoder families CudaDecoder computes and what each changes in the plain layer: the
+// settings of the family's DecoderSpec (model/decoder.h) that the CUDA forward implements,
+// derived from the shared ModelConfig (no config parsing of its own).
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "model/model_config.h"
+
+namespace strata::cuda {
+
+struct FamilyFlags {
+  bool qk_norm = false, qkv_bias = false, o_bias = false;
+  bool one_plus_w = false;  // RMSNorm scales by (1 + w)
+  bool sandwich = false;    // norms on the attention and FFN outputs too (Gemma 2/3)
+  bool moe = false;         // sparse layers per layer_sparse
+  float embed_scale = 1.0f;
+  float attn_scale = 0.0f;  // 0: head_dim^-0.5
+  float attn_softcap = 0.0f, final_softcap = 0.0f;
+};
+
+// The flags of cfg's family, or kUnsupported naming the model_type (kInvalidArgument for a
+// MoE config without experts or with a bad top-k).
+Result<FamilyFlags> family_flags(const ModelConfig& cfg);
+
+// Whether layer l routes to experts: the rule of load_decoder (model/decoder.cpp) for the
+// families that set DecoderSpec::moe.
+bool layer_sparse(const ModelConfig& cfg, int64_t l);
+
+}  // namespace strata::cuda

@@ -1,0 +1,205 @@
+// Mixture-of-experts kernels (see moe.h). Plain CUDA-core code, written for correctness and
+// for any shape; launched plainly (no programmatic dependent launch).
+#include <cuda_bf16.h>
+
+#include <cfloat>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe.h"
+
+namespace strata::cuda {
+namespace {
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+// One thread per token. The softmax terms are recomputed per top-k pass instead of stored
+// (a thread has no room for E of them); the same expression gives the same bits each time.
+__global__ void moe_route_kernel(MoeRouteArgs a) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= a.n) return;
+  const float* l = a.logits + int64_t(t) * a.n_experts;
+  float mx = l[0];
+  for (int e = 1; e < a.n_experts; ++e) mx = fmaxf(mx, l[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < a.n_experts; ++e) sum += expf(l[e] - mx);
+  float prev_p = FLT_MAX, top_sum = 0.0f;
+  int prev_e = -1;
+  int32_t* ids = a.ids + int64_t(t) * a.k;
+  float* w = a.weights + int64_t(t) * a.k;
+  // Order: p descending, then id ascending; pass j takes the first expert after pass j - 1's.
+  for (int j = 0; j < a.k; ++j) {
+    int best = -1;
+    float bp = -1.0f;
+    for (int e = 0; e < a.n_experts; ++e) {
+      const float p = expf(l[e] - mx) / sum;
+      const bool after = p < prev_p || (p == prev_p && e > prev_e);
+      if (after && (best < 0 || p > bp)) {
+        best = e;
+        bp = p;
+      }
+    }
+    ids[j] = best;
+    w[j] = bp;
+    top_sum += bp;
+    prev_p = bp;
+    prev_e = best;
+  }
+  for (int j = 0; j < a.k; ++j) {
+    float v = a.renormalize ? w[j] / top_sum : w[j];
+    if (a.expert_scale != nullptr) v *= a.expert_scale[ids[j]];
+    w[j] = v;
+  }
+}
+
+constexpr int kGroupThreads = 1024;
+
+__global__ void moe_group_kernel(MoeGroupArgs a) {
+  extern __shared__ int32_t counters[];  // [2 * n_experts]: counts, then cursors
+  int32_t* cnt = counters;
+  int32_t* cur = counters + a.n_experts;
+  for (int e = threadIdx.x; e < a.n_experts; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.n_slots; i += blockDim.x) atomicAdd(&cnt[a.ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t run = 0;
+    for (int e = 0; e < a.n_experts; ++e) {
+      a.offsets[e] = run;
+      cur[e] = run;
+      run += cnt[e];
+    }
+    a.offsets[a.n_experts] = run;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.n_slots; i += blockDim.x) {
+    const int32_t r = atomicAdd(&cur[a.ids[i]], 1);
+    a.sorted_slot[r] = i;
+    a.slot_row[i] = r;
+  }
+}
+
+// Tiles of kBM sorted rows x kBN outputs, kBK of the reduction at a time; 256 threads, 4 x 4
+// outputs each.
+constexpr int kBM = 64, kBN = 64, kBK = 32, kGemmThreads = 256;
+
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemmArgs a) {
+  __shared__ float as[kBK][kBM + 1];
+  __shared__ float bs[kBK][kBN + 1];
+  __shared__ int64_t src[kBM];
+  const int e = blockIdx.z;
+  const int32_t r_end = a.offsets[e + 1];
+  const int32_t m0 = a.offsets[e] + int32_t(blockIdx.y) * kBM;
+  if (m0 >= r_end) return;
+  const int64_t n0 = int64_t(blockIdx.x) * kBN;
+  const int tid = threadIdx.x;
+  if (tid < kBM) {
+    const int32_t r = m0 + tid;
+    src[tid] = r < r_end ? (a.row_src != nullptr ? int64_t(a.row_src[r] / a.row_src_div) : int64_t(r)) : -1;
+  }
+  const uint16_t* w = a.w + int64_t(e) * a.n * a.k;
+  const int tx = tid % 16, ty = tid / 16;  // outputs: rows ty * 4 + i, columns tx * 4 + j
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < a.k; k0 += kBK) {
+    __syncthreads();  // the previous tile is consumed (and src is written)
+    for (int i = tid; i < kBM * kBK; i += kGemmThreads) {
+      const int row = i / kBK, kk = i % kBK;
+      const int64_t s = src[row], kg = k0 + kk;
+      as[kk][row] = s >= 0 && kg < a.k ? bf16_bits_to_f32(a.x[s * a.k + kg]) : 0.0f;
+    }
+    for (int i = tid; i < kBN * kBK; i += kGemmThreads) {
+      const int col = i / kBK, kk = i % kBK;
+      const int64_t ng = n0 + col, kg = k0 + kk;
+      bs[kk][col] = ng < a.n && kg < a.k ? bf16_bits_to_f32(w[ng * a.k + kg]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kBK; ++kk) {
+      float av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = as[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv[j] = bs[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int32_t r = m0 + ty * 4 + i;
+    if (r >= r_end) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = n0 + tx * 4 + j;
+      if (c >= a.n) continue;
+      if (a.out_f32) {
+        static_cast<float*>(a.y)[int64_t(r) * a.n + c] = acc[i][j];
+      } else {
+        static_cast<uint16_t*>(a.y)[int64_t(r) * a.n + c] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[i][j]));
+      }
+    }
+  }
+}
+
+__global__ void moe_combine_kernel(MoeCombineArgs a) {
+  __shared__ int order[64];
+  const int t = blockIdx.x;
+  const int32_t* ids = a.ids + int64_t(t) * a.k;
+  if (threadIdx.x == 0) {
+    // Insertion sort of the k slots by expert id.
+    for (int j = 0; j < a.k; ++j) {
+      int q = j;
+      while (q > 0 && ids[order[q - 1]] > ids[j]) {
+        order[q] = order[q - 1];
+        --q;
+      }
+      order[q] = j;
+    }
+  }
+  __syncthreads();
+  for (int h = threadIdx.x; h < a.hidden; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int q = 0; q < a.k; ++q) {
+      const int j = order[q];
+      const int64_t row = a.slot_row[int64_t(t) * a.k + j];
+      acc += a.y[row * a.hidden + h] * a.weights[int64_t(t) * a.k + j];
+    }
+    a.out[int64_t(t) * a.hidden + h] = acc;
+  }
+}
+
+}  // namespace
+
+void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.k <= 0 || a.k > a.n_experts) cuda_fatal(__FILE__, __LINE__, "launch_moe_route", "k " + std::to_string(a.k));
+  moe_route_kernel<<<(a.n + 127) / 128, 128, 0, stream>>>(a);
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream) {
+  if (a.n_experts <= 0 || a.n_experts > 4096) {
+    cuda_fatal(__FILE__, __LINE__, "launch_moe_group", "n_experts " + std::to_string(a.n_experts));
+  }
+  moe_group_kernel<<<1, kGroupThreads, size_t(2 * a.n_experts) * sizeof(int32_t), stream>>>(a);
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
+  const dim3 grid(unsigned((a.n + kBN - 1) / kBN), unsigned((a.rows_per_expert + kBM - 1) / kBM), unsigned(a.n_experts));
+  grouped_gemm_kernel<<<grid, kGemmThreads, 0, stream>>>(a);
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.k <= 0 || a.k > 64) cuda_fatal(__FILE__, __LINE__, "launch_moe_combine", "k " + std::to_string(a.k));
+  moe_combine_kernel<<<a.n, 128, 0, stream>>>(a);
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace strata::cuda

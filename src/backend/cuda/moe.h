@@ -1,0 +1,82 @@
+// Mixture-of-experts kernels: routing, grouping of the routed (token, expert) pairs by expert,
+// a grouped bf16 GEMM over the groups, and the weighted sum back per token. Everything stays on
+// the device (no host read of the per-expert counts), so a step with MoE layers still captures
+// into a CUDA graph. Same conventions as kernels.h; each kernel is checked against a plain host
+// loop in tests/gpu/gpu_moe_test.cpp.
+//
+// One sparse layer, n tokens, top-k of E experts, slots s = t * k + j:
+//   logits = h . router^T                    [n, E] f32 (Gemm)
+//   launch_moe_route:  ids, weights          [n, k]
+//   launch_moe_group:  offsets [E + 1], sorted_slot / slot_row [n k]: expert e owns sorted rows
+//                      offsets[e] .. offsets[e + 1]
+//   launch_grouped_gemm (gather h rows by sorted_slot / k) -> gate_up [n k, 2I] bf16
+//   launch_gated_act                                       -> act     [n k, I]  bf16
+//   launch_grouped_gemm                                    -> y       [n k, H]  f32
+//   launch_moe_combine:  out[t] = sum_j weights[t, j] * y[slot_row[t k + j]] (ascending expert)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+// Per token: p = softmax(logits[t]) in f32; the k experts of largest p (ties: lower id first),
+// in that order; weight = p (divided by the k chosen p's sum when renormalize), times
+// expert_scale[e] when given.
+struct MoeRouteArgs {
+  const float* logits;        // [n, n_experts]
+  int32_t* ids;               // [n, k]
+  float* weights;             // [n, k]
+  int32_t n;
+  int32_t n_experts;
+  int32_t k;                  // <= n_experts
+  int32_t renormalize;
+  const float* expert_scale;  // [n_experts] or null
+};
+void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+
+// Counting sort of the n_slots slots by expert id (the order inside a group is unspecified:
+// rows are computed independently). One block; shared memory holds 2 * n_experts counters.
+struct MoeGroupArgs {
+  const int32_t* ids;    // [n_slots], each in [0, n_experts)
+  int32_t n_slots;
+  int32_t n_experts;     // <= 4096
+  int32_t* offsets;      // [n_experts + 1]
+  int32_t* sorted_slot;  // [n_slots]: the slot of each sorted row
+  int32_t* slot_row;     // [n_slots]: the sorted row of each slot
+};
+void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream);
+
+// For every expert e and sorted row r in [offsets[e], offsets[e + 1]):
+//   y[r, :] = x[src(r), :] . w[e]^T, src(r) = row_src ? row_src[r] / row_src_div : r,
+// bf16 inputs, f32 sums, y f32 or bf16. rows_per_expert bounds every group's size (grid size).
+struct GroupedGemmArgs {
+  const uint16_t* x;        // [*, k] bf16
+  const int32_t* row_src;   // [rows] or null
+  int32_t row_src_div;      // >= 1
+  const uint16_t* w;        // [n_experts, n, k] bf16
+  const int32_t* offsets;   // [n_experts + 1]
+  void* y;                  // [rows, n] f32 or bf16
+  int32_t out_f32;
+  int32_t n_experts;
+  int32_t rows_per_expert;  // >= offsets[e + 1] - offsets[e] for every e
+  int64_t n;
+  int64_t k;
+};
+void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
+
+// out[t, :] = sum over j (ascending ids[t, j]) of weights[t, j] * y[slot_row[t * k + j], :].
+struct MoeCombineArgs {
+  const float* y;           // [n * k, hidden]
+  const int32_t* ids;       // [n, k]
+  const float* weights;     // [n, k]
+  const int32_t* slot_row;  // [n * k]
+  float* out;               // [n, hidden]
+  int32_t n;
+  int32_t k;                // <= 64
+  int32_t hidden;
+};
+void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
+
+}  // namespace strata::cuda
