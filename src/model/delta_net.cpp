@@ -181,7 +181,13 @@ void DeltaNetLayer::forward(ThreadPool& pool, const float* x, int64_t n_tokens, 
     a.d_v = d.d_v;
     a.pos0 = s.pos0;
     a.scale = 1.0f / std::sqrt(float(d.d_k));
-    cpu::gated_delta_rule(pool, a);
+    // Prefill spans (kChunkedMinTokens rows or more) run the chunked form, decode rows the
+    // recurrent one; chunks sit at absolute positions (pos0), so a split on a 64-position
+    // boundary gives the bits of one call.
+    if (s.n_tokens >= cpu::kChunkedMinTokens)
+      cpu::gated_delta_rule_chunked(pool, a);
+    else
+      cpu::gated_delta_rule_recurrent(pool, a);
   }
   cpu::gated_rms_norm(pool, core.data(), proj.data() + cd, P, norm_w_.data(), core.data(), n_tokens, nv, d.d_v, eps_);
   cpu::matmul(pool, core.data(), n_tokens, out_proj_, nullptr, out);

@@ -2,8 +2,9 @@
 //
 // Per token: one projection gives q, k, v (through a causal depthwise conv1d with SiLU),
 // the output gate z, and the per-value-head decay input a and write strength b. q and k are
-// l2-normalized; the gated delta rule (backend/cpu/delta_net.h) mixes them into a per-head
-// state; the output is rms_norm(o) * w * silu(z), projected back to the hidden size.
+// l2-normalized; the gated delta rule (backend/cpu/delta_net.h: the chunked form over prefill
+// spans, the recurrent one over decode rows) mixes them into a per-head state; the output is
+// rms_norm(o) * w * silu(z), projected back to the hidden size.
 // A sequence's conv tail and state matrices live in its StateStorage slot, so prefill can be
 // split into any chunks and decode runs one token at a time without recomputing anything.
 #pragma once

@@ -2,8 +2,9 @@
 // the Hugging Face oracle (tests/data/reference/logits.json), f32 compute:
 //   prompt_argmax exact at every prompt position, last_logits within 1e-4 (max-norm relative),
 //   the 32 greedy ids exact, decoding one token per step from the cached KV and state.
-// Plus the state contracts: a prompt prefilled in any chunks, or packed in one batch with another
-// sequence, gives bit for bit the logits of one plain prefill.
+// Plus the state contracts: a prompt packed in one batch with another sequence, or split on a
+// 64-position block boundary, gives bit for bit the logits of one plain prefill; split anywhere
+// else, the same logits up to f32 rounding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +22,11 @@ namespace {
 
 constexpr int kBlockSize = 16;
 constexpr int kBlocksPerSeq = 16;  // 256 positions: the longest case needs 100 + 32
+// Max-norm relative logits difference allowed between prompt splits that cut a delta-rule block
+// and one call: the f32 bound these goldens hold against the oracle, since both are two f32
+// summation orders of one model (the delta rule itself agrees to 1e-5 in the kernel tests;
+// through the layers the logits came out 1.1e-5 to 1.4e-5 apart).
+constexpr double kSplitLogitsTol = 1e-4;
 
 struct Loaded {
   std::unique_ptr<ThreadPool> pool;
@@ -98,13 +104,24 @@ TEST_P(HybridGolden, ChunkedPrefillAndPackedBatchMatchOnePrefill) {
 
   Storage one(m, 1);
   const std::vector<float> ref = prefill(m, one, long_ids, {100});
-  // The layers run token by token in a fixed order whatever the cut, so any split of the
-  // prompt into calls gives the same bits as one call.
+  // The DeltaNet layers prefill in blocks of 64 absolute positions (the chunked delta rule) and
+  // decode token by token (the recurrent one). A split on a block boundary computes every block
+  // in one piece, as one call does: the same bits. Other splits, and token-by-token prefill, sum
+  // the same terms of the delta rule in another order: the same logits up to f32 rounding
+  // carried through the layers, and the same argmax at every position.
   std::vector<int> by_token(100, 1);
   for (const std::vector<int>& splits :
        {std::vector<int>{64, 36}, std::vector<int>{17, 23, 60}, std::vector<int>{1, 70, 29}, by_token}) {
     Storage st(m, 1);
-    EXPECT_EQ(prefill(m, st, long_ids, splits), ref) << splits.size() << " calls";
+    const std::vector<float> got = prefill(m, st, long_ids, splits);
+    if (splits[0] % 64 == 0 && splits.size() == 2) {
+      EXPECT_EQ(got, ref) << splits.size() << " calls";
+      continue;
+    }
+    EXPECT_LE(max_rel_err(got.data(), ref), kSplitLogitsTol) << splits.size() << " calls";
+    for (size_t t = 0; t < long_ids.size(); ++t)
+      EXPECT_EQ(argmax(got.data() + t * V, V), argmax(ref.data() + t * V, V))
+          << splits.size() << " calls, position " << t;
   }
 
   // Both prompts in one batch, in slots 1 and 0 (reversed to catch slot mix-ups): each

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/delta_net_internal.h"
+
 namespace strata::cpu {
 
 namespace {
@@ -16,92 +19,14 @@ float dot(const float* a, const float* b, int64_t n) {
   return acc;
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-void recurrent_head(const GatedDeltaRuleArgs& a, int64_t h, float* mem /*[d_v]*/) {
-  const int64_t dk = a.d_k, dv = a.d_v, kh = h / (a.n_v_heads / a.n_k_heads);
-  float* S = a.state + h * dk * dv;
-  for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const float* q = a.q + t * a.qkv_stride + kh * dk;
-    const float* k = a.k + t * a.qkv_stride + kh * dk;
-    const float* v = a.v + t * a.qkv_stride + h * dv;
-    const float decay = std::exp(a.g[t * a.n_v_heads + h]);
-    const float beta = a.beta[t * a.n_v_heads + h];
-    // Pass 1: decay the state and read the memory S^T k.
-    std::fill_n(mem, dv, 0.0f);
-    for (int64_t i = 0; i < dk; ++i) {
-      float* row = S + i * dv;
-      for (int64_t j = 0; j < dv; ++j) row[j] *= decay;
-      axpy(k[i], row, mem, dv);
-    }
-    for (int64_t j = 0; j < dv; ++j) mem[j] = (v[j] - mem[j]) * beta;  // mem now holds u
-    // Pass 2: write k u^T and read the output S^T q.
-    float* o = a.out + (t * a.n_v_heads + h) * dv;
-    std::fill_n(o, dv, 0.0f);
-    for (int64_t i = 0; i < dk; ++i) {
-      float* row = S + i * dv;
-      axpy(k[i], mem, row, dv);
-      axpy(q[i] * a.scale, row, o, dv);
-    }
+const detail::DeltaRuleKernels& delta_rule_kernels() {
+  switch (detail::simd_level()) {
+    case detail::SimdLevel::kAvx512Bf16:
+    case detail::SimdLevel::kAvx512: return detail::delta_rule_kernels_avx512();
+    case detail::SimdLevel::kAvx2: return detail::delta_rule_kernels_avx2();
+    case detail::SimdLevel::kScalar: break;
   }
-}
-
-// One value head over all tokens, in blocks. Within a block of L tokens starting from state
-// S0, with G the running sum of g inside the block:
-//   u_t = beta_t (v_t - e^{G_t} S0^T k_t) - beta_t sum_{s<t} e^{G_t - G_s} (k_t.k_s) u_s
-//   o_t = e^{G_t} S0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t.k_s) u_s
-//   S   = e^{G_L} S0 + sum_s e^{G_L - G_s} k_s u_s^T
-// which unrolls the recurrence exactly (u_t is the recurrent form's beta * (v - S^T k)).
-void chunked_head(const GatedDeltaRuleArgs& a, int64_t h, int32_t chunk, std::vector<float>& scratch) {
-  const int64_t dk = a.d_k, dv = a.d_v, kh = h / (a.n_v_heads / a.n_k_heads);
-  float* S = a.state + h * dk * dv;
-  scratch.resize(size_t(chunk) * (2 * dv + 1));
-  float* G = scratch.data();           // [chunk]
-  float* P = G + chunk;                // [chunk, d_v]: S0^T q_t (scaled)
-  float* U = P + size_t(chunk) * dv;   // [chunk, d_v]
-  auto qp = [&](int64_t t) { return a.q + t * a.qkv_stride + kh * dk; };
-  auto kp = [&](int64_t t) { return a.k + t * a.qkv_stride + kh * dk; };
-  int64_t t0 = 0;
-  while (t0 < a.n_tokens) {
-    const int64_t L = std::min<int64_t>(a.n_tokens - t0, chunk - (int64_t(a.pos0) + t0) % chunk);
-    float acc = 0.0f;
-    for (int64_t t = 0; t < L; ++t) G[t] = acc += a.g[(t0 + t) * a.n_v_heads + h];
-    // U starts as S0^T k_t, P as S0^T q_t.
-    std::fill_n(P, L * dv, 0.0f);
-    std::fill_n(U, L * dv, 0.0f);
-    for (int64_t t = 0; t < L; ++t) {
-      const float* q = qp(t0 + t);
-      const float* k = kp(t0 + t);
-      for (int64_t i = 0; i < dk; ++i) {
-        axpy(k[i], S + i * dv, U + t * dv, dv);
-        axpy(q[i] * a.scale, S + i * dv, P + t * dv, dv);
-      }
-    }
-    // Forward substitution for u, then the outputs.
-    for (int64_t t = 0; t < L; ++t) {
-      const float beta = a.beta[(t0 + t) * a.n_v_heads + h];
-      const float eg = std::exp(G[t]);
-      const float* v = a.v + (t0 + t) * a.qkv_stride + h * dv;
-      float* u = U + t * dv;
-      for (int64_t j = 0; j < dv; ++j) u[j] = beta * (v[j] - eg * u[j]);
-      const float* k = kp(t0 + t);
-      for (int64_t s = 0; s < t; ++s) axpy(-beta * std::exp(G[t] - G[s]) * dot(k, kp(t0 + s), dk), U + s * dv, u, dv);
-      float* o = a.out + ((t0 + t) * a.n_v_heads + h) * dv;
-      const float* q = qp(t0 + t);
-      for (int64_t j = 0; j < dv; ++j) o[j] = eg * P[t * dv + j];
-      for (int64_t s = 0; s <= t; ++s) axpy(std::exp(G[t] - G[s]) * a.scale * dot(q, kp(t0 + s), dk), U + s * dv, o, dv);
-    }
-    const float eL = std::exp(G[L - 1]);
-    for (int64_t i = 0; i < dk * dv; ++i) S[i] *= eL;
-    for (int64_t s = 0; s < L; ++s) {
-      const float w = std::exp(G[L - 1] - G[s]);
-      const float* k = kp(t0 + s);
-      for (int64_t i = 0; i < dk; ++i) axpy(w * k[i], U + s * dv, S + i * dv, dv);
-    }
-    t0 += L;
-  }
+  return detail::delta_rule_kernels_scalar();
 }
 
 }  // namespace
@@ -127,26 +52,34 @@ void delta_net_gates(const float* a, const float* b, int64_t ab_stride, const fl
 }
 
 void gated_delta_rule_recurrent(ThreadPool& pool, const GatedDeltaRuleArgs& a) {
+  const detail::DeltaRuleKernels& k = delta_rule_kernels();
   pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
     thread_local std::vector<float> mem;  // per worker, kept across steps
     mem.resize(size_t(a.d_v));
-    for (int64_t h = h0; h < h1; ++h) recurrent_head(a, h, mem.data());
+    for (int64_t h = h0; h < h1; ++h) k.recurrent_head(a, h, mem.data());
   });
 }
 
 void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk) {
+  const detail::DeltaRuleKernels& k = delta_rule_kernels();
+  const size_t floats = size_t(detail::chunked_layout(a, chunk).total);
   pool.parallel_for(a.n_v_heads, [&](int64_t h0, int64_t h1, int) {
     thread_local std::vector<float> scratch;  // per worker, kept across steps
-    for (int64_t h = h0; h < h1; ++h) chunked_head(a, h, chunk, scratch);
+    if (scratch.size() < floats) scratch.resize(floats);
+    for (int64_t h = h0; h < h1; ++h) k.chunked_head(a, h, chunk, scratch.data());
   });
 }
 
-// On the CPU the recurrent form is the faster one at every span length measured (512 tokens,
-// 32 value heads, d_k = d_v = 128, 2 threads: 349 ms recurrent, 860 ms chunked): a head's
-// 64 KB state stays in cache between tokens, so the chunked form's matrix products buy
-// nothing here. It also makes every split of a prompt give the same bits, since the
-// per-token order of operations never changes.
-void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a) { gated_delta_rule_recurrent(pool, a); }
+// Spans of kChunkedMinTokens or more (prefill) take the chunked form, shorter ones (decode,
+// short verify spans) the recurrent one: a chunk pads its rows to 32, so below 16 rows the
+// recurrent form is the faster (bench_delta_rule, Qwen3-Next shape, 2 threads: 8 rows 1.2 ms
+// recurrent vs 1.6 ms chunked, 16 rows 2.3 vs 1.7 ms; bench/RESULTS.md has 2048 rows).
+void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a) {
+  if (a.n_tokens >= kChunkedMinTokens)
+    gated_delta_rule_chunked(pool, a);
+  else
+    gated_delta_rule_recurrent(pool, a);
+}
 
 void gated_rms_norm(ThreadPool& pool, const float* x, const float* z, int64_t z_stride, const float* w, float* y,
                     int64_t n_tokens, int64_t n_heads, int64_t dim, float eps) {

@@ -42,11 +42,16 @@ struct GatedDeltaRuleArgs {
   float scale;         // multiplies q (1 / sqrt(d_k))
 };
 
-// Token by token; threads over value heads.
+// Token by token (the decode form); threads over value heads.
 void gated_delta_rule_recurrent(ThreadPool& pool, const GatedDeltaRuleArgs& a);
-// Blocks of `chunk` positions (aligned to absolute positions); threads over value heads.
+// Blocks of `chunk` positions (aligned to absolute positions) as matrix products, the
+// within-block recurrence solved by a triangular inverse (the WY / UT-transform form of the
+// prefill); threads over value heads. Equal to the recurrent form up to f32 rounding.
 void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk = 64);
-// The layer's entry point: the form that is faster on this backend (recurrent on the CPU).
+// Spans of at least this many tokens take the chunked form in gated_delta_rule.
+constexpr int32_t kChunkedMinTokens = 16;
+// The layer's entry point: chunked for spans of kChunkedMinTokens or more (prefill),
+// recurrent below (decode).
 void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a);
 
 // y = rms_norm(x) * w * silu(z), per head vector of `dim` (the DeltaNet output norm; plain w).
