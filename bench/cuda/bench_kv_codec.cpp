@@ -100,6 +100,7 @@ struct CodecRow {
   int64_t seqs;
   double best_ms;
   int32_t best_splits;
+  int32_t best_min_blocks;
   double gbps;
   double write_ms;
 };
@@ -203,15 +204,19 @@ int main(int argc, char** argv) {
     a.softcap = 0.0f;
     const double step_bytes = double(row.bytes_per_token_layer) * kLayers * double(n_tok);
     row.best_ms = 1e30;
-    for (int32_t splits : split_choices) {
-      a.n_splits = splits;
-      const double ms = time_step(st, reps, [&] {
-        for (int l = 0; l < kLayers; ++l) launch_kv_codec_attention(a, st);
-      });
-      std::printf("  %-5s splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n", row.name, splits, ms,
-                  step_bytes / (ms * 1e-3) * 1e-9);
-      if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits;
+    for (int32_t min_blocks : {3, 2}) {
+      set_kv_codec_attention_min_blocks(min_blocks);
+      for (int32_t splits : split_choices) {
+        a.n_splits = splits;
+        const double ms = time_step(st, reps, [&] {
+          for (int l = 0; l < kLayers; ++l) launch_kv_codec_attention(a, st);
+        });
+        std::printf("  %-5s min blocks/SM %d, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n",
+                    row.name, min_blocks, splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
+        if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits, row.best_min_blocks = min_blocks;
+      }
     }
+    set_kv_codec_attention_min_blocks(3);
     row.gbps = step_bytes / (row.best_ms * 1e-3) * 1e-9;
     row.write_ms = time_step(st, reps, [&] {
       for (int l = 0; l < kLayers; ++l) {
@@ -273,13 +278,14 @@ int main(int argc, char** argv) {
   std::printf("\npool %.0f GiB, %d-token sequences, batch %d decode, attention only over %d layers\n", pool_gib,
               kContext, kBatch, kLayers);
   std::printf("| codec | bytes/token/layer | bytes/token (32 layers) | 8k seqs in pool | vs bf16 | attn ms/step | "
-              "splits | KV GB/s | of copy BW | write ms/step |\n");
+              "splits, blocks/SM | KV GB/s | of copy BW | write ms/step |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   const CodecRow& bf = rows.front();
   for (const CodecRow& r : rows) {
-    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d | %.1f | %.3f | %.3f |\n", r.name,
+    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d, %d | %.1f | %.3f | %.3f |\n", r.name,
                 static_cast<long long>(r.bytes_per_token_layer), static_cast<long long>(r.bytes_per_token_layer * kLayers),
-                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits, r.gbps,
+                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits,
+                r.best_min_blocks, r.gbps,
                 r.gbps * 1e9 / copy_bw, r.write_ms);
   }
   const CodecRow& i4 = rows[3];

@@ -3,7 +3,7 @@
 // arithmetic), and the split-KV decode attention over those pools matches
 // reference::paged_attention_codec within max-norm relative error 1e-2 (GQA groups 1, 4 and 8,
 // head dims 64 and 128, ragged context lengths, shuffled block tables, 1 to 7 splits,
-// soft-cap). Needs a GPU.
+// soft-cap, both occupancy variants, blocks of 16 and of 1 token). Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +34,7 @@ struct Case {
   std::vector<int32_t> splits;
   float softcap = 0.0f;
   int32_t seed_layer = 3;
+  int32_t block_size = 16;
 };
 
 // Rows as a model makes them: a per-row scale (outlier heads and tokens), a few exact special
@@ -74,7 +75,7 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
   const KvRowFormat kf = kv_key_format(spec, c.head_dim), vf = kv_value_format(spec, c.head_dim);
   const KvRowLayout kl = kv_row_layout(kf), vl = kv_row_layout(vf);
   ASSERT_STREQ(kv_codec_gpu_problem(kl, vl), "");
-  const int32_t block_size = 16;
+  const int32_t block_size = c.block_size;
   const int32_t n_seqs = int32_t(c.context_lens.size());
   int32_t max_blocks = 0;
   for (int32_t len : c.context_lens) max_blocks = std::max(max_blocks, (len + block_size - 1) / block_size);
@@ -170,37 +171,42 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
   d_tables.upload(tables);
   d_lens.upload(c.context_lens);
   for (int32_t n_splits : c.splits) {
-    SCOPED_TRACE("n_splits " + std::to_string(n_splits));
-    DeviceBuffer<float> part_out(size_t(n_splits) * q.bits.size()), part_ml(size_t(n_splits) * n_seqs * c.n_heads * 2);
-    d_out.poison();
-    KvCodecAttentionArgs a{};
-    a.q = d_q.p;
-    a.out = d_out.p;
-    a.k_pool = k_pool.p;
-    a.v_pool = v_pool.p;
-    a.k_fmt = kl;
-    a.v_fmt = vl;
-    a.seed_layer = c.seed_layer;
-    a.block_tables = d_tables.p;
-    a.context_lens = d_lens.p;
-    a.partial_out = part_out.p;
-    a.partial_ml = part_ml.p;
-    a.n_seqs = n_seqs;
-    a.n_splits = n_splits;
-    a.max_blocks_per_seq = max_blocks;
-    a.block_size = block_size;
-    a.n_heads = c.n_heads;
-    a.n_kv_heads = c.n_kv_heads;
-    a.scale = scale;
-    a.softcap = c.softcap;
-    launch_kv_codec_attention(a, nullptr);
-    ASSERT_CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<float> got = bf16_to_floats(d_out.download());
-    const double err = max_norm_rel(got, ref);
-    std::printf("%-5s heads %d/%d dim %d splits %d softcap %.0f: max-norm rel err %.3e\n", kv_codec_name(c.codec),
-                c.n_heads, c.n_kv_heads, c.head_dim, n_splits, double(c.softcap), err);
-    EXPECT_LT(err, 1e-2);
+    for (int32_t min_blocks : {3, 2}) {
+      set_kv_codec_attention_min_blocks(min_blocks);
+      SCOPED_TRACE("n_splits " + std::to_string(n_splits) + ", min blocks " + std::to_string(min_blocks));
+      DeviceBuffer<float> part_out(size_t(n_splits) * q.bits.size()), part_ml(size_t(n_splits) * n_seqs * c.n_heads * 2);
+      d_out.poison();
+      KvCodecAttentionArgs a{};
+      a.q = d_q.p;
+      a.out = d_out.p;
+      a.k_pool = k_pool.p;
+      a.v_pool = v_pool.p;
+      a.k_fmt = kl;
+      a.v_fmt = vl;
+      a.seed_layer = c.seed_layer;
+      a.block_tables = d_tables.p;
+      a.context_lens = d_lens.p;
+      a.partial_out = part_out.p;
+      a.partial_ml = part_ml.p;
+      a.n_seqs = n_seqs;
+      a.n_splits = n_splits;
+      a.max_blocks_per_seq = max_blocks;
+      a.block_size = block_size;
+      a.n_heads = c.n_heads;
+      a.n_kv_heads = c.n_kv_heads;
+      a.scale = scale;
+      a.softcap = c.softcap;
+      launch_kv_codec_attention(a, nullptr);
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> got = bf16_to_floats(d_out.download());
+      const double err = max_norm_rel(got, ref);
+      std::printf("%-5s heads %d/%d dim %d splits %d min blocks %d softcap %.0f: max-norm rel err %.3e\n",
+                  kv_codec_name(c.codec), c.n_heads, c.n_kv_heads, c.head_dim, n_splits, min_blocks, double(c.softcap),
+                  err);
+      EXPECT_LT(err, 1e-2);
+    }
   }
+  set_kv_codec_attention_min_blocks(3);
 }
 
 TEST(GpuKvCodec, EncodeBytesAndAttentionMatchCpu) {
@@ -214,6 +220,8 @@ TEST(GpuKvCodec, EncodeBytesAndAttentionMatchCpu) {
     run_case(rng, pool, {codec, 4, 4, 64, {16, 200}, {1, 4}, 30.0f, 11});
     // Group 8.
     run_case(rng, pool, {codec, 16, 2, 128, {77, 500}, {2}});
+    // One-token blocks: a split spans more block-table entries than a block caches.
+    run_case(rng, pool, {codec, 8, 2, 128, {1100, 5}, {1}, 0.0f, 0, 1});
   }
 }
 

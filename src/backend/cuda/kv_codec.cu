@@ -220,6 +220,7 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
 constexpr int kDpl = 16;          // dims per lane
 constexpr int kAttnWarps = 4;
 constexpr int kKeysPerGroup = 2;  // keys per lane group per tile
+constexpr int kTableCache = 1024;  // block-table entries a block keeps in shared memory
 
 // One lane's 16 dims of one row, as loaded (before dequantization).
 template <Kind K>
@@ -348,8 +349,8 @@ size_t attention_smem(const KvRowLayout& k, const KvRowLayout& v, int stages, in
   return staging > merge ? staging : merge;
 }
 
-template <Kind KK, Kind VK, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
+template <Kind KK, Kind VK, int G, int MinBlocks>
+__global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float levels[8];
   __shared__ float s_m[kAttnWarps][G], s_l[kAttnWarps][G];
@@ -365,6 +366,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvC
   const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
   const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
   const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+  // The split's block-table entries, cached in shared memory when they fit (the step metadata
+  // was copied before the step's first kernel: it may be read before the wait).
+  __shared__ int s_table[kTableCache];
+  const int first_b = k_begin / a.block_size;
+  const int n_b = k_end > k_begin ? (k_end - 1) / a.block_size - first_b + 1 : 0;
+  const bool cached = n_b <= kTableCache;
+  if (cached) {
+    for (int i = threadIdx.x; i < n_b; i += blockDim.x) s_table[i] = table[first_b + i];
+  }
+  __syncthreads();  // s_table, levels
 
   // Staging of this warp: kS stages of tile_keys (K row, V row) pairs.
   const int kb = a.k_fmt.bytes, vb = a.v_fmt.bytes, pair = kb + vb;
@@ -384,9 +395,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvC
       const int kt = first_kt + i * kt_step;
       uint8_t* buf = stage0 + size_t(i % kS) * tile_keys * pair;
       const int n = min(tile_keys, k_end - kt);
+      // Lane j finds key j's slot; the loop below takes them by shuffle (no dependent loads).
+      int64_t my_slot = 0;
+      if (lane < n) {
+        const int p = kt + lane, b = p / a.block_size;
+        const int blk = cached ? s_table[b - first_b] : table[b];
+        my_slot = int64_t(blk) * a.block_size + (p - b * a.block_size);
+      }
       for (int j = 0; j < n; ++j) {
-        const int p = kt + j;
-        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, j);
         const uint8_t* kr = k_base + slot * k_stride;
         const uint8_t* vr = v_base + slot * v_stride;
         for (int c = lane; c < pieces; c += 32) {
@@ -419,8 +436,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvC
       qsum[h] += qf[h][2 * i] + qf[h][2 * i + 1];
     }
   }
-  __syncthreads();  // levels
-
   // m: running max (warp-uniform); l, bsum: this lane group's keys; acc: its dims.
   float m[G], l[G], bsum[G], acc[G][kDpl];
 #pragma unroll
@@ -464,26 +479,43 @@ __global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvC
         s[j][h] = (d0 + d1) * mul + add * qsum[h];
       }
     }
-    // Sum over the lane group, then logits and the tile's max over the warp.
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float tmax = -INFINITY;
+    // Sum over the lane group (each level's shuffles independent, so they overlap), then
+    // logits and the tile's max over the warp.
+    for (int o = 1; o < lanes_per_key; o <<= 1) {
 #pragma unroll
       for (int j = 0; j < kKeysPerGroup; ++j) {
-        for (int o = 1; o < lanes_per_key; o <<= 1) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], o);
+#pragma unroll
+        for (int h = 0; h < G; ++h) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], o);
+      }
+    }
+    float tmaxs[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      tmaxs[h] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeysPerGroup; ++j) {
         float x = s[j][h] * a.scale;
         if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
         s[j][h] = valid[j] ? x : -INFINITY;
-        tmax = fmaxf(tmax, s[j][h]);
+        tmaxs[h] = fmaxf(tmaxs[h], s[j][h]);
       }
-      for (int o = lanes_per_key; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-      const float m_new = fmaxf(m[h], tmax);  // finite: key kt is valid for lane group 0
-      const float corr = __expf(m[h] - m_new);  // 0 while m is -inf
-      m[h] = m_new;
-      l[h] *= corr;
-      bsum[h] *= corr;
+    }
+    for (int o = lanes_per_key; o < 32; o <<= 1) {
 #pragma unroll
-      for (int i = 0; i < kDpl; ++i) acc[h][i] *= corr;
+      for (int h = 0; h < G; ++h) tmaxs[h] = fmaxf(tmaxs[h], __shfl_xor_sync(0xffffffffu, tmaxs[h], o));
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float tmax = tmaxs[h];
+      const float m_new = fmaxf(m[h], tmax);  // finite: key kt is valid for lane group 0
+      if (m_new > m[h]) {  // warp-uniform: most tiles do not raise the max
+        const float corr = __expf(m[h] - m_new);  // 0 while m is -inf
+        l[h] *= corr;
+        bsum[h] *= corr;
+#pragma unroll
+        for (int i = 0; i < kDpl; ++i) acc[h][i] *= corr;
+      }
+      m[h] = m_new;
 #pragma unroll
       for (int j = 0; j < kKeysPerGroup; ++j) {
         s[j][h] = valid[j] ? __expf(s[j][h] - m_new) : 0.0f;
@@ -513,12 +545,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) kv_codec_attention_kernel(KvC
   // Lane groups merge (they share m), then the warps through shared memory.
 #pragma unroll
   for (int h = 0; h < G; ++h) {
-    for (int o = lanes_per_key; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
 #pragma unroll
-    for (int i = 0; i < kDpl; ++i) {
-      float v = acc[h][i] + bsum[h];
-      for (int o = lanes_per_key; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[h][i] = v;
+    for (int i = 0; i < kDpl; ++i) acc[h][i] += bsum[h];
+  }
+  for (int o = lanes_per_key; o < 32; o <<= 1) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+      for (int i = 0; i < kDpl; ++i) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], o);
     }
   }
   if (grp == 0) {
@@ -604,17 +639,28 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
   a.out[row * hd + d] = uint16_t(f32_to_bf16_bits(o));
 }
 
-template <Kind KK, Kind VK, int G>
-void launch_attention(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+int32_t g_min_blocks = 3;  // set_kv_codec_attention_min_blocks
+
+template <Kind KK, Kind VK, int G, int MinBlocks>
+void launch_attention_mb(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
   const dim3 grid(a.n_kv_heads, a.n_splits, a.n_seqs);
   const size_t smem = attention_smem(a.k_fmt, a.v_fmt, kStages<KK>, G);
   static size_t raised = 0;  // the attribute is per kernel and process-wide
   if (smem > raised) {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kv_codec_attention_kernel<KK, VK, G>,
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kv_codec_attention_kernel<KK, VK, G, MinBlocks>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  launch_pdl(kv_codec_attention_kernel<KK, VK, G>, grid, kAttnWarps * 32, smem, stream, a, tc);
+  launch_pdl(kv_codec_attention_kernel<KK, VK, G, MinBlocks>, grid, kAttnWarps * 32, smem, stream, a, tc);
+}
+
+template <Kind KK, Kind VK, int G>
+void launch_attention(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+  if (g_min_blocks == 2) {
+    launch_attention_mb<KK, VK, G, 2>(a, tc, stream);
+  } else {
+    launch_attention_mb<KK, VK, G, 3>(a, tc, stream);
+  }
 }
 
 template <Kind KK, Kind VK>
@@ -631,6 +677,14 @@ void launch_pair(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStrea
 bool valid_dim(int32_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
 
 }  // namespace
+
+void set_kv_codec_attention_min_blocks(int32_t blocks) {
+  if (blocks != 2 && blocks != 3) {
+    cuda_fatal(__FILE__, __LINE__, "set_kv_codec_attention_min_blocks", std::to_string(blocks) + " (2 or 3)");
+  }
+  g_min_blocks = blocks;
+}
+int32_t kv_codec_attention_min_blocks() { return g_min_blocks; }
 
 const char* kv_codec_write_problem(const KvRowLayout& f) {
   if (!valid_dim(f.dim)) return "head dim must be 32, 64, 128 or 256";

@@ -84,5 +84,9 @@ struct KvCodecAttentionArgs {
 };
 // Both kernels (the split blocks, then the merge). Layouts must pass kv_codec_gpu_problem.
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream);
+// Occupancy of the split kernel, process-wide: registers capped for 3 blocks (12 warps) per
+// multiprocessor (default; group 4 spills a little) or 2 (no spills at group <= 4). For benchmarks.
+void set_kv_codec_attention_min_blocks(int32_t blocks);
+int32_t kv_codec_attention_min_blocks();
 
 }  // namespace strata::cuda
