@@ -6,7 +6,10 @@
 // Walsh-Hadamard butterflies in the same pairing, the turbo RMS summed in double in index
 // order), so the bytes are the reference's.
 //
-// Attention: a block (4 warps) takes one KV head of one sequence and one split of its keys.
+// Attention: a block (4 warps) takes one KV head of one sequence and one split of its keys;
+// warp w takes the split's tiles w, w + 4, ... of 1024 / head_dim keys. A warp copies its next
+// tiles' encoded K and V rows into shared memory with cp.async (3 to 6 tiles in flight; the
+// split's block-table entries are cached in shared memory first) and scores the current one.
 // A warp scores several keys at once: each key belongs to a lane group of head_dim / 16
 // lanes, each lane owning 16 consecutive dims of the key and value rows (so an affine lane
 // sees one group: one scale and bias). A row part dequantizes in registers to "unit" values u

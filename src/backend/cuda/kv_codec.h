@@ -57,8 +57,9 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 // Decode attention over codec pools: sequence s has one query token (its heads q[s]) that
 // sees the keys at positions [0, context_lens[s]) of its block table (its own key included:
 // write it first). GQA: query head h reads KV head h / (n_heads / n_kv_heads). The keys of a
-// sequence are cut into n_splits chunks; each (KV head, split, sequence) block dequantizes its
-// rows in registers (no dequantized copy) with f32 sums and writes partial (out, max, sum);
+// sequence are cut into n_splits chunks; each (KV head, split, sequence) block stages the
+// encoded rows in shared memory and dequantizes them in registers (no dequantized copy of the
+// cache), with f32 sums, and writes partial (out, max, sum);
 // launch_kv_codec_attention then merges the splits (turbo3 values: in the rotated domain, then
 // rotated back once per output vector) into out.
 struct KvCodecAttentionArgs {
