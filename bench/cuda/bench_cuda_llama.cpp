@@ -5,12 +5,15 @@
 // token), and prefill of one 4096-token prompt (tok/s and the ratio of its model FLOP rate
 // to the measured GEMM rate). Two breakdowns come first: the decode step's GEMMs alone at
 // m = 1, and one layer's prefill attention alone.
-// Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3]
+// Then the serving shape: decode of 256 sequences at 1-2k tokens (GEMMs alone, attention alone,
+// whole steps).
+// Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -349,6 +352,171 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
     cudaFree(p);
 }
 
+// Decode attention alone at a big batch: `batch` sequences of `ctx` cached tokens each (one
+// layer's pools, contiguous blocks per sequence, 32/8 heads, head_dim 128), one query token
+// each, 32 back-to-back launches (one per layer, same pools: 1-2 GB, far past L2). Reports the
+// KV bytes read per second against the copy bandwidth, for the tensor-core decode kernel (1 and
+// 2 splits) and the 64-row flash tile it replaces.
+void batch_decode_attention_only(cudaStream_t st, double bw, int32_t batch, int32_t ctx) {
+  const int32_t nh = 32, nkv = 8, hd = 128, bs = 16, layers = 32, max_splits = 4;
+  const int32_t per_seq = ctx / bs + 1;
+  const int64_t pool = int64_t(batch) * per_seq * bs * nkv * hd;
+  uint16_t *q = nullptr, *o = nullptr, *k = nullptr, *v = nullptr;
+  float *po = nullptr, *pml = nullptr;
+  int32_t* meta = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&q), size_t(batch) * nh * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&o), size_t(batch) * nh * hd * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&k), size_t(pool) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&v), size_t(pool) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&po), size_t(max_splits) * batch * nh * hd * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pml), size_t(max_splits) * batch * nh * 2 * 4));
+  launch_fill_random_bf16(q, int64_t(batch) * nh * hd, 51, 1.0f, st);
+  launch_fill_random_bf16(k, pool, 52, 1.0f, st);
+  launch_fill_random_bf16(v, pool, 53, 1.0f, st);
+  // meta: tables [batch, per_seq], q_start [batch + 1], pos0 [batch], tile_seq [batch], tile_q0 [batch]
+  std::vector<int32_t> h;
+  for (int32_t s = 0; s < batch; ++s)
+    for (int32_t b = 0; b < per_seq; ++b) h.push_back(s * per_seq + b);
+  for (int32_t s = 0; s <= batch; ++s) h.push_back(s);
+  for (int32_t s = 0; s < batch; ++s) h.push_back(ctx);
+  for (int32_t s = 0; s < batch; ++s) h.push_back(s);
+  for (int32_t s = 0; s < batch; ++s) h.push_back(0);
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&meta), h.size() * 4));
+  STRATA_CUDA_CHECK(cudaMemcpy(meta, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t nt = int64_t(batch) * per_seq;
+  PagedAttentionArgs a{};
+  a.q = q;
+  a.out = o;
+  a.k_pool = k;
+  a.v_pool = v;
+  a.block_tables = meta;
+  a.seq_q_start = meta + nt;
+  a.seq_pos0 = meta + nt + batch + 1;
+  a.tile_seq = meta + nt + 2 * batch + 1;
+  a.tile_q0 = meta + nt + 3 * batch + 1;
+  a.partial_out = po;
+  a.partial_ml = pml;
+  a.n_tokens = batch;
+  a.n_tiles = batch;
+  a.tokens_per_tile = 1;
+  a.max_blocks_per_seq = per_seq;
+  a.block_size = bs;
+  a.n_heads = nh;
+  a.n_kv_heads = nkv;
+  a.head_dim = hd;
+  a.scale = 0.0883883f;
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  const LaunchTuning saved = launch_tuning();
+  const double kv_bytes = double(batch) * (ctx + 1) * nkv * hd * 2 * 2;
+  struct Variant { bool mma; int32_t splits; };
+  for (const Variant var : {Variant{false, 1}, Variant{true, 1}, Variant{true, 2}, Variant{true, 4}}) {
+    LaunchTuning tune = saved;
+    tune.decode_mma_attention = var.mma;
+    set_launch_tuning(tune);
+    PagedAttentionArgs f = a;
+    f.n_splits = var.splits;
+    std::vector<double> t;
+    for (int rep = 0; rep < 6; ++rep) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+      for (int l = 0; l < layers; ++l) {
+        launch_paged_attention(f, st);
+        launch_attention_combine(f, st);
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
+    }
+    const double us = 1000.0 * median(t) / layers;
+    std::printf("batch decode attention alone, %s, batch %d, ctx %d, %d splits: %.1f us per layer (x32 = %.2f ms), KV %.1f MB "
+                "-> %.1f GB/s = %.1f%% of copy bandwidth\n",
+                var.mma ? "tensor-core decode kernel" : "64-row flash tile", batch, ctx, int(var.splits), us, 32 * us * 1e-3,
+                kv_bytes * 1e-6, kv_bytes / us * 1e-3, 100.0 * kv_bytes / (us * 1e-6) / bw);
+  }
+  set_launch_tuning(saved);
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
+                  static_cast<void*>(po), static_cast<void*>(pml), static_cast<void*>(meta)})
+    cudaFree(p);
+}
+
+// The decode step's GEMMs alone at m rows (cuBLASLt, the Llama-8B shapes and output types of
+// the unfused step, fresh weights): time, weight bytes per second against the copy bandwidth,
+// FLOP rate against the measured GEMM rate.
+void batch_gemms_only(cudaStream_t st, double bw, double gemm_peak, int64_t m) {
+  const int64_t H = 4096, I = 14336, L = 32, V = 128256, qkv = (32 + 16) * 128;
+  struct Shape { int64_t n, k; GemmOut out; };
+  std::vector<Shape> shapes;
+  for (int64_t l = 0; l < L; ++l) {
+    shapes.push_back({qkv, H, GemmOut::kF32});
+    shapes.push_back({H, H, GemmOut::kF32});
+    shapes.push_back({2 * I, H, GemmOut::kBF16});
+    shapes.push_back({H, I, GemmOut::kF32});
+  }
+  shapes.push_back({V, H, GemmOut::kF32});
+  int64_t elems = 0;
+  for (const auto& s : shapes) elems += s.n * s.k;
+  uint16_t *w = nullptr, *x = nullptr;
+  float* y = nullptr;
+  void* ws = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), size_t(elems) * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), size_t(m) * I * 2));
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&y), size_t(m) * V * 4));
+  STRATA_CUDA_CHECK(cudaMalloc(&ws, size_t(32) << 20));
+  launch_fill_random_bf16(w, elems, 61, 0.02f, st);
+  launch_fill_random_bf16(x, m * I, 62, 1.0f, st);
+  auto g = Gemm::create(ws, size_t(32) << 20);
+  if (!g.ok()) std::exit(1);
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  std::vector<double> per_kind(4, 0.0);
+  for (int rep = 0; rep < 6; ++rep) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    int64_t off = 0;
+    for (const auto& s : shapes) {
+      (*g)->run(st, x, w + off, y, s.out, m, s.n, s.k);
+      off += s.n * s.k;
+    }
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
+  }
+  // One layer's four GEMMs timed apart (32 repeats of one shape each).
+  const char* names[4] = {"qkv", "o_proj", "gate_up", "down"};
+  for (int kind = 0; kind < 4; ++kind) {
+    const Shape s = shapes[size_t(kind)];
+    std::vector<double> tk;
+    for (int rep = 0; rep < 4; ++rep) {
+      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+      int64_t off = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        (*g)->run(st, x, w + off, y, s.out, m, s.n, s.k);
+        off += s.n * s.k;  // a fresh weight matrix each time (not from L2)
+      }
+      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (rep >= 1) tk.push_back(elapsed_ms(e0, e1));
+    }
+    const double us = 1000.0 * median(tk) / double(L);
+    std::printf("  GEMM m=%lld %s (n %lld, k %lld): %.1f us -> %.1f%% of copy bandwidth, %.1f TFLOP/s\n", static_cast<long long>(m),
+                names[kind], static_cast<long long>(s.n), static_cast<long long>(s.k), us,
+                100.0 * double(s.n * s.k * 2) / (us * 1e-6) / bw, 2.0 * double(m * s.n * s.k) / us * 1e-6);
+  }
+  const double ms = median(t);
+  const double flops = 2.0 * double(m) * double(elems);
+  std::printf("batch decode GEMMs alone (cuBLASLt, m=%lld, %zu launches, %.3f GB of weights): %.3f ms -> %.1f%% of copy bandwidth, "
+              "%.1f TFLOP/s = %.1f%% of the GEMM rate\n",
+              static_cast<long long>(m), shapes.size(), double(elems) * 2e-9, ms, 100.0 * double(elems) * 2 / (ms * 1e-3) / bw,
+              flops / ms * 1e-9, 100.0 * flops / (ms * 1e-3) / gemm_peak);
+  g->reset();
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(ws);
+}
+
 ModelConfig llama8b() {
   ModelConfig c;
   c.model_type = "llama";
@@ -371,11 +539,80 @@ ModelConfig llama8b() {
   return c;
 }
 
+// Whole decode steps at a big batch (the serving shape: `batch` sequences, one token each, after
+// `ctx` cached tokens; the KV contents are whatever the pool holds, which does not change the
+// work), graph replay, with the tensor-core decode attention and with the flash tile it
+// replaces: median step and its ratio to the bandwidth ceiling (weights + every sequence's KV
+// per step).
+int batch_decode_steps(const ModelConfig& cfg, double bw, int32_t batch, const std::vector<int32_t>& ctxs, int steps) {
+  const int32_t max_ctx = *std::max_element(ctxs.begin(), ctxs.end());
+  const int64_t L = cfg.n_layers, nkv = cfg.n_kv_heads, hd = cfg.head_dim, H = cfg.hidden, V = cfg.vocab_size;
+  CudaModelOptions opt;
+  opt.block_size = 16;
+  opt.max_tokens = std::max<int64_t>(batch, 256);
+  opt.max_seqs = batch;
+  opt.max_logit_rows = batch;
+  opt.max_blocks_per_seq = max_ctx / 16 + 2;
+  opt.kv_cache_bytes = (int64_t(batch) * opt.max_blocks_per_seq + 256) * 16 * L * 2 * nkv * hd * 2;
+  auto mr = CudaDecoder::random(cfg, opt, 4321, 0.02f);
+  if (!mr.ok()) {
+    std::fprintf(stderr, "%s\n", mr.error().to_string().c_str());
+    return 1;
+  }
+  CudaDecoder& m = **mr;
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<int32_t> am(static_cast<size_t>(batch), 0);
+  const LaunchTuning saved = launch_tuning();
+  for (const int32_t ctx : ctxs) {
+    for (const bool mma : {false, true}) {
+      LaunchTuning tune = saved;
+      tune.decode_mma_attention = mma;
+      set_launch_tuning(tune);
+      m.clear_cuda_graphs();
+      m.set_cuda_graphs(true);
+      StepBatch b;
+      for (int32_t s = 0; s < batch; ++s) {
+        SeqSpan sp;
+        for (int64_t i = 0; i < opt.max_blocks_per_seq; ++i) sp.block_table.push_back(int32_t(s * opt.max_blocks_per_seq + i));
+        sp.pos0 = ctx;
+        sp.n_tokens = 1;
+        sp.logits_last = true;
+        b.seqs.push_back(sp);
+        b.tokens.push_back((s * 7919 + 13) % int32_t(V));
+      }
+      std::vector<double> t;
+      for (int i = 0; i < steps + 3; ++i) {
+        STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+        if (auto st = m.forward(b, am.data()); !st.ok()) {
+          std::fprintf(stderr, "%s\n", st.error().to_string().c_str());
+          return 1;
+        }
+        STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+        STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+        if (i >= 3) t.push_back(elapsed_ms(e0, e1));
+      }
+      const double ms = median(t);
+      const double kv = double(L) * 2 * nkv * hd * 2 * double(ctx + 1) * batch;
+      const double bytes = double(m.weight_bytes()) + double(H) * 2 * batch + kv;
+      std::printf("decode b=%d after %d, CUDA graph, %s attention: median step %.3f ms (%zu steps) -> %.0f tok/s; "
+                  "bytes %.2f GB (KV %.2f GB) -> ceiling %.3f ms, ratio %.3f\n",
+                  batch, ctx, mma ? "tensor-core decode" : "64-row flash", ms, t.size(), 1000.0 * batch / ms, bytes * 1e-9,
+                  kv * 1e-9, bytes / bw * 1e3, (bytes / bw * 1e3) / ms);
+    }
+  }
+  set_launch_tuning(saved);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int decode_steps = argc > 1 ? std::atoi(argv[1]) : 128;
   const int prefill_reps = argc > 2 ? std::atoi(argv[2]) : 3;
+  // "batch": only the copy bandwidth, the GEMM rate and the big-batch decode sections.
+  const bool batch_only = argc > 3 && std::string(argv[3]) == "batch";
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
@@ -383,13 +620,22 @@ int main(int argc, char** argv) {
   STRATA_CUDA_CHECK(cudaStreamCreate(&st));
   const double bw = copy_bandwidth(st);
   const double gemm = gemm_rate(st);
+  const ModelConfig cfg = llama8b();
+  // The serving shape: 256 sequences decoding together at 1-2k tokens (how a step splits
+  // between the GEMMs and the attention, then whole steps).
+  batch_gemms_only(st, bw, gemm, 256);
+  for (const int32_t ctx : {1024, 1536, 2048}) batch_decode_attention_only(st, bw, 256, ctx);
+  if (int rc = batch_decode_steps(cfg, bw, 256, {1024, 2048}, 12); rc != 0) return rc;
+  if (batch_only) {
+    std::printf("SUMMARY bw_GBps=%.1f gemm_TFLOPs=%.1f\n", bw * 1e-9, gemm * 1e-12);
+    return 0;
+  }
   gemm_only_decode(st, bw, 0);
   gemm_only_decode(st, bw, 1);
   prefill_attention_only(st);
   decode_attention_only(st, 512);
   decode_attention_only(st, 2048);
 
-  const ModelConfig cfg = llama8b();
   CudaModelOptions opt;
   opt.kv_cache_bytes = int64_t(4) << 30;
   opt.block_size = 16;

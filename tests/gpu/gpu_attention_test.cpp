@@ -184,6 +184,28 @@ TEST_F(GpuAttention, SplitKvDecode) {
   run_case(rng_, {8, 2, 64, 16, 100, 0.0f, seqs, 7});  // window with splits
 }
 
+// Every tile one decode token (the tensor-core decode kernel): contexts around its 64-key tiles,
+// groups of 4, 7 and 16 rows, head_dim 64 and 128, splits, window, soft-cap, a block size that
+// is not a power of two; and the same shape through the kernels it replaces.
+TEST_F(GpuAttention, TensorCoreDecodeBatch) {
+  const std::vector<Seq> seqs = {{1, 0}, {1, 1}, {1, 63}, {1, 64}, {1, 65}, {1, 200}, {1, 511}, {1, 700}, {1, 1000}, {1, 37}};
+  const std::vector<Seq> short_seqs = {{1, 0}, {1, 63}, {1, 130}, {1, 700}, {1, 500}};
+  for (const int32_t splits : {1, 3}) {
+    run_case(rng_, {32, 8, 128, 16, 0, 0.0f, seqs, splits});
+    run_case(rng_, {14, 2, 64, 16, 0, 0.0f, seqs, splits});  // group of 7
+    run_case(rng_, {16, 1, 128, 16, 0, 0.0f, seqs, splits});  // group of 16: every row of the m16 tile
+  }
+  run_case(rng_, {8, 2, 64, 12, 100, 30.0f, short_seqs, 2});  // window, soft-cap, block size 12
+  run_case(rng_, {32, 8, 128, 16, 130, 0.0f, seqs, 1});      // window across tiles
+  LaunchTuning t = launch_tuning();
+  const LaunchTuning saved = t;
+  t.decode_mma_attention = false;
+  set_launch_tuning(t);
+  run_case(rng_, {32, 8, 128, 16, 0, 0.0f, seqs, 1});
+  run_case(rng_, {32, 8, 128, 16, 0, 0.0f, seqs, 3});
+  set_launch_tuning(saved);
+}
+
 // Decode fusion: the attention kernel making q, k and v from the QKV projection itself and
 // merging its splits in the last block, against launch_qkv_post + attention + combine (each
 // checked against the reference above): outputs within bf16 tolerance, the pools' new rows

@@ -6,6 +6,8 @@
 // the tile for one row, the softmax statistics are warp reductions, and each lane owns
 // head_dim / 32 output dims. With n_splits > 1 the key range is cut into n_splits chunks
 // (grid z) that write partial (out, max, sum) for launch_attention_combine (split-KV decode).
+// Steps whose tiles are all one decode token (not fused) go to decode_mma_kernel below instead:
+// tensor cores, the four warps sharing each key tile, for big decode batches.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -435,6 +437,311 @@ void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
   launch_pdl(paged_attention_kernel<DPL>, grid, kWarps * 32, smem, stream, a);
 }
 
+
+// ---- Decode on the tensor cores: every tile one query token ----
+// A block takes one (token, KV head, split). Its rows are the group's q heads (<= 16: one m16
+// tile), so a 64-row flash tile would leave three of its four warps computing padding; here
+// the four warps share each 64-key K/V tile instead, warp w taking keys 16w..16w+15 with its
+// own running (max, sum, out), and the warps' results merge through shared memory at the end.
+// K/V tiles stream through kDecStages cp.async stages, so two tiles are in flight while one is
+// computed: the kernel is meant to be bound by the KV stream (big decode batches).
+constexpr int kDecKeys = 64;
+constexpr int kDecStages = 3;
+constexpr int kDecRows = 16;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// 16 bytes global -> shared; with valid false nothing is read and the destination is zeroed.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
+  if (trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+}
+// d += a (16x16, row) * b (16x8, col), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// Element offset of 16-byte chunk c of row r in a [rows, HD] bf16 tile, XOR-swizzled so that
+// ldmatrix reads of 8 rows hit distinct banks.
+template <int HD>
+__device__ __forceinline__ int swz(int r, int c) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kMask = (kChunks < 8 ? kChunks : 8) - 1;
+  return r * HD + ((c ^ (r & kMask)) * 8);
+}
+
+template <int HD>
+constexpr size_t decode_mma_smem() {
+  return size_t(kDecStages) * 2 * kDecKeys * HD * sizeof(uint16_t) + size_t(kDecRows) * HD * sizeof(uint16_t);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kWarps * 32, 2) decode_mma_kernel(PagedAttentionArgs a) {
+  constexpr int kChunks = HD / 8;  // 16-byte chunks per row
+  constexpr int kSteps = HD / 16;  // k-steps of Q K^T; also pairs of output n-tiles
+  constexpr int kLoads = kDecKeys * kChunks / (kWarps * 32);
+  static_assert(size_t(kWarps) * kDecRows * HD * sizeof(float) <= size_t(kDecStages) * 2 * kDecKeys * HD * sizeof(uint16_t),
+                "the warps' outputs reuse the K/V stages");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  uint16_t* sk = reinterpret_cast<uint16_t*>(smem_raw);  // [stages, kDecKeys, HD]
+  uint16_t* sv = sk + kDecStages * kDecKeys * HD;        // [stages, kDecKeys, HD]
+  uint16_t* sq = sv + kDecStages * kDecKeys * HD;        // [kDecRows, HD]
+  __shared__ float red_m[kWarps][kDecRows], red_l[kWarps][kDecRows];
+
+  // KV heads vary fastest over the grid: blocks running together read a sequence's slots
+  // whole (n_kv_heads * head_dim contiguous elements) instead of one head's slice of each.
+  const int kvh = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int seq = a.tile_seq[tile];
+  const int tok = a.seq_q_start[seq] + a.tile_q0[tile];
+  const int qpos = a.seq_pos0[seq] + a.tile_q0[tile];
+  const int group = a.n_heads / a.n_kv_heads;
+  const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+  const int lo = a.window > 0 ? max(0, qpos - a.window + 1) : 0;
+  const int hi = qpos + 1;
+  int k_begin = lo, k_end = hi;
+  if (a.n_splits > 1) {
+    const int chunk = ((hi - lo + a.n_splits - 1) / a.n_splits + kDecKeys - 1) / kDecKeys * kDecKeys;
+    k_begin = min(hi, lo + split * chunk);
+    k_end = min(hi, k_begin + chunk);
+  }
+  const int n_kt = (k_end - k_begin + kDecKeys - 1) / kDecKeys;
+  const int bs = a.block_size;
+  const bool bs_pow2 = (bs & (bs - 1)) == 0;
+  const int bs_shift = __ffs(bs) - 1;
+
+  // q and this step's own k/v were written by the kernel before.
+  pdl_wait();
+  pdl_launch_dependents();
+
+  for (int i = tid; i < kDecRows * kChunks; i += kWarps * 32) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = r < group;
+    const uint16_t* src = valid ? a.q + (int64_t(tok) * a.n_heads + kvh * group + r) * HD + c * 8 : a.q;
+    cp_async16(smem_addr(sq + swz<HD>(r, c)), src, valid);
+  }
+  auto load_kv = [&](int stage, int kt) {
+    uint16_t* dk = sk + stage * kDecKeys * HD;
+    uint16_t* dv = sv + stage * kDecKeys * HD;
+#pragma unroll
+    for (int it = 0; it < kLoads; ++it) {
+      const int i = tid + it * kWarps * 32;
+      const int j = i / kChunks, c = i % kChunks;
+      const int p = kt + j;
+      const bool valid = p < k_end;
+      int64_t off = 0;
+      if (valid) {
+        const int blk = bs_pow2 ? p >> bs_shift : p / bs, in_blk = bs_pow2 ? p & (bs - 1) : p % bs;
+        off = ((int64_t(table[blk]) * bs + in_blk) * a.n_kv_heads + kvh) * HD + c * 8;
+      }
+      cp_async16(smem_addr(dk + swz<HD>(j, c)), a.k_pool + off, valid);
+      cp_async16(smem_addr(dv + swz<HD>(j, c)), a.v_pool + off, valid);
+    }
+  };
+  // Q rides in the first group with tile 0.
+#pragma unroll
+  for (int s = 0; s < kDecStages - 1; ++s) {
+    if (s < n_kt) load_kv(s, k_begin + s * kDecKeys);
+    cp_async_commit();
+  }
+
+  // This thread's rows g and g + 8 (padding rows past the group see nothing).
+  const int qp0 = g < group ? qpos : -1, qp1 = g + 8 < group ? qpos : -1;
+  const float s_scale = a.scale * kLog2e;
+  const bool capped = a.softcap > 0.0f;
+  const float cap_in = capped ? a.scale / a.softcap : 0.0f, cap_out = a.softcap * kLog2e;
+  uint32_t qf[kSteps][4];
+  float o[2 * kSteps][4];
+#pragma unroll
+  for (int i = 0; i < 2 * kSteps; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+  for (int it = 0; it < n_kt; ++it) {
+    cp_async_wait<kDecStages - 2>();
+    __syncthreads();  // tile it has landed for every thread; tile it - 1's stage is free
+    if (it == 0) {
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        ldmatrix_x4(qf[ks], smem_addr(sq + swz<HD>((lane & 7) + ((lane >> 3) & 1) * 8, ks * 2 + (lane >> 4))), false);
+      }
+    }
+    const int nx = it + kDecStages - 1;
+    if (nx < n_kt) load_kv(nx % kDecStages, k_begin + nx * kDecKeys);
+    cp_async_commit();
+    const uint16_t* ck = sk + (it % kDecStages) * kDecKeys * HD;
+    const uint16_t* cv = sv + (it % kDecStages) * kDecKeys * HD;
+    const int kt = k_begin + it * kDecKeys;
+
+    // S = Q K^T for this warp's 16 keys: n-tile j holds keys 16 warp + 8j ..
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      uint32_t b[4];
+      const int key = warp * 16 + (lane & 7) + (lane >> 4) * 8;
+      ldmatrix_x4(b, smem_addr(ck + swz<HD>(key, ks * 2 + ((lane >> 3) & 1))), false);
+      mma_bf16(s[0], qf[ks], b[0], b[1]);
+      mma_bf16(s[1], qf[ks], b[2], b[3]);
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e];
+        x = capped ? cap_out * tanhf(x * cap_in) : x * s_scale;
+        const int p = kt + warp * 16 + j * 8 + 2 * t4 + (e & 1);
+        const int qp = e < 2 ? qp0 : qp1;
+        const bool visible = p < k_end && p <= qp && (a.window == 0 || qp - p < a.window);
+        s[j][e] = visible ? x : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // A row that has seen nothing visible keeps base 0 so that no inf - inf appears.
+    const float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
+    const float corr0 = fast_exp2(m0 - base0), corr1 = fast_exp2(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
+    uint32_t pf[4];  // P as one A fragment (16 rows x this warp's 16 keys)
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float p0 = fast_exp2(s[j][0] - base0), p1 = fast_exp2(s[j][1] - base0);
+      const float p2 = fast_exp2(s[j][2] - base1), p3 = fast_exp2(s[j][3] - base1);
+      sum0 += p0 + p1;
+      sum1 += p2 + p3;
+      pf[j * 2] = pack_bf16(p0, p1);
+      pf[j * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+#pragma unroll
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      o[i][0] *= corr0;
+      o[i][1] *= corr0;
+      o[i][2] *= corr1;
+      o[i][3] *= corr1;
+    }
+    // O += P V over the warp's 16 keys, n-tiles over the head dims (two per ldmatrix).
+#pragma unroll
+    for (int dp = 0; dp < kSteps; ++dp) {
+      uint32_t b[4];
+      const int key = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4(b, smem_addr(cv + swz<HD>(key, dp * 2 + (lane >> 4))), true);
+      mma_bf16(o[2 * dp], pf, b[0], b[1]);
+      mma_bf16(o[2 * dp + 1], pf, b[2], b[3]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Merge the four warps: each row's maximum over the warps, every warp's output rescaled to
+  // it in shared memory (the K/V stages are free once every warp is past the barrier), then
+  // summed over the warps.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (t4 == 0) {
+    red_m[warp][g] = m0;
+    red_m[warp][g + 8] = m1;
+    red_l[warp][g] = l0;
+    red_l[warp][g + 8] = l1;
+  }
+  __syncthreads();
+  auto row_max = [&](int r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w][r]);
+    return mx;
+  };
+  float* ob = reinterpret_cast<float*>(smem_raw);  // [kWarps, kDecRows, HD]
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    if (r >= group) continue;
+    const float m = half == 0 ? m0 : m1;
+    const float f = m == -INFINITY ? 0.0f : fast_exp2(m - row_max(r));
+    float* dst = ob + (warp * kDecRows + r) * HD + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      dst[8 * i] = o[i][2 * half] * f;
+      dst[8 * i + 1] = o[i][2 * half + 1] * f;
+    }
+  }
+  __syncthreads();
+  const int64_t stride = int64_t(a.n_tokens) * a.n_heads;
+  for (int i = tid; i < group * HD; i += kWarps * 32) {
+    const int r = i / HD, d = i % HD;
+    const float mx = row_max(r);
+    float sum = 0.0f, l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      sum += ob[(w * kDecRows + r) * HD + d];
+      l += red_m[w][r] == -INFINITY ? 0.0f : red_l[w][r] * fast_exp2(red_m[w][r] - mx);
+    }
+    const int64_t row = int64_t(tok) * a.n_heads + kvh * group + r;
+    if (a.n_splits == 1) {
+      a.out[row * HD + d] = __bfloat16_as_ushort(__float2bfloat16_rn(l > 0.0f ? sum / l : 0.0f));
+    } else {
+      const int64_t prow = int64_t(split) * stride + row;
+      a.partial_out[prow * HD + d] = sum;
+      if (d == 0) {
+        // The split's maximum back in the natural-log domain, as the combine expects.
+        a.partial_ml[prow * 2] = mx == -INFINITY ? -INFINITY : mx / kLog2e;
+        a.partial_ml[prow * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+template <int HD>
+void launch_decode_mma(const PagedAttentionArgs& a, cudaStream_t stream) {
+  static bool raised = false;  // the attribute is per kernel and process-wide
+  if (!raised) {
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(decode_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(decode_mma_smem<HD>())));
+    raised = true;
+  }
+  const dim3 grid(a.n_kv_heads, a.n_tiles, a.n_splits);
+  launch_pdl(decode_mma_kernel<HD>, grid, kWarps * 32, decode_mma_smem<HD>(), stream, a);
+}
+
 }  // namespace
 
 int32_t attention_max_rows() { return kMaxRows; }
@@ -448,6 +755,17 @@ int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t h
 void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n_tiles == 0) return;
   const int32_t group = a.n_heads / a.n_kv_heads;
+  // Tiles cover the tokens and hold at least one each: as many tiles as tokens means every
+  // tile is one decode token.
+  if (a.post.qkv == nullptr && a.n_tiles == a.n_tokens && group <= kDecRows && (a.head_dim == 64 || a.head_dim == 128) &&
+      launch_tuning().decode_mma_attention) {
+    if (a.head_dim == 64) {
+      launch_decode_mma<64>(a, stream);
+    } else {
+      launch_decode_mma<128>(a, stream);
+    }
+    return;
+  }
   if (a.post.qkv == nullptr && flash_attention_supports(a.head_dim) && a.n_splits == 1 &&
       a.tokens_per_tile * group <= flash_attention_rows()) {
     launch_flash_attention(a, stream);
