@@ -284,7 +284,8 @@ TEST_P(GpuEngine, DeviceSamplingEqualsHostSampling) {
   host->shutdown();
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GpuEngine, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen2-tiny", "mistral-tiny", "gemma3-tiny", "qwen3moe-tiny"),
+INSTANTIATE_TEST_SUITE_P(Families, GpuEngine, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen2-tiny", "mistral-tiny", "gemma3-tiny", "qwen3moe-tiny",
+                                                           "gemma4-tiny", "gemma4moe-tiny"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
                            for (char& ch : n) {
@@ -388,11 +389,14 @@ TEST(GpuEngineTiers, HostTierHitMatchesTheDeviceCacheHit) {
 
 TEST(GpuEngineExecutor, UnsupportedModelsAreRefusedNamingTypeAndDevice) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  auto gemma = make_cuda_engine_parts(model_path("gemma4-tiny"), small_device(64));
-  ASSERT_FALSE(gemma.ok());
-  EXPECT_EQ(gemma.error().code, ErrorCode::kUnsupported);
-  EXPECT_NE(gemma.error().message.find("gemma4"), std::string::npos) << gemma.error().message;
-  EXPECT_NE(gemma.error().message.find("--device cuda"), std::string::npos) << gemma.error().message;
+  ModelConfig mamba;
+  mamba.model_type = "mamba";
+  mamba.n_layers = 2;
+  const Status refused = check_cuda_engine_support(mamba, KvCodecConfig{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(refused.error().message.find("mamba"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("--device cuda"), std::string::npos) << refused.error().message;
   KvCodecConfig int8;
   int8.default_spec.codec = KvCodec::kInt8;
   ModelConfig llama;

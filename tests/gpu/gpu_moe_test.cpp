@@ -1,10 +1,12 @@
 // The family kernels (family_kernels.h) and the MoE kernels (moe.h) against plain host code on
 // random data: routing against the CPU's route_topk (model/layers/moe.h), the grouping's
 // invariants, the whole expert chain (group, grouped GEMMs, gated activation, combine)
-// against a host loop over the same bf16 values, the sandwich norm and the soft-cap.
+// against a host loop over the same bf16 values, the sandwich norm and the soft-cap, and
+// Gemma 4's kernels (value norm, per-layer input combine and gate, scaled residual, norm sum).
 // Max-norm relative error <= 1e-2 where bf16 rounds. Needs a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -223,6 +225,158 @@ TEST_F(GpuMoe, SoftcapMatchesHostLoop) {
   std::vector<float> ref(v.size());
   for (size_t i = 0; i < v.size(); ++i) ref[i] = 30.0f * std::tanh(v[i] / 30.0f);
   EXPECT_LE(max_norm_rel(d.download(), ref), 1e-5);
+}
+
+// Gemma 4 kernels: plain host references, then the device against them.
+
+// Host RMSNorm of n values in place (times w when given), in double.
+void ref_rms_norm(float* v, int32_t n, const float* w, float eps, float pre_scale = 1.0f) {
+  double ss = 0.0;
+  for (int32_t i = 0; i < n; ++i) ss += double(v[i] * pre_scale) * double(v[i] * pre_scale);
+  const double inv = 1.0 / std::sqrt(ss / n + eps);
+  for (int32_t i = 0; i < n; ++i) v[i] = float(double(v[i] * pre_scale) * inv * (w ? w[i] : 1.0f));
+}
+
+TEST_F(GpuMoe, HeadRmsNormMatchesHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  struct Shape {
+    int32_t n, heads, hd, pre, post;
+    bool weighted;
+  };
+  for (const Shape& sh : {Shape{1, 1, 32, 64, 32, false}, Shape{9, 2, 64, 128, 0, false}, Shape{33, 4, 256, 512, 64, true}}) {
+    const int32_t stride = sh.pre + sh.heads * sh.hd + sh.post;
+    auto x = random_f32(rng, size_t(sh.n) * stride, -3.0f, 3.0f);
+    const auto w = random_f32(rng, size_t(sh.hd), -1.0f, 1.0f);
+    DeviceBuffer<float> d_x(x.size()), d_w(w.size());
+    d_x.upload(x);
+    d_w.upload(w);
+    launch_head_rms_norm({d_x.p, sh.weighted ? d_w.p : nullptr, sh.n, stride, sh.pre, sh.heads, sh.hd, 1e-6f}, nullptr);
+    for (int32_t t = 0; t < sh.n; ++t) {
+      for (int32_t h = 0; h < sh.heads; ++h) ref_rms_norm(&x[size_t(t) * stride + sh.pre + size_t(h) * sh.hd], sh.hd, sh.weighted ? w.data() : nullptr, 1e-6f);
+    }
+    EXPECT_LE(max_norm_rel(d_x.download(), x), 1e-5) << "n " << sh.n << " heads " << sh.heads << " head_dim " << sh.hd;
+  }
+}
+
+TEST_F(GpuMoe, PleCombineMatchesHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  for (const int32_t dim : {16, 256}) {
+    const int32_t rows = 6 * 7;
+    auto ctx = random_f32(rng, size_t(rows) * dim, -20.0f, 20.0f);
+    const auto tok = random_f32(rng, size_t(rows) * dim, -2.0f, 2.0f);
+    const auto w = random_f32(rng, size_t(dim), -1.0f, 1.0f);
+    DeviceBuffer<float> d_ctx(ctx.size()), d_tok(tok.size()), d_w(w.size());
+    d_ctx.upload(ctx);
+    d_tok.upload(tok);
+    d_w.upload(w);
+    const float scale = 0.125f;
+    launch_ple_combine({d_ctx.p, d_tok.p, d_w.p, rows, dim, scale, 1e-6f}, nullptr);
+    for (int32_t r = 0; r < rows; ++r) {
+      float* c = &ctx[size_t(r) * dim];
+      ref_rms_norm(c, dim, w.data(), 1e-6f, scale);
+      for (int32_t i = 0; i < dim; ++i) c[i] = float((double(c[i]) + tok[size_t(r) * dim + i]) / std::sqrt(2.0));
+    }
+    EXPECT_LE(max_norm_rel(d_ctx.download(), ctx), 1e-5) << "dim " << dim;
+  }
+}
+
+TEST_F(GpuMoe, PleGateMatchesHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  const int32_t n = 11, dim = 16, layers = 6, layer = 4;
+  const auto gate = random_f32(rng, size_t(n) * dim, -4.0f, 4.0f);
+  const auto ple = random_f32(rng, size_t(n) * layers * dim, -2.0f, 2.0f);
+  DeviceBuffer<float> d_gate(gate.size()), d_ple(ple.size());
+  DeviceBuffer<uint16_t> d_out(size_t(n) * dim);
+  d_gate.upload(gate);
+  d_ple.upload(ple);
+  d_out.poison();
+  launch_ple_gate({d_gate.p, d_ple.p + layer * dim, d_out.p, n, dim, layers * dim, int32_t(Act::kGeluTanh)}, nullptr);
+  std::vector<float> ref(size_t(n) * dim);
+  for (int32_t t = 0; t < n; ++t) {
+    for (int32_t i = 0; i < dim; ++i) ref[size_t(t) * dim + i] = gelu_tanh(gate[size_t(t) * dim + i]) * ple[size_t(t) * layers * dim + layer * dim + i];
+  }
+  EXPECT_LE(max_norm_rel(bf16_to_floats(d_out.download()), ref), 1e-2);
+}
+
+TEST_F(GpuMoe, ScaledResidualMatchesHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  for (const int32_t dim : {64, 100, 2560}) {
+    for (const int32_t mode : {0, 1, 2}) {  // 0: no out, 1: raw bf16 out, 2: normed out
+      const int32_t rows = 5;
+      auto x = random_f32(rng, size_t(rows) * dim, -2.0f, 2.0f);
+      const auto br = random_f32(rng, size_t(rows) * dim, -3.0f, 3.0f);
+      const auto wb = random_f32(rng, size_t(dim), -1.0f, 1.0f);
+      const auto w = random_f32(rng, size_t(dim), -1.0f, 1.0f);
+      const float scale = mode == 1 ? 1.0f : 0.37f;
+      DeviceBuffer<float> d_x(x.size()), d_br(br.size()), d_wb(wb.size()), d_w(w.size());
+      DeviceBuffer<uint16_t> d_out(x.size());
+      d_x.upload(x);
+      d_br.upload(br);
+      d_wb.upload(wb);
+      d_w.upload(w);
+      d_out.poison();
+      launch_scaled_residual({d_x.p, d_br.p, d_wb.p, scale, mode == 2 ? d_w.p : nullptr, mode > 0 ? d_out.p : nullptr, rows, dim, 1e-6f},
+                             nullptr);
+      std::vector<float> out(x.size());
+      for (int32_t r = 0; r < rows; ++r) {
+        std::vector<float> b(br.begin() + size_t(r) * dim, br.begin() + size_t(r + 1) * dim);
+        ref_rms_norm(b.data(), dim, wb.data(), 1e-6f);
+        float* xr = &x[size_t(r) * dim];
+        for (int32_t c = 0; c < dim; ++c) xr[c] = (xr[c] + b[size_t(c)]) * scale;
+        std::copy_n(xr, dim, &out[size_t(r) * dim]);
+        if (mode == 2) ref_rms_norm(&out[size_t(r) * dim], dim, w.data(), 1e-6f);
+      }
+      EXPECT_LE(max_norm_rel(d_x.download(), x), 1e-5) << "dim " << dim << " mode " << mode;
+      if (mode > 0) {
+        EXPECT_LE(max_norm_rel(bf16_to_floats(d_out.download()), out), 1e-2) << "dim " << dim << " mode " << mode;
+      }
+    }
+  }
+}
+
+TEST_F(GpuMoe, NormSumMatchesHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  for (const int32_t dim : {64, 2816}) {
+    const int32_t rows = 9;
+    const auto a = random_f32(rng, size_t(rows) * dim, -2.0f, 2.0f);
+    const auto b = random_f32(rng, size_t(rows) * dim, -5.0f, 5.0f);
+    const auto wa = random_f32(rng, size_t(dim), -1.0f, 1.0f);
+    const auto wb = random_f32(rng, size_t(dim), -1.0f, 1.0f);
+    DeviceBuffer<float> d_a(a.size()), d_b(b.size()), d_wa(wa.size()), d_wb(wb.size());
+    d_a.upload(a);
+    d_b.upload(b);
+    d_wa.upload(wa);
+    d_wb.upload(wb);
+    launch_norm_sum({d_a.p, d_wa.p, d_b.p, d_wb.p, d_a.p, rows, dim, 1e-6f}, nullptr);  // in place, as the decoder runs it
+    std::vector<float> ref(a.size());
+    for (int32_t r = 0; r < rows; ++r) {
+      std::vector<float> ra(a.begin() + size_t(r) * dim, a.begin() + size_t(r + 1) * dim);
+      std::vector<float> rb(b.begin() + size_t(r) * dim, b.begin() + size_t(r + 1) * dim);
+      ref_rms_norm(ra.data(), dim, wa.data(), 1e-6f);
+      ref_rms_norm(rb.data(), dim, wb.data(), 1e-6f);
+      for (int32_t c = 0; c < dim; ++c) ref[size_t(r) * dim + c] = ra[size_t(c)] + rb[size_t(c)];
+    }
+    EXPECT_LE(max_norm_rel(d_a.download(), ref), 1e-5) << "dim " << dim;
+  }
+}
+
+TEST_F(GpuMoe, ToBf16MatchesHostRounding) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  const auto v = random_f32(rng, 70001, -300.0f, 300.0f);
+  DeviceBuffer<float> d(v.size());
+  DeviceBuffer<uint16_t> out(v.size());
+  d.upload(v);
+  out.poison();
+  launch_to_bf16(d.p, out.p, int64_t(v.size()), nullptr);
+  std::vector<uint16_t> ref(v.size());
+  for (size_t i = 0; i < v.size(); ++i) ref[i] = f32_to_bf16(v[i]);
+  EXPECT_EQ(out.download(), ref);
 }
 
 }  // namespace

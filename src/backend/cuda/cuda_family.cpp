@@ -1,9 +1,12 @@
 #include "backend/cuda/cuda_family.h"
 
 #include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "model/decoder.h"
+#include "model/gemma4_config.h"
 
 namespace strata::cuda {
 
@@ -39,9 +42,25 @@ Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
     f.attn_scale = spec->attn_scale;
     f.attn_softcap = spec->attn_softcap;
     f.final_softcap = spec->final_softcap;
+  } else if (cfg.model_type == "gemma4_text") {
+    auto g4 = parse_gemma4_text_config(cfg);
+    if (!g4.ok()) return g4.error();
+    if (cfg.attention_bias) return make_error(ErrorCode::kUnsupported, "gemma4_text: attention_bias true is not supported");
+    // As load_gemma4_text: an absent activation key means gelu_pytorch_tanh.
+    const bool act_given = cfg.text_json->contains("hidden_activation") || cfg.text_json->contains("hidden_act");
+    if (act_given && cfg.hidden_act != "gelu_pytorch_tanh" && cfg.hidden_act != "gelu_tanh") {
+      return make_error(ErrorCode::kUnsupported, "gemma4_text: hidden_activation '" + cfg.hidden_act + "' is not supported (gelu_pytorch_tanh)");
+    }
+    f.gemma4 = true;
+    f.qk_norm = true;
+    f.sandwich = true;
+    f.embed_scale = float(std::sqrt(double(cfg.hidden)));
+    f.attn_scale = 1.0f;  // the q and k norms set the scale
+    f.final_softcap = cfg.final_softcap;
+    f.moe = g4->moe;
   } else {
     return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type +
-                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text)");
+                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text)");
   }
   if (cfg.mlp_bias) return make_error(ErrorCode::kUnsupported, "mlp_bias is not supported by the CUDA forward");
   return f;

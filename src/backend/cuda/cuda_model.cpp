@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/cuda_model_parts.h"
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
@@ -18,82 +19,7 @@
 
 namespace strata::cuda {
 
-namespace {
-constexpr int32_t kMaxSplits = 32;  // split-KV partial buffers hold this many splits
-constexpr size_t kGemmWorkspace = size_t(32) << 20;
-}  // namespace
-
-struct CudaDecoder::Layer {
-  uint16_t* qkv = nullptr;      // [(n_heads + 2 n_kv_heads) head_dim, hidden]
-  uint16_t* o = nullptr;        // [hidden, n_heads head_dim]
-  uint16_t* gate_up = nullptr;  // [2 inter, hidden]: gate rows then up rows
-  uint16_t* down = nullptr;     // [hidden, inter]
-  float* in_norm = nullptr;     // [hidden]
-  float* post_norm = nullptr;   // [hidden] the FFN input norm (sandwich: pre_feedforward_layernorm)
-  float* attn_out_norm = nullptr;  // [hidden] sandwich: post_attention_layernorm, else null
-  float* ffn_out_norm = nullptr;   // [hidden] sandwich: post_feedforward_layernorm, else null
-  // Sparse (MoE) layers instead of gate_up/down:
-  uint16_t* router = nullptr;           // [n_experts, hidden]
-  uint16_t* experts_gate_up = nullptr;  // [n_experts, 2 moe_inter, hidden]: gate rows then up rows
-  uint16_t* experts_down = nullptr;     // [n_experts, hidden, moe_inter]
-  float* qkv_bias = nullptr;    // [(n_heads + 2 n_kv_heads) head_dim] or null
-  float* o_bias = nullptr;      // [hidden] or null
-  float* q_norm = nullptr;      // [head_dim] or null
-  float* k_norm = nullptr;      // [head_dim] or null
-  int32_t rope = 0;             // index into Buffers::rope_*
-  int32_t window = 0;
-};
-
-struct CudaDecoder::Buffers {
-  uint16_t* embed = nullptr;     // [vocab, hidden]
-  uint16_t* lm_head = nullptr;   // [vocab, hidden] (== embed when tied)
-  float* final_norm = nullptr;   // [hidden]
-  std::vector<float*> rope_inv_freq;  // per distinct layer type: [rot_dim / 2]
-  std::vector<int32_t> rope_rot_dim;
-  std::vector<float> rope_attn_factor;
-
-  float* x = nullptr;            // [T, hidden] residual stream
-  uint16_t* h = nullptr;         // [T, hidden] normalized
-  float* qkv = nullptr;          // [T, qkv_rows]
-  uint16_t* q = nullptr;         // [T, n_heads head_dim]
-  uint16_t* attn = nullptr;      // [T, n_heads head_dim]
-  float* branch = nullptr;       // [T, hidden]
-  uint16_t* gate_up = nullptr;   // [T, 2 inter]
-  uint16_t* act = nullptr;       // [T, inter]
-  uint16_t* rows_h = nullptr;    // [R, hidden]
-  float* logits = nullptr;       // [R, vocab]
-  int32_t* argmax = nullptr;     // [R]
-  float* partial_out = nullptr;  // [kMaxSplits, S, n_heads, head_dim]
-  float* partial_ml = nullptr;   // [kMaxSplits, S, n_heads, 2]
-  // Fused decode (launch_step): the norm inputs passed between GEMVs as partial sums of squares.
-  float* ss_embed = nullptr;       // [kGemvMaxRows] sum of squares of each embedded row
-  float* ss_parts = nullptr;       // [kGemvMaxRows, gemv_blocks(hidden)] per-block sums of squares
-  int32_t* split_counters = nullptr;  // [S, n_kv_heads] zeros between steps (attention's in-kernel combine)
-  // MoE layers (moe.h), when the model has any: K = T * top_k routed slots.
-  float* moe_logits = nullptr;      // [T, n_experts]
-  int32_t* moe_ids = nullptr;       // [T, top_k]
-  float* moe_w = nullptr;           // [T, top_k]
-  int32_t* moe_offsets = nullptr;   // [n_experts + 1]
-  int32_t* moe_sorted = nullptr;    // [K]
-  int32_t* moe_slot_row = nullptr;  // [K]
-  uint16_t* moe_gate_up = nullptr;  // [K, 2 moe_inter]
-  uint16_t* moe_act = nullptr;      // [K, moe_inter]
-  float* moe_y = nullptr;           // [K, hidden]
-
-  // Step metadata: one pinned host block mirrored by one device block, same offsets.
-  char* meta_host = nullptr;
-  char* meta_dev = nullptr;
-  size_t meta_bytes = 0;
-  size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_tables = 0, off_q_start = 0, off_pos0 = 0,
-         off_tile_seq = 0, off_tile_q0 = 0, off_row_map = 0;
-  cudaEvent_t meta_copied = nullptr;
-  bool meta_pending = false;
-
-  template <class T>
-  T* host(size_t off) const { return reinterpret_cast<T*>(meta_host + off); }
-  template <class T>
-  T* dev(size_t off) const { return reinterpret_cast<T*>(meta_dev + off); }
-};
+using namespace model_parts;
 
 void CudaDecoder::set_max_splits(int32_t n) { max_splits_ = std::clamp(n, 1, kMaxSplits); }
 
@@ -116,97 +42,6 @@ CudaDecoder::~CudaDecoder() {
 }
 
 int32_t CudaDecoder::n_kv_blocks() const { return kv_->n_blocks(); }
-
-namespace {
-
-struct Dims {
-  int64_t H, V, nh, nkv, hd, I, L, qkv_rows;
-  int64_t E, top_k, mI, n_sparse;  // MoE: experts, experts per token, expert inter, sparse layers
-};
-
-Dims dims_of(const ModelConfig& c) {
-  Dims d{};
-  d.H = c.hidden;
-  d.V = c.vocab_size;
-  d.nh = c.n_heads;
-  d.nkv = c.n_kv_heads;
-  d.hd = c.head_dim;
-  d.I = c.intermediate;
-  d.L = c.n_layers;
-  d.qkv_rows = (d.nh + 2 * d.nkv) * d.hd;
-  d.n_sparse = 0;
-  for (int64_t l = 0; l < d.L; ++l) d.n_sparse += layer_sparse(c, l) ? 1 : 0;
-  d.E = d.n_sparse > 0 ? c.n_experts : 0;
-  d.top_k = d.n_sparse > 0 ? c.n_experts_per_tok : 0;
-  d.mI = d.n_sparse > 0 ? c.moe_intermediate : 0;
-  return d;
-}
-
-size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
-
-// Bytes the arena needs: weights (bf16 matrices, f32 vectors) and step scratch.
-size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_rope_types) {
-  size_t b = 0;
-  auto add = [&](size_t bytes) { b += align256(bytes); };
-  add(2 * d.V * d.H);
-  if (!tied) add(2 * d.V * d.H);
-  add(4 * d.H);
-  for (int i = 0; i < n_rope_types; ++i) add(4 * d.hd);
-  for (int64_t l = 0; l < d.L; ++l) {
-    add(2 * d.qkv_rows * d.H);
-    add(2 * d.H * d.nh * d.hd);
-    if (l < d.L - d.n_sparse) {  // as many dense layers as there are (which ones does not matter)
-      add(2 * 2 * d.I * d.H);
-      add(2 * d.H * d.I);
-    } else {
-      add(2 * d.E * d.H);
-      add(2 * d.E * 2 * d.mI * d.H);
-      add(2 * d.E * d.H * d.mI);
-    }
-    add(4 * d.H);
-    add(4 * d.H);
-    add(4 * d.H);  // sandwich norms
-    add(4 * d.H);
-    add(4 * d.qkv_rows);
-    add(4 * d.H);
-    add(4 * d.hd);
-    add(4 * d.hd);
-  }
-  const size_t T = size_t(o.max_tokens), R = size_t(o.max_logit_rows), S = size_t(o.max_seqs);
-  add(4 * T * d.H);
-  add(2 * T * d.H);
-  add(4 * T * d.qkv_rows);
-  add(2 * T * d.nh * d.hd);
-  add(2 * T * d.nh * d.hd);
-  add(4 * T * d.H);
-  add(2 * T * 2 * d.I);
-  add(2 * T * d.I);
-  add(2 * R * d.H);
-  add(4 * R * d.V);
-  add(4 * R);
-  add(4 * kMaxSplits * S * d.nh * d.hd);
-  add(4 * kMaxSplits * S * d.nh * 2);
-  add(4 * kGemvMaxRows);
-  add(4 * kGemvMaxRows * size_t(gemv_blocks(d.H)));
-  add(4 * S * d.nkv);
-  if (d.n_sparse > 0) {
-    const size_t K = T * size_t(d.top_k);
-    add(4 * T * d.E);
-    add(4 * K);
-    add(4 * K);
-    add(4 * (d.E + 1));
-    add(4 * K);
-    add(4 * K);
-    add(2 * K * 2 * d.mI);
-    add(2 * K * d.mI);
-    add(4 * K * d.H);
-  }
-  add(kGemmWorkspace);
-  add(1 << 20);  // step metadata (sized exactly in init_common; checked there)
-  return b;
-}
-
-}  // namespace
 
 Status CudaDecoder::init_common(const CudaModelOptions& options) {
   opt_ = options;
@@ -232,111 +67,6 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   return Status();
 }
 
-namespace {
-
-// Takes arena pieces for the step scratch and metadata.
-Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o, CudaDecoder::Buffers* b, void** workspace) {
-  const int64_t T = o.max_tokens, R = o.max_logit_rows, S = o.max_seqs;
-#define TAKE(field, type, n)                                        \
-  do {                                                              \
-    auto r_ = arena.take_array<type>(size_t(n), #field);            \
-    if (!r_.ok()) return r_.error();                                \
-    b->field = *r_;                                                 \
-  } while (0)
-  TAKE(x, float, T * d.H);
-  TAKE(h, uint16_t, T * d.H);
-  TAKE(qkv, float, T * d.qkv_rows);
-  TAKE(q, uint16_t, T * d.nh * d.hd);
-  TAKE(attn, uint16_t, T * d.nh * d.hd);
-  TAKE(branch, float, T * d.H);
-  TAKE(gate_up, uint16_t, T * 2 * d.I);
-  TAKE(act, uint16_t, T * d.I);
-  TAKE(rows_h, uint16_t, R * d.H);
-  TAKE(logits, float, R * d.V);
-  TAKE(argmax, int32_t, R);
-  TAKE(partial_out, float, int64_t(kMaxSplits) * S * d.nh * d.hd);
-  TAKE(partial_ml, float, int64_t(kMaxSplits) * S * d.nh * 2);
-  TAKE(ss_embed, float, kGemvMaxRows);
-  TAKE(ss_parts, float, kGemvMaxRows * gemv_blocks(d.H));
-  TAKE(split_counters, int32_t, S * d.nkv);
-  if (d.n_sparse > 0) {
-    const int64_t K = T * d.top_k;
-    TAKE(moe_logits, float, T * d.E);
-    TAKE(moe_ids, int32_t, K);
-    TAKE(moe_w, float, K);
-    TAKE(moe_offsets, int32_t, d.E + 1);
-    TAKE(moe_sorted, int32_t, K);
-    TAKE(moe_slot_row, int32_t, K);
-    TAKE(moe_gate_up, uint16_t, K * 2 * d.mI);
-    TAKE(moe_act, uint16_t, K * d.mI);
-    TAKE(moe_y, float, K * d.H);
-  }
-#undef TAKE
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(b->split_counters, 0, size_t(S * d.nkv) * sizeof(int32_t)));
-  auto ws = arena.take(kGemmWorkspace, "GEMM workspace");
-  if (!ws.ok()) return ws.error();
-  *workspace = *ws;
-
-  size_t off = 0;
-  auto place = [&](size_t bytes) {
-    const size_t at = off;
-    off = (off + bytes + 15) & ~size_t(15);
-    return at;
-  };
-  b->off_tokens = place(4 * T);
-  b->off_positions = place(4 * T);
-  b->off_slots = place(8 * T);
-  b->off_tables = place(4 * S * o.max_blocks_per_seq);
-  b->off_q_start = place(4 * (S + 1));
-  b->off_pos0 = place(4 * S);
-  b->off_tile_seq = place(4 * (T + S));
-  b->off_tile_q0 = place(4 * (T + S));
-  b->off_row_map = place(4 * R);
-  b->meta_bytes = off;
-  auto md = arena.take(off, "step metadata");
-  if (!md.ok()) return md.error();
-  b->meta_dev = static_cast<char*>(*md);
-  void* mh = nullptr;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMallocHost(&mh, off));
-  b->meta_host = static_cast<char*>(mh);
-  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&b->meta_copied, cudaEventDisableTiming));
-  return Status();
-}
-
-// Distinct layer types in order, and each layer's index into them.
-std::vector<std::string> rope_types(const ModelConfig& cfg, std::vector<int32_t>* index) {
-  std::vector<std::string> types;
-  index->clear();
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const std::string t = cfg.layer_types.empty() ? std::string("full_attention") : cfg.layer_types[size_t(l)];
-    auto it = std::find(types.begin(), types.end(), t);
-    if (it == types.end()) {
-      types.push_back(t);
-      it = types.end() - 1;
-    }
-    index->push_back(int32_t(it - types.begin()));
-  }
-  return types;
-}
-
-Result<uint16_t*> upload_bf16(DeviceArena& arena, const std::vector<float>& v, const std::string& what) {
-  std::vector<bf16_t> tmp(v.size());
-  for (size_t i = 0; i < v.size(); ++i) tmp[i] = f32_to_bf16(v[i]);
-  auto p = arena.take_array<uint16_t>(v.size(), what);
-  if (!p.ok()) return p.error();
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, tmp.data(), tmp.size() * 2, cudaMemcpyHostToDevice));
-  return *p;
-}
-
-Result<float*> upload_f32(DeviceArena& arena, const std::vector<float>& v, const std::string& what) {
-  auto p = arena.take_array<float>(v.size(), what);
-  if (!p.ok()) return p.error();
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(*p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  return *p;
-}
-
-}  // namespace
-
 Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& options) {
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
@@ -345,6 +75,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   auto archive = SafetensorsArchive::open_dir(dir);
   if (!archive.ok()) return archive.error();
   STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
+  if (flags->gemma4) return load_gemma4(*cfg, *archive, options);
   auto act = activation_from_name(cfg->hidden_act);
   if (!act.ok()) return act.error();
 
@@ -487,6 +218,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
                                                          uint64_t seed, float scale) {
   auto flags = family_flags(cfg);
   if (!flags.ok()) return flags.error();
+  if (flags->gemma4) return make_error(ErrorCode::kUnsupported, "random weights for gemma4_text are not supported on the GPU");
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
@@ -847,6 +579,10 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     launch_fused_decode(shape);
     return;
   }
+  if (gemma4_) {
+    launch_gemma4_step(shape);
+    return;
+  }
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
   const int32_t opw = one_plus_w_ ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -977,6 +713,12 @@ Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
 }
 
 int64_t CudaDecoder::arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options) {
+  if (cfg.model_type == "gemma4_text") {
+    ModelConfig shaped = cfg;
+    auto extra = gemma4_extra_bytes(cfg, options);
+    if (!gemma4_shape(&shaped).ok() || !extra.ok()) return 0;  // load() reports the config error
+    return int64_t(arena_bytes(dims_of(shaped), options, cfg.tie_embeddings, 0) + *extra);
+  }
   std::vector<int32_t> index;
   const auto types = rope_types(cfg, &index);
   return int64_t(arena_bytes(dims_of(cfg), options, cfg.tie_embeddings, int(types.size())));

@@ -13,7 +13,10 @@
 // attention and final logit soft-caps. Sliding-window layers keep full KV in the one pool
 // (every layer's block table is the sequence's table); the window is applied in attention.
 // MoE layers (qwen3_moe, moe.h): router GEMM, device top-k routing, experts as grouped GEMMs
-// over the tokens sorted by expert. Only the plain families take the fused decode path.
+// over the tokens sorted by expert. Gemma 4 (gemma4_text, cuda_gemma4.cpp): per-layer head
+// dims, value norm, partial ('proportional') RoPE on full layers, per-layer input embeddings,
+// KV shared by the last layers, an MoE block beside the dense MLP, layer scalars. Only the
+// plain families take the fused decode path.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +32,7 @@
 #include "backend/cuda/kernels.h"
 #include "core/status.h"
 #include "model/model_config.h"
+#include "model/safetensors.h"
 #include "model/step_batch.h"
 
 namespace strata::cuda {
@@ -123,6 +127,12 @@ class CudaDecoder {
   void launch_step(const StepShape& shape, bool record_copy);
   void launch_fused_decode(const StepShape& shape);
   void launch_moe_ffn(const Layer& layer, int64_t n, cudaStream_t stream);
+  // Gemma 4 (cuda_gemma4.cpp): the loader (cfg already resolved against the archive) and the
+  // step after the metadata copy.
+  static Result<std::unique_ptr<CudaDecoder>> load_gemma4(const ModelConfig& cfg, std::shared_ptr<const SafetensorsArchive> archive,
+                                                          const CudaModelOptions& options);
+  void launch_gemma4_step(const StepShape& shape);
+  void launch_gemma4_moe(const Layer& layer, int64_t n, cudaStream_t stream);
   QkvPostArgs qkv_post_args(size_t layer) const;
   PagedAttentionArgs attention_args(const StepShape& shape, size_t layer) const;
 
@@ -141,6 +151,9 @@ class CudaDecoder {
   float final_softcap_ = 0.0f;
   bool moe_ = false;
   bool fused_ok_ = true;  // the fused decode path computes this family
+  bool gemma4_ = false;   // launch_gemma4_step computes the layers
+  int32_t ple_dim_ = 0;   // Gemma 4 per-layer input width (0: none)
+  float ple_embed_scale_ = 1.0f;
   int64_t weight_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceArena> arena_;
