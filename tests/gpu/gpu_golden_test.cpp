@@ -9,10 +9,12 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
 #include "backend/cuda/cuda_model.h"
@@ -278,7 +280,7 @@ TEST(GpuGoldenStories, TeacherForcedAgainstTheCpuForward) {
 // of the checkpoint with every f32 matrix rounded to bf16 (what CudaDecoder uploads), against the
 // oracle. Printed for the families whose GPU last-logits error is compared with it; the f32 CPU
 // forward itself must meet the 2e-2 rule. Runs on the CPU (no GPU needed).
-double cpu_last_logits_error(const std::string& dir, const std::string& name) {
+double cpu_last_logits_error(const std::string& dir, const std::string& name, int64_t* off_top5 = nullptr) {
   ThreadPool pool(2);
   auto model = load_model(dir, pool);
   EXPECT_TRUE(model.ok()) << model.error().to_string();
@@ -296,6 +298,16 @@ double cpu_last_logits_error(const std::string& dir, const std::string& name) {
     std::vector<float> logits(static_cast<size_t>(vocab));
     (*model)->forward(batch, kv, nullptr, logits.data());
     worst = std::max(worst, max_norm_rel(logits, c.last_logits));
+    // The teacher-forced rule on the same forward: greedy token of each step among the top-5.
+    for (size_t i = 0; off_top5 != nullptr && i < c.greedy.size() && i < c.top5.size(); ++i) {
+      const int32_t am = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (std::find(c.top5[i].begin(), c.top5[i].end(), am) == c.top5[i].end()) ++*off_top5;
+      if (i + 1 == c.greedy.size()) break;
+      batch.seqs[0].pos0 += batch.seqs[0].n_tokens;
+      batch.seqs[0].n_tokens = 1;
+      batch.tokens = {c.greedy[i]};
+      (*model)->forward(batch, kv, nullptr, logits.data());
+    }
   }
   return worst;
 }
@@ -334,11 +346,76 @@ TEST(GpuGoldenFloor, Bf16WeightsLastLogitsFloor) {
     const std::filesystem::path copy =
         std::filesystem::temp_directory_path() / ("strata_bf16_" + std::string(name) + "_" + std::to_string(::getpid()));
     write_bf16_rounded_copy(dir, copy);
-    const double f32_err = cpu_last_logits_error(dir.string(), name);
-    const double bf16_err = cpu_last_logits_error(copy.string(), name);
+    int64_t f32_off = 0, bf16_off = 0;
+    const double f32_err = cpu_last_logits_error(dir.string(), name, &f32_off);
+    const double bf16_err = cpu_last_logits_error(copy.string(), name, &bf16_off);
     std::filesystem::remove_all(copy);
-    std::printf("%s: CPU last_logits max-norm rel error, f32 weights %.3e, bf16-rounded weights %.3e\n", name, f32_err, bf16_err);
+    std::printf("%s: CPU last_logits max-norm rel error, f32 weights %.3e, bf16-rounded weights %.3e; teacher-forced steps "
+                "outside the top-5: f32 %lld, bf16-rounded %lld\n",
+                name, f32_err, bf16_err, (long long)f32_off, (long long)bf16_off);
     EXPECT_LE(f32_err, 2e-2) << name;
+    EXPECT_EQ(f32_off, 0) << name;
+  }
+}
+
+// Gemma 4 against the CPU forward of the same bf16 weights (the bf16-rounded copy: CudaDecoder
+// rounds the original's matrices the same way on upload): a measurement of what the GPU's bf16
+// activations add on top of the bf16-weight floor (printed: the last prompt logits' max-norm
+// relative error and, teacher-forced on the oracle's greedy ids, the steps whose GPU greedy
+// token is outside that CPU forward's top-5). Not held to the 2e-2 rule: these tiny random-init
+// checkpoints move their logits by 0.11-0.19 from bf16 weight rounding alone (the floor test
+// above), so bf16 activations move them by as much; the steps and logits must be finite.
+TEST(GpuGoldenFloor, Gemma4AgainstTheCpuForwardOfTheSameBf16Weights) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"gemma4-tiny", "gemma4moe-tiny"}) {
+    const std::filesystem::path dir = source_dir() + "/tests/data/reference/models/" + name;
+    const std::filesystem::path copy =
+        std::filesystem::temp_directory_path() / ("strata_bf16_gpu_" + std::string(name) + "_" + std::to_string(::getpid()));
+    write_bf16_rounded_copy(dir, copy);
+    ThreadPool pool(2);
+    auto cpu = load_model(copy.string(), pool);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+    auto gpu = CudaDecoder::load(dir.string(), small_options());
+    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    const int32_t vocab = (*cpu)->config().vocab_size;
+    std::vector<float> ref(static_cast<size_t>(vocab)), got(size_t(vocab) * 8);
+    std::vector<int32_t> am(8);
+    double worst = 0.0;
+    int64_t off = 0, steps = 0;
+    for (const Case& c : cases_for(name)) {
+      StepBatch batch;
+      batch.tokens = c.prompt;
+      SeqSpan span;
+      for (int32_t b = 0; b < 16; ++b) span.block_table.push_back(b);
+      span.n_tokens = int32_t(c.prompt.size());
+      batch.seqs = {span};
+      KvStorage kv((*cpu)->kv_layout(), 16, 16);
+      (*cpu)->forward(batch, kv, nullptr, ref.data());
+      ASSERT_TRUE((*gpu)->forward(batch, am.data(), got.data()).ok());
+      worst = std::max(worst, max_norm_rel(std::vector<float>(got.begin(), got.begin() + vocab), ref));
+      for (size_t i = 0; i < c.greedy.size(); ++i) {
+        std::vector<int32_t> idx(static_cast<size_t>(vocab));
+        std::iota(idx.begin(), idx.end(), 0);
+        std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int32_t a, int32_t b) { return ref[size_t(a)] > ref[size_t(b)]; });
+        ++steps;
+        if (std::find(idx.begin(), idx.begin() + 5, am[0]) == idx.begin() + 5) ++off;
+        if (i + 1 == c.greedy.size()) break;
+        batch.seqs[0].pos0 += batch.seqs[0].n_tokens;
+        batch.seqs[0].n_tokens = 1;
+        batch.tokens = {c.greedy[i]};
+        (*cpu)->forward(batch, kv, nullptr, ref.data());
+        ASSERT_TRUE((*gpu)->forward(batch, am.data()).ok());
+      }
+    }
+    std::filesystem::remove_all(copy);
+    std::printf("%s: GPU vs CPU forward of the same bf16 weights: last_logits max-norm rel error %.3e, %lld of %lld steps "
+                "outside the CPU top-5\n",
+                name, worst, (long long)off, (long long)steps);
+    EXPECT_TRUE(std::isfinite(worst)) << name;
+    int64_t want_steps = 0;
+    for (const Case& c : cases_for(name)) want_steps += int64_t(c.greedy.size());
+    EXPECT_EQ(steps, want_steps) << name;
   }
 }
 

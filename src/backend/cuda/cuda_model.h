@@ -62,7 +62,8 @@ class CudaDecoder {
   // A Hugging Face directory of a supported family; weights converted to bf16 on upload.
   static Result<std::unique_ptr<CudaDecoder>> load(const std::string& dir, const CudaModelOptions& options);
   // The same architecture with weights uniform in [-scale, scale], drawn on the device
-  // (benchmarks of models whose weights would not travel). Norm weights are 1.
+  // (benchmarks of models whose weights would not travel). Norm weights are 1. Not for
+  // gemma4_text (kUnsupported).
   static Result<std::unique_ptr<CudaDecoder>> random(const ModelConfig& cfg, const CudaModelOptions& options,
                                                      uint64_t seed, float scale);
 
