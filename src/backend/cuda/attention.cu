@@ -142,10 +142,12 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   const int lo = a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
   const int hi = last_pos + 1;
   int k_begin = lo, k_end = hi;
+  int n_active = 1;  // splits that hold keys (chunks round up to whole tiles: the last ones may be empty)
   if (a.n_splits > 1) {
     const int chunk = ((hi - lo + a.n_splits - 1) / a.n_splits + kKeysPerTile - 1) / kKeysPerTile * kKeysPerTile;
     k_begin = min(hi, lo + split * chunk);
     k_end = min(hi, k_begin + chunk);
+    n_active = min(a.n_splits, (hi - lo + chunk - 1) / chunk);
   }
 
   // A tile's K/V move through registers: item it of this thread is key (i / vec_per_key),
@@ -179,6 +181,10 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   if (fused && k_begin < k_end) load_tile(k_begin, k_begin, first_pos);
   pdl_wait();
   pdl_launch_dependents();
+  // With the in-kernel combine a split without keys has nothing to add (the token's own
+  // position lies in a split with keys, whose block writes its k and v): it leaves at once, and
+  // the merge counts and reads the n_active splits only.
+  if (a.split_counters != nullptr && a.n_splits > 1 && split >= n_active) return;
 
   // Rows: r = token_in_tile * group + head_in_group.
   if (!fused) {
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   __shared__ float split_w[kWarps][32];
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.split_counters + tile * a.n_kv_heads + kvh, 1) == a.n_splits - 1;
+  if (threadIdx.x == 0) last = atomicAdd(a.split_counters + tile * a.n_kv_heads + kvh, 1) == n_active - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -354,8 +360,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     const int t = tok_begin + q0 + r / group, h = kvh * group + r % group;
     const int64_t row = int64_t(t) * a.n_heads + h;
     // Lane s holds split s (n_splits <= 32).
-    const float ms = lane < a.n_splits ? __ldcg(a.partial_ml + (lane * stride + row) * 2) : -INFINITY;
-    const float ls = lane < a.n_splits ? __ldcg(a.partial_ml + (lane * stride + row) * 2 + 1) : 0.0f;
+    const float ms = lane < n_active ? __ldcg(a.partial_ml + (lane * stride + row) * 2) : -INFINITY;
+    const float ls = lane < n_active ? __ldcg(a.partial_ml + (lane * stride + row) * 2 + 1) : 0.0f;
     const float mx = warp_max(ms);
     const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
     const float denom = warp_sum(ls * wgt);
@@ -368,7 +374,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
 #pragma unroll
     for (int i = 0; i < DPL; ++i) o[i] = 0.0f;
 #pragma unroll 8
-    for (int s = 0; s < a.n_splits; ++s) {
+    for (int s = 0; s < n_active; ++s) {
       const float ws = split_w[warp][s];
       const float* src = a.partial_out + (s * stride + row) * hd;
 #pragma unroll
