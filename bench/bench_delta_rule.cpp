@@ -91,11 +91,11 @@ int main(int argc, char** argv) {
     cpu::gated_delta_rule_chunked(pool, args());
   });
 
-  // Arithmetic of the chunked form per value head and 64-token chunk (L = 64, d_k = d_v = d):
-  // K S0 and Q S0, K K^T and Q K^T, T R and the masked (Q K^T) U (lower triangles), the state
-  // update, and the triangular inverse.
+  // Useful arithmetic of the chunked form per value head and 64-token chunk (L = 64, d_k = d_v
+  // = d): K S0 and Q S0; the lower triangles of K K^T and Q K^T, of T R and of the masked
+  // (Q K^T) U; the state update; the triangular inverse.
   const double L = 64.0, D = d;
-  const double per_chunk = 2 * 2 * L * D * D + 2 * 2 * L * D * L + 2 * (L * L * D) + 2 * D * L * D + L * L * L / 3;
+  const double per_chunk = 2 * 2 * L * D * D + 2 * (L * L * D) + 2 * (L * L * D) + 2 * D * L * D + L * L * L / 3;
   const double flops = per_chunk * nv * std::ceil(n / L);
   // sgemm on the same threads: per value head, [n, d] x [d, d] twice (the sizes of the products
   // above that dominate), as one batch of calls.
