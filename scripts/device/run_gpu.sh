@@ -3,6 +3,7 @@
 # the GPU tests, then the Llama-8B-shaped benchmark and transformers on the same shapes
 # (STRATA_SKIP_HF=1 skips it). Logs go to $OUT (or /tmp/strata-gpu).
 # Usage: bash scripts/device/run_gpu.sh [decode_steps] [prefill_reps]
+#   STRATA_GPU_TESTS_SKIP  space-separated test names not to run here
 set -u
 out=${OUT:-/tmp/strata-gpu}
 mkdir -p "$out"
@@ -16,9 +17,11 @@ fi
 ldd $bin/bench_cuda_llama | grep -E "cuda|cublas|not found"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 status=0
-for t in gpu_kernels_test gpu_attention_test gpu_golden_test gpu_decode_fusion_test; do
-  # The fused-decode parity test runs where it was packaged (older packagings lack it).
-  if [ $t = gpu_decode_fusion_test ] && [ ! -x $bin/$t ]; then echo "$t not packaged"; continue; fi
+# Every packaged GPU test; the engine and KV-transfer tests run here unless the serving and
+# tier scripts run them (STRATA_GPU_TESTS_SKIP lists names to leave out).
+for f in $bin/gpu_*_test; do
+  t=$(basename "$f")
+  if [[ " ${STRATA_GPU_TESTS_SKIP:-} " == *" $t "* ]]; then continue; fi
   timeout 300 $bin/$t --gtest_brief=1 >"$out/$t.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|error|Expected|Which is|actual|seed|failed" "$out/$t.log" | head -40
