@@ -5,7 +5,8 @@
 //  - how many concurrent 8,192-token sequences a device KV pool of a fixed size holds, and
 //    int4's ratio to bf16;
 //  - the ATTENTION PART of one decode step at batch 64 with 8,192-token contexts: 32 launches
-//    of launch_kv_codec_attention (split kernel + merge) over one layer's pools (64 x 8,192
+//    of launch_kv_codec_attention (split kernel + merge; the tensor-core split kernel, and the
+//    CUDA-core one for comparison) over one layer's pools (64 x 8,192
 //    tokens, shuffled block tables; the pools are far larger than L2, so each launch reads its
 //    rows from memory as distinct layers would), the KV bytes it reads per step, and that
 //    rate as a ratio to the measured device copy bandwidth (cudaMemcpy device to device, bytes
@@ -98,10 +99,12 @@ struct CodecRow {
   const char* name;
   int64_t bytes_per_token_layer;
   int64_t seqs;
-  double best_ms;
+  double best_ms;  // tensor-core split kernel, best split count
   int32_t best_splits;
-  int32_t best_min_blocks;
   double gbps;
+  double core_ms;  // CUDA-core split kernel, best of splits x occupancy caps
+  int32_t core_splits;
+  int32_t core_min_blocks;
   double write_ms;
 };
 
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
   const KvCodec codecs[] = {KvCodec::kBf16, KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo};
   const int32_t split_choices[] = {4, 8, 16, 32};
   std::vector<CodecRow> rows;
+  double decoder_ms = 1e30;  // the decoder's bf16 attention (launch_paged_attention), best split count
   const double pool_bytes = pool_gib * double(int64_t(1) << 30);
   for (KvCodec codec : codecs) {
     const KvCodecSpec spec{codec, 0};
@@ -203,19 +207,32 @@ int main(int argc, char** argv) {
     a.scale = 0.08838834764f;  // 1 / sqrt(128)
     a.softcap = 0.0f;
     const double step_bytes = double(row.bytes_per_token_layer) * kLayers * double(n_tok);
-    row.best_ms = 1e30;
-    for (int32_t min_blocks : {3, 2}) {
-      set_kv_codec_attention_min_blocks(min_blocks);
+    row.best_ms = row.core_ms = 1e30;
+    // The tensor-core split kernel (the default), then the CUDA-core one at both occupancy caps.
+    const struct {
+      bool mma;
+      int32_t min_blocks;
+    } variants[] = {{true, 3}, {false, 3}, {false, 2}};
+    for (const auto& var : variants) {
+      set_kv_codec_attention_mma(var.mma);
+      set_kv_codec_attention_min_blocks(var.min_blocks);
       for (int32_t splits : split_choices) {
         a.n_splits = splits;
         const double ms = time_step(st, reps, [&] {
           for (int l = 0; l < kLayers; ++l) launch_kv_codec_attention(a, st);
         });
-        std::printf("  %-5s min blocks/SM %d, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n",
-                    row.name, min_blocks, splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
-        if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits, row.best_min_blocks = min_blocks;
+        if (var.mma) {
+          std::printf("  %-5s tensor-core, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n", row.name,
+                      splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
+          if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits;
+        } else {
+          std::printf("  %-5s CUDA-core, min blocks/SM %d, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n",
+                      row.name, var.min_blocks, splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
+          if (ms < row.core_ms) row.core_ms = ms, row.core_splits = splits, row.core_min_blocks = var.min_blocks;
+        }
       }
     }
+    set_kv_codec_attention_mma(true);
     set_kv_codec_attention_min_blocks(3);
     row.gbps = step_bytes / (row.best_ms * 1e-3) * 1e-9;
     row.write_ms = time_step(st, reps, [&] {
@@ -267,6 +284,7 @@ int main(int argc, char** argv) {
         });
         std::printf("  bf16 via launch_paged_attention, splits %2d: %.3f ms per step, %.1f GB/s KV read\n", splits,
                     ms, step_bytes / (ms * 1e-3) * 1e-9);
+        decoder_ms = std::min(decoder_ms, ms);
       }
       cudaFree(d_meta);
     }
@@ -277,16 +295,17 @@ int main(int argc, char** argv) {
 
   std::printf("\npool %.0f GiB, %d-token sequences, batch %d decode, attention only over %d layers\n", pool_gib,
               kContext, kBatch, kLayers);
+  std::printf("decoder bf16 attention (launch_paged_attention + combine, best split): %.3f ms per step\n", decoder_ms);
   std::printf("| codec | bytes/token/layer | bytes/token (32 layers) | 8k seqs in pool | vs bf16 | attn ms/step | "
-              "splits, blocks/SM | KV GB/s | of copy BW | write ms/step |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+              "splits | KV GB/s | of copy BW | ms vs decoder bf16 | CUDA-core ms (splits, blocks/SM) | write ms/step |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const CodecRow& bf = rows.front();
   for (const CodecRow& r : rows) {
-    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d, %d | %.1f | %.3f | %.3f |\n", r.name,
+    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d | %.1f | %.3f | %.3f | %.3f (%d, %d) | %.3f |\n", r.name,
                 static_cast<long long>(r.bytes_per_token_layer), static_cast<long long>(r.bytes_per_token_layer * kLayers),
-                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits,
-                r.best_min_blocks, r.gbps,
-                r.gbps * 1e9 / copy_bw, r.write_ms);
+                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits, r.gbps,
+                r.gbps * 1e9 / copy_bw, r.best_ms / decoder_ms, r.core_ms, r.core_splits, r.core_min_blocks,
+                r.write_ms);
   }
   const CodecRow& i4 = rows[3];
   std::printf("int4/bf16 concurrent 8k sequences: %lld / %lld = %.3f (bytes ratio %.3f; target >= 3.4)\n",

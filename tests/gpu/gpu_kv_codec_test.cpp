@@ -3,7 +3,8 @@
 // arithmetic), and the split-KV decode attention over those pools matches
 // reference::paged_attention_codec within max-norm relative error 1e-2 (GQA groups 1, 4 and 8,
 // head dims 64 and 128, ragged context lengths, shuffled block tables, 1 to 7 splits,
-// soft-cap, both occupancy variants, blocks of 16 and of 1 token). Needs a GPU.
+// soft-cap, blocks of 16 and of 1 token, default and other affine groups; the tensor-core
+// kernel and the CUDA-core one at both occupancy caps). Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,16 @@ struct Case {
   float softcap = 0.0f;
   int32_t seed_layer = 3;
   int32_t block_size = 16;
+  int32_t group_size = 0;  // affine groups; 0: the codec's default
 };
+
+// The split kernels a case runs: the tensor-core kernel where it takes the layout (else the
+// CUDA-core one), then the CUDA-core kernel at both occupancy caps.
+struct Variant {
+  bool mma;
+  int32_t min_blocks;
+};
+constexpr Variant kVariants[] = {{true, 3}, {false, 3}, {false, 2}};
 
 // Rows as a model makes them: a per-row scale (outlier heads and tokens), a few exact special
 // rows (all equal, all zero) that hit the codecs' zero-scale paths.
@@ -70,8 +80,9 @@ int64_t first_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b)
 
 void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
   SCOPED_TRACE(std::string(kv_codec_name(c.codec)) + " heads " + std::to_string(c.n_heads) + "/" +
-               std::to_string(c.n_kv_heads) + " head_dim " + std::to_string(c.head_dim));
-  const KvCodecSpec spec{c.codec, 0};
+               std::to_string(c.n_kv_heads) + " head_dim " + std::to_string(c.head_dim) + " group " +
+               std::to_string(c.group_size));
+  const KvCodecSpec spec{c.codec, c.group_size};
   const KvRowFormat kf = kv_key_format(spec, c.head_dim), vf = kv_value_format(spec, c.head_dim);
   const KvRowLayout kl = kv_row_layout(kf), vl = kv_row_layout(vf);
   ASSERT_STREQ(kv_codec_gpu_problem(kl, vl), "");
@@ -171,9 +182,12 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
   d_tables.upload(tables);
   d_lens.upload(c.context_lens);
   for (int32_t n_splits : c.splits) {
-    for (int32_t min_blocks : {3, 2}) {
+    for (const Variant& var : kVariants) {
+      const int32_t min_blocks = var.min_blocks;
+      set_kv_codec_attention_mma(var.mma);
       set_kv_codec_attention_min_blocks(min_blocks);
-      SCOPED_TRACE("n_splits " + std::to_string(n_splits) + ", min blocks " + std::to_string(min_blocks));
+      SCOPED_TRACE("n_splits " + std::to_string(n_splits) + ", " + (var.mma ? "tensor-core" : "CUDA-core") +
+                   ", min blocks " + std::to_string(min_blocks));
       DeviceBuffer<float> part_out(size_t(n_splits) * q.bits.size()), part_ml(size_t(n_splits) * n_seqs * c.n_heads * 2);
       d_out.poison();
       KvCodecAttentionArgs a{};
@@ -200,13 +214,14 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
       ASSERT_CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> got = bf16_to_floats(d_out.download());
       const double err = max_norm_rel(got, ref);
-      std::printf("%-5s heads %d/%d dim %d splits %d min blocks %d softcap %.0f: max-norm rel err %.3e\n",
-                  kv_codec_name(c.codec), c.n_heads, c.n_kv_heads, c.head_dim, n_splits, min_blocks, double(c.softcap),
-                  err);
+      std::printf("%-5s heads %d/%d dim %d group %d splits %d %s min blocks %d softcap %.0f: max-norm rel err %.3e\n",
+                  kv_codec_name(c.codec), c.n_heads, c.n_kv_heads, c.head_dim, c.group_size, n_splits,
+                  var.mma ? "mma " : "core", min_blocks, double(c.softcap), err);
       EXPECT_LT(err, 1e-2);
     }
   }
   set_kv_codec_attention_min_blocks(3);
+  set_kv_codec_attention_mma(true);
 }
 
 TEST(GpuKvCodec, EncodeBytesAndAttentionMatchCpu) {
@@ -222,7 +237,15 @@ TEST(GpuKvCodec, EncodeBytesAndAttentionMatchCpu) {
     run_case(rng, pool, {codec, 16, 2, 128, {77, 500}, {2}});
     // One-token blocks: a split spans more block-table entries than a block caches.
     run_case(rng, pool, {codec, 8, 2, 128, {1100, 5}, {1}, 0.0f, 0, 1});
+    // Long contexts: many tiles per warp, splits of uneven tile counts.
+    run_case(rng, pool, {codec, 32, 8, 128, {4099, 2500}, {3, 16}});
   }
+  // Affine groups other than the defaults: int8 values in groups of 32 and turbo keys in groups
+  // of 16 (tensor-core kernel), int4 values in groups of 32 (the CUDA-core kernel takes them).
+  run_case(rng, pool, {KvCodec::kInt8, 8, 2, 128, {300, 1029}, {1, 3}, 0.0f, 5, 16, 32});
+  run_case(rng, pool, {KvCodec::kTurbo, 8, 2, 128, {300, 1029}, {1, 3}, 0.0f, 5, 16, 16});
+  run_case(rng, pool, {KvCodec::kInt4, 8, 2, 128, {300, 77}, {2}, 30.0f, 5, 16, 32});
+  run_case(rng, pool, {KvCodec::kInt8, 8, 8, 64, {300, 77}, {2}, 0.0f, 5, 16, 16});
 }
 
 // Turbo3 values decoded on the CPU equal what the GPU attention sees: with one key the

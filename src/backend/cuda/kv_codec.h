@@ -89,5 +89,11 @@ void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t strea
 // multiprocessor (default; group 4 spills a little) or 2 (no spills at group <= 4). For benchmarks.
 void set_kv_codec_attention_min_blocks(int32_t blocks);
 int32_t kv_codec_attention_min_blocks();
+// Which split kernel runs, process-wide (for tests and benchmarks): on (default), the
+// tensor-core kernel for head dims 64 and 128, GQA groups up to 8 and affine value groups a
+// multiple of 32 (int8) or 64 (int4), the CUDA-core kernel for the rest; off, the CUDA-core
+// kernel for everything.
+void set_kv_codec_attention_mma(bool on);
+bool kv_codec_attention_mma();
 
 }  // namespace strata::cuda
