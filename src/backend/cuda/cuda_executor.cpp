@@ -297,8 +297,10 @@ void CudaExecutor::write_blocks(std::span<const int32_t> blocks, const uint8_t* 
 }
 
 bool CudaExecutor::registered(const uint8_t* p, size_t bytes) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   for (const auto& [base, n] : registered_) {
-    if (p >= base && p + bytes <= base + n) return true;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(base);
+    if (a >= b && a - b <= n && bytes <= n - (a - b)) return true;
   }
   return false;
 }
