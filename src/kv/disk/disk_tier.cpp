@@ -5,9 +5,11 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "core/log.h"
@@ -416,8 +418,8 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
   ok.assign(hashes.size(), 0);
   std::lock_guard<std::mutex> reading(read_mu_);
   struct Want {
-    size_t i;       // index into hashes
-    int64_t offset; // in the file
+    size_t i;        // index into hashes
+    int64_t offset;  // in the file
   };
   std::map<uint64_t, std::pair<fs::path, std::vector<Want>>> by_file;  // file seq -> its blocks
   {
@@ -432,42 +434,72 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
       e.second.push_back({i, f.data_offset + int64_t(it->second.index) * stride()});
     }
   }
-  std::vector<uint8_t>& buf = read_buf_;
+  // One read per run of wanted blocks of a file: a gap of more than one unwanted block starts a
+  // new run (a file written while other sequences were evicted holds their blocks between
+  // ours, and reading those would cost bandwidth for nothing).
+  struct Run {
+    uint64_t seq;
+    const fs::path* path;
+    std::vector<Want> wants;  // ascending offsets
+    int64_t first, end;       // bytes [first, end) of the file
+  };
+  std::vector<Run> runs;
+  const int64_t st = stride();
   for (auto& [seq, entry] : by_file) {
     auto& [path, wants] = entry;
-    if (options_.read_delay_s > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(options_.read_delay_s * double(wants.size())));
-    }
-    int64_t first = wants[0].offset, end = 0;
+    std::sort(wants.begin(), wants.end(), [](const Want& a, const Want& b) { return a.offset < b.offset; });
     for (const Want& w : wants) {
-      first = std::min(first, w.offset);
-      end = std::max(end, w.offset + stride());
+      if (runs.empty() || runs.back().seq != seq || w.offset > runs.back().end + st) {
+        runs.push_back(Run{seq, &path, {}, w.offset, w.offset});
+      }
+      runs.back().wants.push_back(w);
+      runs.back().end = w.offset + st;
     }
-    // Large ranges bypass the page cache (O_DIRECT): one request the device serves at full
-    // bandwidth instead of a chain of readahead windows; the range is widened to 4 KiB
-    // alignment. Small ones, or a file system without O_DIRECT, read through the cache.
-    constexpr int64_t kAlign = 4096, kDirectMin = kDirectReadMin;
-    const uint8_t* data = nullptr;  // the byte at `first`
-    const int64_t n = end - first;
-    if (n >= kDirectMin) {
-      const int64_t a0 = first / kAlign * kAlign, a1 = (end + kAlign - 1) / kAlign * kAlign;
-      buf.resize(static_cast<size_t>(a1 - a0 + kAlign));
+  }
+  // Reads a run into buf: large ones bypass the page cache (O_DIRECT: one request the device
+  // serves at full bandwidth instead of a chain of readahead windows; the range is widened to
+  // 4 KiB alignment), small ones, or a file system without O_DIRECT, read through the cache.
+  // Returns the byte at `first`, or null on a short read.
+  std::atomic<int64_t> file_bytes{0};
+  auto read_run = [this, &file_bytes](const Run& r, std::vector<uint8_t>& buf) -> const uint8_t* {
+    if (options_.read_delay_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.read_delay_s * double(r.wants.size())));
+    }
+    constexpr int64_t kAlign = 4096;
+    const int64_t n = r.end - r.first;
+    if (n >= kDirectReadMin) {
+      const int64_t a0 = r.first / kAlign * kAlign, a1 = (r.end + kAlign - 1) / kAlign * kAlign;
+      if (buf.size() < size_t(a1 - a0 + kAlign)) buf.resize(size_t(a1 - a0 + kAlign));
       uint8_t* aligned = buf.data() + (kAlign - int64_t(reinterpret_cast<uintptr_t>(buf.data()) % kAlign)) % kAlign;
-      if (read_direct(path, a0, aligned, size_t(a1 - a0), size_t(end - a0))) data = aligned + (first - a0);
+      if (read_direct(*r.path, a0, aligned, size_t(a1 - a0), size_t(r.end - a0))) {
+        file_bytes += a1 - a0;
+        return aligned + (r.first - a0);
+      }
     }
-    if (data == nullptr) {
-      buf.resize(static_cast<size_t>(n));
-      if (read_at(path, first, buf.data(), buf.size())) data = buf.data();
+    if (buf.size() < size_t(n)) buf.resize(size_t(n));
+    if (!read_at(*r.path, r.first, buf.data(), size_t(n))) return nullptr;
+    file_bytes += n;
+    return buf.data();
+  };
+  // Run k + 1 is read on a second thread while run k is checked and copied out, so the
+  // checksums and copies hide behind the disk.
+  std::future<const uint8_t*> next;
+  if (!runs.empty()) next = std::async(std::launch::async, read_run, std::cref(runs[0]), std::ref(read_buf_[0]));
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Run& r = runs[k];
+    const uint8_t* data = next.get();
+    if (k + 1 < runs.size()) {
+      next = std::async(std::launch::async, read_run, std::cref(runs[k + 1]), std::ref(read_buf_[(k + 1) % 2]));
     }
     std::string why;
     int64_t n_ok = 0;
     if (data == nullptr) {
-      why = "short read of " + std::to_string(n) + " bytes at offset " + std::to_string(first);
+      why = "short read of " + std::to_string(r.end - r.first) + " bytes at offset " + std::to_string(r.first);
     } else {
       // Each block carries its own checksums: the ones that pass are good even when another
       // block of the file is damaged (the file is quarantined all the same).
-      for (const Want& w : wants) {
-        const std::string bad = unpack_block(data + (w.offset - first), outs[w.i], hashes[w.i]);
+      for (const Want& w : r.wants) {
+        const std::string bad = unpack_block(data + (w.offset - r.first), outs[w.i], hashes[w.i]);
         if (!bad.empty()) {
           if (why.empty()) why = bad;
           continue;
@@ -478,8 +510,10 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
     }
     std::lock_guard<std::mutex> lock(mu_);
     counters_.read_blocks += n_ok;
-    if (!why.empty()) quarantine_locked(seq, why);
+    if (!why.empty() && files_.count(r.seq) != 0) quarantine_locked(r.seq, why);
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.read_file_bytes += file_bytes.load();
 }
 
 bool DiskTier::write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry) {

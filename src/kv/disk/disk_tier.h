@@ -65,6 +65,7 @@ struct DiskTierStats {
   int64_t evicted_files = 0;   // budget
   int64_t quarantined_files = 0;
   int64_t read_blocks = 0;
+  int64_t read_file_bytes = 0;  // bytes read from tier files (blocks with checksums, alignment)
   int64_t write_errors = 0;
   int64_t pinned_evicted_files = 0;  // budget, with every file left pinned
 };
@@ -149,8 +150,8 @@ class DiskTier {
   DiskTierOptions options_;
   int64_t block_bytes_ = 0;
   mutable std::mutex mu_;
-  std::mutex read_mu_;            // read_many() and its buffer, kept between calls (no page faults)
-  std::vector<uint8_t> read_buf_;
+  std::mutex read_mu_;            // read_many() and its buffers, kept between calls (no page faults)
+  std::vector<uint8_t> read_buf_[2];  // one run is read into one while the other is unpacked
   std::condition_variable cv_, idle_cv_;
   std::map<uint64_t, FileEntry> files_;  // by write sequence, oldest first
   std::unordered_map<uint64_t, Loc> index_;
