@@ -279,6 +279,51 @@ TEST(KvDiskTier, SessionPinKeepsFilesPastTheBudgetUntilItExpires) {
   fs::remove_all(dir);
 }
 
+TEST(KvDiskTier, SessionPinsSurviveARestart) {
+  const fs::path dir = fresh_dir("pin_restart");
+  auto o = options(dir);
+  auto probe = open_ok(o);
+  ASSERT_TRUE(probe);
+  write_blocks(*probe, 1, 1);
+  const int64_t file_bytes = probe->stats().bytes;
+  probe.reset();
+  fs::remove_all(dir);
+  o.max_bytes = 2 * file_bytes + file_bytes / 2;
+  {
+    auto t = open_ok(o);
+    ASSERT_TRUE(t);
+    t->pin(10, tier_clock_s() + 600.0);
+    t->pin(20, tier_clock_s() - 1.0);  // already expired: not kept
+    write_blocks(*t, 10, 1);
+    write_blocks(*t, 20, 1);
+  }  // the process ends
+  ASSERT_TRUE(fs::exists(dir / "session_pins.bin"));
+  {
+    // 10 is the least recently used file, but its pin came back from disk: the unpinned 20 goes.
+    auto t = open_ok(o);
+    ASSERT_TRUE(t);
+    write_blocks(*t, 30, 1);
+    EXPECT_TRUE(t->contains(10));
+    EXPECT_FALSE(t->contains(20));
+    EXPECT_TRUE(t->contains(30));
+    EXPECT_EQ(t->stats().quarantined_files, 0);
+  }
+  // A damaged pins file is quarantined at open; the blocks stay and the pins are gone.
+  {
+    std::fstream io(dir / "session_pins.bin", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(17);
+    io.put(char(0x5a));
+  }
+  auto t = open_ok(o);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->stats().quarantined_files, 1);
+  EXPECT_TRUE(t->contains(10));
+  write_blocks(*t, 40, 1);  // over budget: 10, no longer pinned and least recently used, goes
+  EXPECT_FALSE(t->contains(10));
+  EXPECT_TRUE(t->contains(40));
+  fs::remove_all(dir);
+}
+
 TEST(KvDiskTier, PrefetchedBlocksReadBackExactly) {
   const fs::path dir = fresh_dir("prefetch");
   auto t = open_ok(options(dir));

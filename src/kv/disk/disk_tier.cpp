@@ -177,9 +177,10 @@ Status DiskTier::scan() {
     }
     add_file_locked(seq, std::move(e));
   }
+  load_pins_locked();
   enforce_budget_locked();
-  log::info("kv disk tier {}: {} files, {} blocks, {} bytes", options_.dir.string(), files_.size(), index_.size(),
-            total_bytes_);
+  log::info("kv disk tier {}: {} files, {} blocks, {} bytes, {} session pins", options_.dir.string(), files_.size(),
+            index_.size(), total_bytes_, pins_.size());
   return Status();
 }
 
@@ -302,7 +303,11 @@ void DiskTier::enforce_budget_locked() {
 void DiskTier::pin(uint64_t hash, double until) {
   std::lock_guard<std::mutex> lock(mu_);
   double& u = pins_[hash];
-  u = std::max(u, until);
+  if (until > u) {
+    u = until;
+    pins_dirty_ = true;
+    cv_.notify_all();
+  }
   if (pins_.size() > 2 * pins_pruned_at_ + 1024) {  // amortized sweep of expired pins
     const double now = tier_clock_s();
     std::erase_if(pins_, [now](const auto& p) { return p.second <= now; });
@@ -566,7 +571,24 @@ bool DiskTier::write_group(uint64_t seq, const std::vector<Pending>& group, File
 void DiskTier::writer_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty() || pins_dirty_; });
+    if (pins_dirty_) {  // before blocks: a pin is small, and a restart should find it
+      const double now = tier_clock_s();
+      std::erase_if(pins_, [now](const auto& p) { return p.second <= now; });
+      std::vector<std::pair<uint64_t, double>> pins(pins_.begin(), pins_.end());
+      pins_dirty_ = false;
+      writing_ = true;
+      lock.unlock();
+      const bool ok = write_pins(pins);
+      lock.lock();
+      writing_ = false;
+      if (!ok) {
+        ++counters_.write_errors;
+        log::warn("kv disk tier: writing {} session pins to {} failed", pins.size(), options_.dir.string());
+      }
+      idle_cv_.notify_all();
+      continue;
+    }
     if (queue_.empty() && stop_) break;
     cv_.wait_for(lock, kGroupWait, [&] { return stop_ || int32_t(queue_.size()) >= options_.max_group_blocks; });
     // A file is pinned while any of its blocks is: session blocks go to files of their own, so
@@ -616,7 +638,74 @@ void DiskTier::writer_loop() {
 bool DiskTier::flush(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                           [&] { return queue_.empty() && !writing_; });
+                           [&] { return queue_.empty() && !writing_ && !pins_dirty_; });
+}
+
+namespace {
+constexpr char kPinsMagic[8] = {'S', 'T', 'R', 'P', 'I', 'N', 'S', '1'};
+constexpr const char* kPinsFile = "session_pins.bin";
+
+double wall_clock_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+bool DiskTier::write_pins(const std::vector<std::pair<uint64_t, double>>& pins) const {
+  // Expiries go to disk in wall-clock seconds: tier_clock_s() restarts with the machine.
+  const double steady = tier_clock_s(), wall = wall_clock_s();
+  std::vector<uint8_t> buf(kPinsMagic, kPinsMagic + 8);
+  put<uint64_t>(buf, uint64_t(pins.size()));
+  for (const auto& [hash, until] : pins) {
+    put<uint64_t>(buf, hash);
+    put<double>(buf, wall + (until - steady));
+  }
+  put<uint64_t>(buf, XXH3_64bits(buf.data(), buf.size()));
+  const fs::path path = options_.dir / kPinsFile, tmp = options_.dir / (std::string(kPinsFile) + ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, buf.data(), buf.size()) && ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  std::error_code ec;
+  if (ok) fs::rename(tmp, path, ec);
+  if (!ok || ec) {
+    fs::remove(tmp, ec);
+    return false;
+  }
+  return true;
+}
+
+void DiskTier::load_pins_locked() {
+  const fs::path path = options_.dir / kPinsFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::ifstream f(path, std::ios::binary);
+  std::vector<uint8_t> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string why;
+  if (buf.size() < 24 || std::memcmp(buf.data(), kPinsMagic, 8) != 0) {
+    why = "not a session pins file (bad magic or too short)";
+  } else {
+    uint64_t n = 0, sum = 0;
+    std::memcpy(&n, buf.data() + 8, 8);
+    std::memcpy(&sum, buf.data() + buf.size() - 8, 8);
+    if (n > (buf.size() - 24) / 16 || buf.size() != 24 + n * 16) {
+      why = "pin count " + std::to_string(n) + " does not match the size " + std::to_string(buf.size());
+    } else if (XXH3_64bits(buf.data(), buf.size() - 8) != sum) {
+      why = "checksum mismatch";
+    } else {
+      const double steady = tier_clock_s(), wall = wall_clock_s();
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t hash;
+        double until;
+        std::memcpy(&hash, buf.data() + 16 + i * 16, 8);
+        std::memcpy(&until, buf.data() + 24 + i * 16, 8);
+        if (until > wall) {
+          double& u = pins_[hash];
+          u = std::max(u, steady + (until - wall));
+        }
+      }
+    }
+  }
+  if (!why.empty()) quarantine_path(path, why);
 }
 
 DiskTierStats DiskTier::stats() const {

@@ -18,7 +18,10 @@
 // order). Session pins (pin()) exempt a file holding a pinned block until the pin expires (the
 // writer puts pinned and unpinned blocks in separate files):
 // unpinned files go first, pinned ones only when nothing else is left over the budget. Pins
-// live in memory only.
+// survive a restart: the writer thread keeps them in `session_pins.bin` in the directory
+// (expiries in wall-clock time, a checksum, written to a temporary name, fsynced and renamed)
+// after each change, and open() loads the ones not yet expired. A damaged pins file is moved to
+// quarantine/ like a damaged block file; its pins are lost, its blocks are not.
 //
 // Demotion goes through enqueue(): a queue capped in bytes feeds the writer thread; what does
 // not fit is dropped and counted. enqueue_ref() queues a block without copying it: the writer
@@ -145,6 +148,9 @@ class DiskTier {
   bool file_pinned_locked(const FileEntry& f, double now) const;
   void writer_loop();
   bool write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry);
+  // session_pins.bin: load_pins_locked() at open, write_pins() from the writer thread.
+  void load_pins_locked();
+  bool write_pins(const std::vector<std::pair<uint64_t, double>>& pins) const;
   int64_t stride() const;  // bytes of one block in a file (data + checksums)
 
   DiskTierOptions options_;
@@ -163,6 +169,7 @@ class DiskTier {
   uint64_t next_seq_ = 1;
   uint64_t use_tick_ = 0;
   std::unordered_map<uint64_t, double> pins_;  // hash -> expiry (tier_clock_s())
+  bool pins_dirty_ = false;                     // pins_ changed since session_pins.bin was written
   size_t pins_pruned_at_ = 0;
   bool writing_ = false;
   bool stop_ = false;
