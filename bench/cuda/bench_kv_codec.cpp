@@ -99,8 +99,9 @@ struct CodecRow {
   const char* name;
   int64_t bytes_per_token_layer;
   int64_t seqs;
-  double best_ms;  // tensor-core split kernel, best split count
+  double best_ms;  // tensor-core split kernel, best of splits x occupancy variants
   int32_t best_splits;
+  int32_t best_blocks;
   double gbps;
   double core_ms;  // CUDA-core split kernel, best of splits x occupancy caps
   int32_t core_splits;
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   launch_fill_random_bf16(d_q, int64_t(kBatch) * kHeads * kHeadDim, 99, 1.0f, st);
 
   const KvCodec codecs[] = {KvCodec::kBf16, KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo};
-  const int32_t split_choices[] = {4, 8, 16, 32};
+  const int32_t split_choices[] = {2, 4, 8, 16, 32};
   std::vector<CodecRow> rows;
   double decoder_ms = 1e30;  // the decoder's bf16 attention (launch_paged_attention), best split count
   const double pool_bytes = pool_gib * double(int64_t(1) << 30);
@@ -212,19 +213,23 @@ int main(int argc, char** argv) {
     const struct {
       bool mma;
       int32_t min_blocks;
-    } variants[] = {{true, 3}, {false, 3}, {false, 2}};
+    } variants[] = {{true, 3}, {true, 4}, {false, 3}, {false, 2}};
     for (const auto& var : variants) {
       set_kv_codec_attention_mma(var.mma);
-      set_kv_codec_attention_min_blocks(var.min_blocks);
+      if (var.mma) {
+        set_kv_codec_mma_blocks(var.min_blocks);
+      } else {
+        set_kv_codec_attention_min_blocks(var.min_blocks);
+      }
       for (int32_t splits : split_choices) {
         a.n_splits = splits;
         const double ms = time_step(st, reps, [&] {
           for (int l = 0; l < kLayers; ++l) launch_kv_codec_attention(a, st);
         });
         if (var.mma) {
-          std::printf("  %-5s tensor-core, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n", row.name,
-                      splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
-          if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits;
+          std::printf("  %-5s tensor-core, blocks/SM %d, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n",
+                      row.name, var.min_blocks, splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
+          if (ms < row.best_ms) row.best_ms = ms, row.best_splits = splits, row.best_blocks = var.min_blocks;
         } else {
           std::printf("  %-5s CUDA-core, min blocks/SM %d, splits %2d: %.3f ms per step (32 layers), %.1f GB/s KV read\n",
                       row.name, var.min_blocks, splits, ms, step_bytes / (ms * 1e-3) * 1e-9);
@@ -233,6 +238,7 @@ int main(int argc, char** argv) {
       }
     }
     set_kv_codec_attention_mma(true);
+    set_kv_codec_mma_blocks(3);
     set_kv_codec_attention_min_blocks(3);
     row.gbps = step_bytes / (row.best_ms * 1e-3) * 1e-9;
     row.write_ms = time_step(st, reps, [&] {
@@ -297,13 +303,14 @@ int main(int argc, char** argv) {
               kContext, kBatch, kLayers);
   std::printf("decoder bf16 attention (launch_paged_attention + combine, best split): %.3f ms per step\n", decoder_ms);
   std::printf("| codec | bytes/token/layer | bytes/token (32 layers) | 8k seqs in pool | vs bf16 | attn ms/step | "
-              "splits | KV GB/s | of copy BW | ms vs decoder bf16 | CUDA-core ms (splits, blocks/SM) | write ms/step |\n");
+              "splits, blocks/SM | KV GB/s | of copy BW | ms vs decoder bf16 | CUDA-core ms (splits, blocks/SM) | write ms/step |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const CodecRow& bf = rows.front();
   for (const CodecRow& r : rows) {
-    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d | %.1f | %.3f | %.3f | %.3f (%d, %d) | %.3f |\n", r.name,
+    std::printf("| %s | %lld | %lld | %lld | %.3f | %.3f | %d, %d | %.1f | %.3f | %.3f | %.3f (%d, %d) | %.3f |\n", r.name,
                 static_cast<long long>(r.bytes_per_token_layer), static_cast<long long>(r.bytes_per_token_layer * kLayers),
-                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits, r.gbps,
+                static_cast<long long>(r.seqs), double(r.seqs) / double(bf.seqs), r.best_ms, r.best_splits, r.best_blocks,
+                r.gbps,
                 r.gbps * 1e9 / copy_bw, r.best_ms / decoder_ms, r.core_ms, r.core_splits, r.core_min_blocks,
                 r.write_ms);
   }

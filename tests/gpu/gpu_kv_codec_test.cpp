@@ -40,12 +40,12 @@ struct Case {
 };
 
 // The split kernels a case runs: the tensor-core kernel where it takes the layout (else the
-// CUDA-core one), then the CUDA-core kernel at both occupancy caps.
+// CUDA-core one) at both of its occupancy variants, then the CUDA-core kernel at both caps.
 struct Variant {
   bool mma;
-  int32_t min_blocks;
+  int32_t min_blocks;  // set_kv_codec_mma_blocks or set_kv_codec_attention_min_blocks
 };
-constexpr Variant kVariants[] = {{true, 3}, {false, 3}, {false, 2}};
+constexpr Variant kVariants[] = {{true, 3}, {true, 4}, {false, 3}, {false, 2}};
 
 // Rows as a model makes them: a per-row scale (outlier heads and tokens), a few exact special
 // rows (all equal, all zero) that hit the codecs' zero-scale paths.
@@ -185,7 +185,11 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
     for (const Variant& var : kVariants) {
       const int32_t min_blocks = var.min_blocks;
       set_kv_codec_attention_mma(var.mma);
-      set_kv_codec_attention_min_blocks(min_blocks);
+      if (var.mma) {
+        set_kv_codec_mma_blocks(min_blocks);
+      } else {
+        set_kv_codec_attention_min_blocks(min_blocks);
+      }
       SCOPED_TRACE("n_splits " + std::to_string(n_splits) + ", " + (var.mma ? "tensor-core" : "CUDA-core") +
                    ", min blocks " + std::to_string(min_blocks));
       DeviceBuffer<float> part_out(size_t(n_splits) * q.bits.size()), part_ml(size_t(n_splits) * n_seqs * c.n_heads * 2);
@@ -221,6 +225,7 @@ void run_case(std::mt19937& rng, ThreadPool& pool, const Case& c) {
     }
   }
   set_kv_codec_attention_min_blocks(3);
+  set_kv_codec_mma_blocks(3);
   set_kv_codec_attention_mma(true);
 }
 

@@ -648,7 +648,7 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
 // Tensor-core decode attention (head dims 64 and 128, GQA groups up to 8)
 //
 // A block (4 warps) takes one KV head of one sequence and one split of its keys; warp w takes
-// the split's tiles w, w + 4, ... of 16 keys and streams its own tiles through kMmaStages
+// the split's tiles w, w + 4, ... of 16 keys and streams its own tiles through Stages
 // cp.async stages (no block barrier until the end). A staged row keeps its encoded bytes: each
 // is copied as the 16-byte aligned pieces that hold it (rows are only 4-byte aligned in the
 // pool), and its offset in the first piece is kept next to the stage.
@@ -670,7 +670,10 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaKeys = 16;    // keys of a warp tile
-constexpr int kMmaStages = 3;   // warp tiles in flight: 2 while one is computed
+// Occupancy variants (set_kv_codec_mma_blocks): registers capped for 3 blocks per multiprocessor
+// with 3 stages per warp (2 tiles in flight while one is computed), or 4 blocks with 2 stages.
+constexpr int kMmaMaxStages = 3;
+constexpr int mma_stages(int min_blocks) { return min_blocks >= 4 ? 2 : 3; }
 constexpr int kMmaRows = 8;     // query heads a block serves at most (rows of the A tile past 8 are zero)
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -682,8 +685,8 @@ constexpr int kVdpw = K == Kind::kBf16 ? 2 : (K == Kind::kAffine4 || K == Kind::
 // load touches start in different banks.
 __host__ __device__ constexpr int staged_pieces(int bytes) { return ((bytes + 12 + 15) / 16) | 1; }
 
-size_t mma_smem(const KvRowLayout& k, const KvRowLayout& v) {
-  const size_t staging = size_t(kMmaWarps) * kMmaStages * kMmaKeys * 16 * (staged_pieces(k.bytes) + staged_pieces(v.bytes));
+size_t mma_smem(const KvRowLayout& k, const KvRowLayout& v, int stages) {
+  const size_t staging = size_t(kMmaWarps) * stages * kMmaKeys * 16 * (staged_pieces(k.bytes) + staged_pieces(v.bytes));
   const size_t merge = size_t(kMmaWarps) * kMmaRows * k.dim * sizeof(float);
   return staging > merge ? staging : merge;
 }
@@ -695,12 +698,11 @@ __device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, bool v
 
 // d (rows 0..7 of a 16x8 tile) += a (rows 0..7 of 16x16: a0 k 0..7 pairs, a2 k 8..15) * b.
 __device__ __forceinline__ void mma_rows8(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  float x2, x3;
+  float x2 = 0.0f, x3 = 0.0f;  // rows 8..15: zero queries, results dropped
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %10, %10};\n"
-      : "+f"(d0), "+f"(d1), "=f"(x2), "=f"(x3)
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f));
-  (void)x2, (void)x3;  // rows 8..15: zero queries
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d0), "+f"(d1), "+f"(x2), "+f"(x3)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -712,13 +714,26 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// Byte i of w as an f32 (exact): the byte under the exponent of 2^23, minus 2^23.
+template <int I>
+__device__ __forceinline__ float byte_f32(uint32_t w) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540u | I)) - 8388608.0f;
+}
+// Two 4-bit codes at bits 0..3 and 16..19 of t as bf16 values (exact): 128 + code, minus 128.
+__device__ __forceinline__ uint32_t nibbles_bf16x2(uint32_t t) {
+  const uint32_t r = (t & 0x000F000Fu) | 0x43004300u;
+  const __nv_bfloat162 x = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&r), __floats2bfloat162_rn(128.0f, 128.0f));
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
 __device__ __forceinline__ float2 fp8x2_to_f32(uint32_t v16) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v16 & 0xffffu), __NV_E4M3);
   return __half22float2(*reinterpret_cast<const __half2*>(&hr));
 }
 
 // Key fragment of k-step ks: dims 16 ks + 4 t4 + {0, 1} (b0) and {2, 3} (b1) of a key row, as
-// bf16 unit values.
+// bf16 unit values. Affine4 pairs k-steps instead: lane t4 of k-steps 2 j and 2 j + 1 holds the
+// 8 dims 32 j + 8 t4 + {0..7} (one word of codes) as b0 = {0, 4}, b1 = {1, 5} (k-step 2 j) and
+// b0 = {2, 6}, b1 = {3, 7} (2 j + 1): codes 16 bits apart become a bf16 pair in two operations.
 template <Kind K>
 __device__ __forceinline__ void key_frag(const uint8_t* row, int ks, int t4, uint32_t& b0, uint32_t& b1) {
   if constexpr (K == Kind::kBf16) {
@@ -732,12 +747,12 @@ __device__ __forceinline__ void key_frag(const uint8_t* row, int ks, int t4, uin
     b1 = pack_bf16x2(hi.x, hi.y);
   } else if constexpr (K == Kind::kAffine8) {
     const uint32_t w = ld_u32(row + 16 * ks + 4 * t4);
-    b0 = pack_bf16x2(byte_to_f32(w & 0xffu), byte_to_f32((w >> 8) & 0xffu));
-    b1 = pack_bf16x2(byte_to_f32((w >> 16) & 0xffu), byte_to_f32(w >> 24));
+    b0 = pack_bf16x2(byte_f32<0>(w), byte_f32<1>(w));
+    b1 = pack_bf16x2(byte_f32<2>(w), byte_f32<3>(w));
   } else {  // affine4: low nibble first
-    const uint32_t w = ld_u16(row + 8 * ks + 2 * t4);
-    b0 = pack_bf16x2(byte_to_f32(w & 0xfu), byte_to_f32((w >> 4) & 0xfu));
-    b1 = pack_bf16x2(byte_to_f32((w >> 8) & 0xfu), byte_to_f32(w >> 12));
+    const uint32_t w = ld_u32(row + 16 * (ks >> 1) + 4 * t4) >> (8 * (ks & 1));
+    b0 = nibbles_bf16x2(w);
+    b1 = nibbles_bf16x2(w >> 4);
   }
 }
 
@@ -755,26 +770,41 @@ __device__ __forceinline__ uint32_t value_word(const uint8_t* row, int m, int c)
   }
 }
 
-// The DPW unit values of a code word (bf16 is handled on the packed halves instead).
+// Value i of the code words of two keys (wa, wb) as a bf16 pair, for the 8- and 4-bit affine
+// kinds (the others go through value_units).
+template <Kind K, int I>
+__device__ __forceinline__ uint32_t value_pair(uint32_t wa, uint32_t wb) {
+  if constexpr (K == Kind::kAffine8) {
+    return pack_bf16x2(byte_f32<I>(wa), byte_f32<I>(wb));
+  } else {  // affine4: byte I / 2 of each word at bits 0..7 and 16..23, then its nibble
+    const uint32_t t = __byte_perm(wa, wb, uint32_t(I >> 1) | (uint32_t(4 + (I >> 1)) << 8));
+    return nibbles_bf16x2(I & 1 ? t >> 4 : t);
+  }
+}
+
+template <Kind K, int I = 0>
+__device__ __forceinline__ void value_mmas(float (*o)[2], uint32_t pf0, uint32_t pf2, const uint32_t (&w)[4]) {
+  if constexpr (I < kVdpw<K>) {
+    mma_rows8(o[I][0], o[I][1], pf0, pf2, value_pair<K, I>(w[0], w[1]), value_pair<K, I>(w[2], w[3]));
+    value_mmas<K, I + 1>(o, pf0, pf2, w);
+  }
+}
+
+// The DPW unit values of an fp8 or turbo3 code word.
 template <Kind K>
 __device__ __forceinline__ void value_units(uint32_t w, const float* levels, float (&u)[kVdpw<K>]) {
   if constexpr (K == Kind::kFp8) {
     const float2 lo = fp8x2_to_f32(w), hi = fp8x2_to_f32(w >> 16);
     u[0] = lo.x, u[1] = lo.y, u[2] = hi.x, u[3] = hi.y;
-  } else if constexpr (K == Kind::kAffine8) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) u[i] = byte_to_f32((w >> (8 * i)) & 0xffu);
-  } else if constexpr (K == Kind::kAffine4) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) u[i] = byte_to_f32((w >> (4 * i)) & 0xfu);
   } else if constexpr (K == Kind::kTurbo3) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) u[i] = levels[(w >> (3 * i)) & 7u];
   }
 }
 
-template <Kind KK, Kind VK, int HD>
-__global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
+template <Kind KK, Kind VK, int HD, int MinBlocks>
+__global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) kv_codec_mma_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
+  constexpr int kMmaStages = mma_stages(MinBlocks);
   constexpr int kSteps = HD / 16;                 // k-steps of Q K^T
   constexpr int kDpw = kVdpw<VK>;
   constexpr int kUnits = HD / (8 * kDpw);         // value words per key row and lane
@@ -783,7 +813,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float levels[8];
   __shared__ int s_table[kTableCache];
-  __shared__ int s_mis[kMmaWarps][kMmaStages][2][kMmaKeys];   // a staged row's byte offset in its first piece
+  __shared__ int s_mis[kMmaWarps][kMmaMaxStages][2][kMmaKeys];   // a staged row's byte offset in its first piece
   __shared__ const uint8_t* s_src[kMmaWarps][2][kMmaKeys];    // first piece of each row of the tile being issued
   __shared__ float red_m[kMmaWarps][kMmaRows], red_l[kMmaWarps][kMmaRows];
 
@@ -874,11 +904,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
     float run = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
-      uint2 w = *reinterpret_cast<const uint2*>(qrow + 16 * ks + 4 * t4);
-      if (!row_ok) w = make_uint2(0u, 0u);
-      qa[ks][0] = w.x;
-      qa[ks][1] = w.y;
-      float part = (bf16_to_f32(w.x & 0xffffu) + bf16_to_f32(w.x >> 16)) + (bf16_to_f32(w.y & 0xffffu) + bf16_to_f32(w.y >> 16));
+      if constexpr (KK == Kind::kAffine4) {  // the k-step pairing of key_frag
+        uint4 w = *reinterpret_cast<const uint4*>(qrow + 32 * (ks >> 1) + 8 * t4);
+        if (!row_ok) w = make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t lo = ks & 1 ? w.y : w.x, hi = ks & 1 ? w.w : w.z;
+        qa[ks][0] = __byte_perm(lo, hi, 0x5410);
+        qa[ks][1] = __byte_perm(lo, hi, 0x7632);
+      } else {
+        uint2 w = *reinterpret_cast<const uint2*>(qrow + 16 * ks + 4 * t4);
+        if (!row_ok) w = make_uint2(0u, 0u);
+        qa[ks][0] = w.x;
+        qa[ks][1] = w.y;
+      }
+      const uint32_t x = qa[ks][0], y = qa[ks][1];
+      float part = (bf16_to_f32(x & 0xffffu) + bf16_to_f32(x >> 16)) + (bf16_to_f32(y & 0xffffu) + bf16_to_f32(y >> 16));
       part += __shfl_xor_sync(0xffffffffu, part, 1);
       part += __shfl_xor_sync(0xffffffffu, part, 2);
       run += part;
@@ -901,7 +940,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
   const int k_packed = KK == Kind::kAffine4 ? HD / 2 : HD, v_packed = VK == Kind::kAffine4 ? HD / 2 : HD;
   const int k_ng = kAffK ? HD / a.k_fmt.group : 1, v_group = kAffV ? a.v_fmt.group : HD;
   const int v_ng = HD / v_group;
-  (void)k_packed, (void)v_packed, (void)k_ng, (void)v_ng;
+  const int v_upg = v_group / (8 * kDpw);  // value units per affine group
+  (void)k_packed, (void)v_packed, (void)k_ng, (void)v_ng, (void)v_upg;
 
   for (int ti = 0; ti < n_tiles; ++ti) {
     issue(ti + kMmaStages - 1);
@@ -979,8 +1019,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
       psum += p[q];
     }
     l0 = l0 * corr + psum;
+    // Most tiles raise no row's max (rows past the group, and a row before its first visible
+    // key, hold zeros: no rescale needed).
+    if (__any_sync(0xffffffffu, row_ok && corr != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < kDpw * kUnits; ++n) o[n][0] *= corr, o[n][1] *= corr;
+      for (int n = 0; n < kDpw * kUnits; ++n) o[n][0] *= corr, o[n][1] *= corr;
+    }
 
     // O += P V; the per-key multiplier rides in P.
     uint32_t pf0 = 0u, pf2 = 0u;
@@ -993,8 +1037,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
     }
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
-      if constexpr (kAffV) {
-        const int gi = (m * 8 * kDpw) / v_group;
+      if (kAffV && m % v_upg == 0) {  // the first unit of a value group: its P and bias sum
+        const int gi = m / v_upg;
         float pm[4];
         float bsum = 0.0f;
 #pragma unroll
@@ -1009,7 +1053,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
       uint32_t w[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) w[q] = value_word<VK>(vrow[q], m, g);
-      if constexpr (VK == Kind::kBf16) {
+      if constexpr (kAffV) {
+        value_mmas<VK>(o + kDpw * m, pf0, pf2, w);
+      } else if constexpr (VK == Kind::kBf16) {
         mma_rows8(o[2 * m][0], o[2 * m][1], pf0, pf2, __byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410));
         mma_rows8(o[2 * m + 1][0], o[2 * m + 1][1], pf0, pf2, __byte_perm(w[0], w[1], 0x7632),
                   __byte_perm(w[2], w[3], 0x7632));
@@ -1052,12 +1098,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
   if (row_ok) {
     const float f = m0 == -INFINITY ? 0.0f : exp2_approx(m0 - row_max(g));
     float* dst = ob + (warp * kMmaRows + g) * HD;
+    float bias = 0.0f;  // the bias sum of unit m's group (kept by its first unit)
 #pragma unroll
     for (int m = 0; m < kUnits; ++m) {
+      if (m % v_upg == 0) bias = bacc[m];
 #pragma unroll
       for (int i = 0; i < kDpw; ++i) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) dst[kDpw * (8 * m + 2 * t4 + e) + i] = (o[kDpw * m + i][e] + bacc[m]) * f;
+        for (int e = 0; e < 2; ++e) dst[kDpw * (8 * m + 2 * t4 + e) + i] = (o[kDpw * m + i][e] + bias) * f;
       }
     }
   }
@@ -1083,6 +1131,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 3) kv_codec_mma_kernel(KvCodec
 
 int32_t g_min_blocks = 3;  // set_kv_codec_attention_min_blocks
 bool g_use_mma = true;      // set_kv_codec_attention_mma
+int32_t g_mma_blocks = 3;   // set_kv_codec_mma_blocks
 
 template <Kind KK, Kind VK, int G, int MinBlocks>
 void launch_attention_mb(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
@@ -1110,22 +1159,32 @@ void launch_attention(const KvCodecAttentionArgs& a, const TurboConsts& tc, cuda
 bool mma_supports(const KvCodecAttentionArgs& a) {
   if (a.k_fmt.dim != 64 && a.k_fmt.dim != 128) return false;
   if (a.n_heads / a.n_kv_heads > kMmaRows) return false;
+  if (a.k_fmt.kind == Kind::kAffine4 && a.k_fmt.group % 32 != 0) return false;  // key_frag's k-step pairs
   if (a.v_fmt.kind == Kind::kAffine8 && a.v_fmt.group % (8 * kVdpw<Kind::kAffine8>) != 0) return false;
   if (a.v_fmt.kind == Kind::kAffine4 && a.v_fmt.group % (8 * kVdpw<Kind::kAffine4>) != 0) return false;
   return true;
 }
 
-template <Kind KK, Kind VK, int HD>
-void launch_mma_hd(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
-  const size_t smem = mma_smem(a.k_fmt, a.v_fmt);
+template <Kind KK, Kind VK, int HD, int MinBlocks>
+void launch_mma_mb(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+  const size_t smem = mma_smem(a.k_fmt, a.v_fmt, mma_stages(MinBlocks));
   static size_t raised = 0;  // the attribute is per kernel and process-wide
   if (smem > raised) {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kv_codec_mma_kernel<KK, VK, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(smem)));
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kv_codec_mma_kernel<KK, VK, HD, MinBlocks>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
   const dim3 grid(a.n_kv_heads, a.n_splits, a.n_seqs);
-  launch_pdl(kv_codec_mma_kernel<KK, VK, HD>, grid, kMmaWarps * 32, smem, stream, a, tc);
+  launch_pdl(kv_codec_mma_kernel<KK, VK, HD, MinBlocks>, grid, kMmaWarps * 32, smem, stream, a, tc);
+}
+
+template <Kind KK, Kind VK, int HD>
+void launch_mma_hd(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
+  if (g_mma_blocks == 4) {
+    launch_mma_mb<KK, VK, HD, 4>(a, tc, stream);
+  } else {
+    launch_mma_mb<KK, VK, HD, 3>(a, tc, stream);
+  }
 }
 
 template <Kind KK, Kind VK>
@@ -1160,6 +1219,13 @@ void set_kv_codec_attention_min_blocks(int32_t blocks) {
 int32_t kv_codec_attention_min_blocks() { return g_min_blocks; }
 void set_kv_codec_attention_mma(bool on) { g_use_mma = on; }
 bool kv_codec_attention_mma() { return g_use_mma; }
+void set_kv_codec_mma_blocks(int32_t blocks) {
+  if (blocks != 3 && blocks != 4) {
+    cuda_fatal(__FILE__, __LINE__, "set_kv_codec_mma_blocks", std::to_string(blocks) + " (3 or 4)");
+  }
+  g_mma_blocks = blocks;
+}
+int32_t kv_codec_mma_blocks() { return g_mma_blocks; }
 
 const char* kv_codec_write_problem(const KvRowLayout& f) {
   if (!valid_dim(f.dim)) return "head dim must be 32, 64, 128 or 256";

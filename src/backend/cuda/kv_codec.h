@@ -95,5 +95,9 @@ int32_t kv_codec_attention_min_blocks();
 // kernel for everything.
 void set_kv_codec_attention_mma(bool on);
 bool kv_codec_attention_mma();
+// Occupancy of the tensor-core kernel, process-wide: registers capped for 3 blocks per
+// multiprocessor with 3 key tiles per warp in flight (default) or 4 blocks with 2. For benchmarks.
+void set_kv_codec_mma_blocks(int32_t blocks);
+int32_t kv_codec_mma_blocks();
 
 }  // namespace strata::cuda
