@@ -662,8 +662,10 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
 // softmax weights P of that key, affine biases add sum(p * b) per row, and turbo3 levels are
 // rounded to bf16 (relative error below 2^-9).
 //
-// The dot products may use any order of dims inside a 16-dim k-step, so lane t4 of a quad
-// takes 4 consecutive dims of each k-step (one 32-bit word of 8-bit codes) for both Q and K.
+// The dot products may use any order of dims inside a 16-dim k-step (and inside a pair of
+// k-steps of one affine group), so lane t4 of a quad takes 4 consecutive dims of each k-step
+// (one 32-bit word of 8-bit codes) for both Q and K; int4 keys take 8 dims of a k-step pair
+// (see key_frag).
 // For P V, n-tile DPW m + i, column c holds dim DPW (8 m + c) + i (DPW: the dims one 32-bit
 // word of codes holds, 4 for 8-bit codes): a lane loads one word per key and unit m and feeds
 // DPW n-tiles from it.
