@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -195,10 +196,15 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
       full_bytes += b;
     }
   }
-  for (const auto& s : model.state_layout()) plan.has_state = plan.has_state || s.has_state;
-  if (plan.has_state && o.prefix_caching &&
-      (o.state_snapshot_interval < 1 || o.state_snapshot_interval % o.block_size != 0)) {
-    return bad("state_snapshot_interval must be a positive multiple of block_size (" + std::to_string(o.block_size) +
+  int32_t chunk = 1;  // the recurrent layers' prefill chunk: cuts and snapshots align to it
+  for (const auto& s : model.state_layout()) {
+    plan.has_state = plan.has_state || s.has_state;
+    if (s.has_state && s.prefill_chunk > 1) chunk = std::lcm(chunk, s.prefill_chunk);
+  }
+  const int32_t snap = std::lcm(chunk, o.block_size);
+  if (plan.has_state && o.prefix_caching && (o.state_snapshot_interval < 1 || o.state_snapshot_interval % snap != 0)) {
+    return bad("state_snapshot_interval must be a positive multiple of " + std::to_string(snap) + " (block_size " +
+               std::to_string(o.block_size) + (chunk > 1 ? ", prefill chunk " + std::to_string(chunk) : std::string()) +
                "), got " + std::to_string(o.state_snapshot_interval));
   }
   if (plan.has_state && o.state_snapshot_bytes < 0) {
@@ -310,6 +316,9 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   so.window = kv_plan->window;
   so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
   so.state_snapshot_interval = options_.state_snapshot_interval;
+  for (const auto& s : model_->state_layout()) {
+    if (s.has_state && s.prefill_chunk > 1) so.state_chunk = std::lcm(std::max(so.state_chunk, 1), s.prefill_chunk);
+  }
   core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value(), std::move(executor));
   if (kv_plan->n_quant_blocks > 0) {
     auto* host = dynamic_cast<ModelRunner*>(&core_->runner);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <span>
 
 #include "core/check.h"
@@ -27,8 +28,8 @@ Scheduler::Scheduler(SchedulerOptions options, KvCacheManager& kv, std::unique_p
   STRATA_CHECK(options_.n_state_slots <= 0 || options_.n_state_slots >= options_.max_num_seqs,
                "every running sequence needs a state slot");
   STRATA_CHECK(!snapshots_on() || (options_.state_snapshot_interval > 0 &&
-                                   options_.state_snapshot_interval % kv_.block_size() == 0),
-               "snapshots lie on block boundaries");
+                                   options_.state_snapshot_interval % snapshot_align() == 0),
+               "snapshots lie on block and chunk boundaries");
   if (!policy_) policy_ = std::make_unique<FcfsPolicy>();
 }
 
@@ -61,29 +62,54 @@ bool Scheduler::snapshots_on() const {
   return snapshots_ != nullptr && options_.prefix_caching && options_.n_state_slots > 0;
 }
 
+int32_t Scheduler::cut_align() const {
+  return options_.n_state_slots > 0 ? std::max(options_.state_chunk, 1) : 1;
+}
+
+int32_t Scheduler::snapshot_align() const { return std::lcm(cut_align(), kv_.block_size()); }
+
 bool Scheduler::is_snapshot_point(const Sequence* seq, int32_t pos) const {
   if (!snapshots_on() || pos <= 0) return false;
-  const int32_t bs = kv_.block_size();
+  // Past the prompt the state comes from decode steps, whose arithmetic a cold prefill of the
+  // same tokens does not repeat when prefill is chunked.
+  if (cut_align() > 1 && pos > seq->n_prompt) return false;
+  const int32_t a = snapshot_align();
   if (pos % options_.state_snapshot_interval == 0) return true;
-  // The prompt's end rounded down to a block (a next turn extends the prompt), and the last
+  // The prompt's end rounded down to a boundary (a next turn extends the prompt), and the last
   // boundary before the prompt's last token (the same prompt again must compute one token).
-  return pos == (seq->n_prompt / bs) * bs || pos == ((seq->n_prompt - 1) / bs) * bs;
+  return pos == (seq->n_prompt / a) * a || pos == ((seq->n_prompt - 1) / a) * a;
 }
 
 int32_t Scheduler::next_snapshot_point(const Sequence* seq, int32_t pos) const {
   if (!snapshots_on()) return kNoLimit;
-  const int32_t bs = kv_.block_size();
+  const int32_t a = snapshot_align();
   const int64_t every = (int64_t(pos) / options_.state_snapshot_interval + 1) * options_.state_snapshot_interval;
   int32_t next = int32_t(std::min<int64_t>(every, kNoLimit));
-  for (int32_t p : {((seq->n_prompt - 1) / bs) * bs, (seq->n_prompt / bs) * bs}) {
+  if (cut_align() > 1 && next > seq->n_prompt) next = kNoLimit;
+  for (int32_t p : {((seq->n_prompt - 1) / a) * a, (seq->n_prompt / a) * a}) {
     if (p > pos) next = std::min(next, p);
   }
   return next;
 }
 
+int32_t Scheduler::aligned_cut(const Sequence* seq, int32_t end) const {
+  const int32_t a = cut_align();
+  if (a == 1) return end;
+  const int32_t done = seq->n_computed;
+  if (done >= seq->n_prompt) {
+    // A preempted sequence recomputing its generated tokens: they were decoded token by token,
+    // so each chunk is cut as one row at its start, then the rest (both run token by token).
+    const int32_t next = done % a == 0 ? done + 1 : (done / a + 1) * a;
+    return std::min(end, next);
+  }
+  // The prompt's end is a cut of its own (a preempted sequence recomputes past it).
+  if (end >= seq->n_prompt) return seq->n_prompt;
+  return std::max(done, end / a * a);
+}
+
 int32_t Scheduler::chunk_end(const Sequence* seq, int32_t budget) const {
   const int32_t end = seq->n_computed + std::min(seq->n_remaining(), budget);
-  return std::min(end, next_snapshot_point(seq, seq->n_computed));
+  return aligned_cut(seq, std::min(end, next_snapshot_point(seq, seq->n_computed)));
 }
 
 int32_t Scheduler::allocate_upto(Sequence* seq, int32_t n_tokens, double now) {
@@ -137,7 +163,7 @@ void Scheduler::preempt(Sequence* seq, double now, StepPlan& plan) {
 
 int32_t Scheduler::grow(Sequence* seq, int32_t n_tokens, double now, StepPlan& plan) {
   for (;;) {
-    const int32_t c = allocate_upto(seq, n_tokens, now);
+    const int32_t c = aligned_cut(seq, allocate_upto(seq, n_tokens, now));
     if (c > seq->n_computed) return c;
     Sequence* victim = victim_after(seq);
     if (!victim) {
@@ -240,6 +266,7 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
   int32_t target = chunk_end(seq, budget);
   target = std::min(target, (int32_t(seq->blocks.size()) + kv_.n_available()) * bs);
   if (kv_window_) target = std::min(target, (int32_t(seq->window_blocks.size()) + kv_window_->n_available()) * bs);
+  target = aligned_cut(seq, target);
   if (target <= seq->n_computed) {
     release_all(seq, now, 0.0);
     return false;
@@ -280,14 +307,22 @@ StepPlan Scheduler::schedule(double now) {
     add_span(seq, 1, plan);
     budget -= 1;
   }
+  // Aligned prefill (cut_align() > 1): the step's first prefill piece may take a whole chunk
+  // when less budget is left, so that decodes or a budget below one chunk cannot starve prefill;
+  // a step then exceeds max_batch_tokens by less than one chunk.
+  bool prefilled = false;
+  auto prefill_budget = [&] { return prefilled ? budget : std::max(budget, cut_align()); };
   // 2. Chunks of partially prefilled sequences.
   for (Sequence* seq : order) {
     if (budget == 0) break;
     if (!seq->running() || scheduled_.count(seq)) continue;
-    const int32_t c = grow(seq, chunk_end(seq, budget), now, plan);
+    const int32_t target = chunk_end(seq, prefill_budget());
+    if (target <= seq->n_computed) continue;  // no aligned cut within the budget: waits
+    const int32_t c = grow(seq, target, now, plan);
     if (c < 0) continue;
     add_span(seq, c - seq->n_computed, plan);
-    budget -= c - plan.spans.back().pos0;
+    budget = std::max(0, budget - (c - plan.spans.back().pos0));
+    prefilled = true;
   }
   // 3. Waiting and preempted sequences, in policy order, while budget, sequences and blocks last.
   sort_by_policy(waiting_);
@@ -295,8 +330,9 @@ StepPlan Scheduler::schedule(double now) {
     Sequence* seq = waiting_.front();
     // One just preempted for lack of blocks would only take them back.
     if (std::find(plan.preempted.begin(), plan.preempted.end(), seq->id) != plan.preempted.end()) break;
-    if (!admit(seq, budget, now, plan)) break;
-    budget -= plan.spans.back().n_tokens;
+    if (!admit(seq, prefill_budget(), now, plan)) break;
+    budget = std::max(0, budget - plan.spans.back().n_tokens);
+    prefilled = true;
   }
   return plan;
 }
@@ -308,7 +344,12 @@ void Scheduler::commit(const ScheduledSpan& span) {
   if (span.logits_all) seq->prompt_logprob_pos = std::max(seq->prompt_logprob_pos, std::min(seq->n_computed, seq->n_prompt - 1));
   if (span.sample) seq->state = SeqState::kDecoding;
   const int32_t bs = kv_.block_size();
-  const int32_t n_full = seq->n_computed / bs;
+  int32_t n_full = seq->n_computed / bs;
+  if (cut_align() > 1) {
+    // Only KV of whole prefill chunks: a prompt's last partial chunk and decoded tokens ran the
+    // recurrent layers in another order than a longer prompt's prefill of the same tokens does.
+    n_full = std::min(n_full, seq->n_prompt / cut_align() * cut_align() / bs);
+  }
   if (options_.prefix_caching && seq->n_published < n_full) {
     extend_block_hashes(seq->block_hashes, options_.prefix_salt,
                         std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);

@@ -16,6 +16,19 @@
 // tokens, and the last block boundary at or before the prompt's end, and before its last token)
 // asks for a snapshot; prefill chunks are cut at those boundaries. A prefix is reused only up to
 // a position whose snapshot is held; admission then asks the runner to restore it.
+//
+// With options.state_chunk > 1 (gated DeltaNet: its prefill arithmetic groups absolute positions
+// in blocks of 64) a prefill span ends only at a multiple of state_chunk or at the prompt's end
+// (or the sequence's): a step whose budget or blocks hold no such cut leaves the sequence
+// waiting, but the step's first prefill piece may take a whole chunk when less budget is left
+// (after decodes, or under a budget below one chunk): a step can exceed max_batch_tokens by less
+// than state_chunk tokens, and prefill always progresses. Snapshot boundaries then round to
+// lcm(state_chunk, block size) and lie inside the prompt, so a restored state sits on a chunk
+// boundary computed by prefill, and a prefix hit covers every later block as a cold run does:
+// the same bits. Only blocks inside the prompt's whole chunks are published (the KV of a
+// partial last chunk or of decoded tokens is not what a longer prompt's prefill computes).
+// Generated tokens a preempted sequence recomputes are cut so that the recurrent layers run them
+// token by token, as they were decoded.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +52,12 @@ struct SchedulerOptions {
   int32_t window = 0;               // > 0: tokens the sliding-window layers read (their largest window)
   int32_t n_state_slots = 0;        // > 0: recurrent-state slots (>= max_num_seqs)
   int32_t state_snapshot_interval = 512;  // tokens between state snapshots, a multiple of the block size
+                                          // and of state_chunk
+  // > 1 (with n_state_slots): prefill is cut at multiples of it or the prompt's end, generated
+  // tokens recomputed after preemption one row after a multiple and at the next (the recurrent
+  // layers run a piece of fewer than 16 rows at a chunk's start, or any from mid-chunk, token by
+  // token: see cpu::gated_delta_rule).
+  int32_t state_chunk = 0;
 };
 
 class KvConversion;
@@ -83,7 +102,7 @@ class Scheduler {
 
  private:
   // Gives a running `seq` blocks for up to its first `n_tokens` tokens. Returns how many tokens
-  // its blocks cover (> n_computed, <= n_tokens). When not one more token fits it preempts the
+  // its blocks cover, down to an aligned cut (> n_computed, <= n_tokens). When no cut fits it preempts the
   // running sequences after it in policy order, last first; when none is left it preempts
   // `seq` itself and returns -1.
   int32_t grow(Sequence* seq, int32_t n_tokens, double now, StepPlan& plan);
@@ -98,8 +117,13 @@ class Scheduler {
   bool is_snapshot_point(const Sequence* seq, int32_t pos) const;
   // The first snapshot boundary after `pos` (INT32_MAX when none are taken).
   int32_t next_snapshot_point(const Sequence* seq, int32_t pos) const;
-  // End of the next prefill chunk of `seq` within `budget` tokens.
+  // End of the next prefill chunk of `seq` within `budget` tokens (seq->n_computed: none fits).
   int32_t chunk_end(const Sequence* seq, int32_t budget) const;
+  // Multiple prefill cuts must be of (1: any position), and snapshots of.
+  int32_t cut_align() const;
+  int32_t snapshot_align() const;
+  // The last position at or before `end` where a span of `seq` may end (seq->n_computed: none).
+  int32_t aligned_cut(const Sequence* seq, int32_t end) const;
   // Leading blocks of seq->block_hashes[0, limit) both pools (and a state snapshot) can serve.
   int32_t reusable_blocks(const Sequence* seq, int32_t limit) const;
   // Releases every block and the state slot of `seq` and forgets its progress.

@@ -47,6 +47,7 @@ StateLayerSpec DeltaNetDims::state_spec() const {
   s.conv_floats = int64_t(conv_kernel - 1) * conv_dim();
   s.recurrent_floats = int64_t(n_v_heads) * d_k * d_v;
   s.has_state = true;
+  s.prefill_chunk = cpu::kDeltaChunk;
   return s;
 }
 
@@ -181,13 +182,10 @@ void DeltaNetLayer::forward(ThreadPool& pool, const float* x, int64_t n_tokens, 
     a.d_v = d.d_v;
     a.pos0 = s.pos0;
     a.scale = 1.0f / std::sqrt(float(d.d_k));
-    // Prefill spans (kChunkedMinTokens rows or more) run the chunked form, decode rows the
-    // recurrent one; chunks sit at absolute positions (pos0), so a split on a 64-position
-    // boundary gives the bits of one call.
-    if (s.n_tokens >= cpu::kChunkedMinTokens)
-      cpu::gated_delta_rule_chunked(pool, a);
-    else
-      cpu::gated_delta_rule_recurrent(pool, a);
+    // The form is chosen per absolute 64-position block from the rows the span covers (see
+    // cpu::gated_delta_rule), so a block covered from its start to the same end gives the same
+    // bits whatever else the span holds.
+    cpu::gated_delta_rule(pool, a);
   }
   cpu::gated_rms_norm(pool, core.data(), proj.data() + cd, P, norm_w_.data(), core.data(), n_tokens, nv, d.d_v, eps_);
   cpu::matmul(pool, core.data(), n_tokens, out_proj_, nullptr, out);

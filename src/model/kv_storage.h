@@ -27,6 +27,9 @@ struct StateLayerSpec {
   int64_t conv_floats = 0;       // per slot: causal conv1d tail
   int64_t recurrent_floats = 0;  // per slot: recurrent matrix state
   bool has_state = false;
+  // > 0: the layer's prefill arithmetic groups absolute positions in blocks of this many, so
+  // prefill cut at multiples of it (or at the prompt's end) computes the same bits however cut.
+  int32_t prefill_chunk = 0;
 };
 
 class KvStorage {

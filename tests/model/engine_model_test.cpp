@@ -96,7 +96,11 @@ TEST_P(EngineModelTest, ConcurrentRequestsProduceTheTokensTheyProduceAlone) {
     }
   }
   struct Config { int32_t budget, blocks; bool prefix; };
-  for (Config c : {Config{4096, 512, true}, Config{37, 512, false}, Config{61, 48, true}}) {
+  // Hybrids cut prefill only on 64-token chunks, so fewer sequences hold blocks at once: a
+  // smaller pool still preempts them.
+  const std::string family = GetParam();
+  const bool hybrid = family.rfind("qwen3next", 0) == 0 || family.rfind("qwen35", 0) == 0;
+  for (Config c : {Config{4096, 512, true}, Config{37, 512, false}, Config{61, hybrid ? 24 : 48, true}}) {
     EngineOptions o;
     o.max_batch_tokens = c.budget;
     o.kv_blocks = c.blocks;
@@ -117,8 +121,8 @@ TEST_P(EngineModelTest, ConcurrentRequestsProduceTheTokensTheyProduceAlone) {
     EXPECT_EQ(st.kv.used, 0) << "only cached blocks may remain";
     EXPECT_EQ(st.kv.free + st.kv.cached, c.blocks);
     EXPECT_EQ(st.running + st.waiting + st.queue_depth, 0);
-    if (c.blocks == 48) {
-      EXPECT_GT(st.preemptions, 0) << "48 blocks cannot hold 32 sequences at once";
+    if (c.blocks < 512) {
+      EXPECT_GT(st.preemptions, 0) << c.blocks << " blocks cannot hold 32 sequences at once";
     }
   }
 }
@@ -137,7 +141,9 @@ TEST_P(EngineModelTest, SharedThousandTokenPrefixIsCached) {
   auto o1 = drain(**engine->submit(first));
   EXPECT_EQ(o1.final.usage.cached_tokens, 0);
   auto o2 = drain(**engine->submit(second));
-  EXPECT_GE(o2.final.usage.cached_tokens, 992);
+  // Hybrids restore state only at multiples of their 64-token prefill chunk (1000 -> 960).
+  const int32_t align = engine->stats().state_snapshots.stores > 0 ? 64 : 16;
+  EXPECT_GE(o2.final.usage.cached_tokens, 1000 / align * align);
   EXPECT_EQ(o2.final.usage.prompt_tokens, 1024);
 
   auto cold = make_engine(GetParam(), pool, o);

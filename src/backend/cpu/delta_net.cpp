@@ -70,15 +70,38 @@ void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int
   });
 }
 
-// Spans of kChunkedMinTokens or more (prefill) take the chunked form, shorter ones (decode,
-// short verify spans) the recurrent one: a chunk pads its rows to 32, so below 16 rows the
-// recurrent form is the faster (bench_delta_rule, Qwen3-Next shape, 2 threads: 8 rows 1.2 ms
-// recurrent vs 1.6 ms chunked, 16 rows 2.3 vs 1.7 ms; bench/RESULTS.md has 2048 rows).
+namespace {
+
+// Rows [t0, t1) of the call as a call of their own (the state is carried in place).
+GatedDeltaRuleArgs rows(const GatedDeltaRuleArgs& a, int64_t t0, int64_t t1) {
+  GatedDeltaRuleArgs r = a;
+  r.q = a.q + t0 * a.qkv_stride;
+  r.k = a.k + t0 * a.qkv_stride;
+  r.v = a.v + t0 * a.qkv_stride;
+  r.g = a.g + t0 * a.n_v_heads;
+  r.beta = a.beta + t0 * a.n_v_heads;
+  r.out = a.out + t0 * a.n_v_heads * a.d_v;
+  r.n_tokens = int32_t(t1 - t0);
+  r.pos0 = int32_t(a.pos0 + t0);
+  return r;
+}
+
+}  // namespace
+
+// The span splits into a head (rows before its first block boundary, when it starts mid-block),
+// whole blocks, and a tail (the rows of its last block, from that block's start). Whole blocks
+// and a tail of kChunkedMinTokens rows or more run chunked, the head and a shorter tail
+// recurrent: a chunk pads its rows to 32, so below 16 rows the recurrent form is the faster
+// (bench_delta_rule, Qwen3-Next shape, 2 threads: 8 rows 1.2 ms recurrent vs 1.6 ms chunked,
+// 16 rows 2.3 vs 1.7 ms; bench/RESULTS.md has 2048 rows).
 void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a) {
-  if (a.n_tokens >= kChunkedMinTokens)
-    gated_delta_rule_chunked(pool, a);
-  else
-    gated_delta_rule_recurrent(pool, a);
+  const int64_t n = a.n_tokens, off = int64_t(a.pos0) % kDeltaChunk;
+  const int64_t head = off == 0 ? 0 : std::min<int64_t>(n, kDeltaChunk - off);
+  const int64_t tail = (n - head) % kDeltaChunk;
+  const int64_t chunked_end = tail >= kChunkedMinTokens ? n : n - tail;
+  if (head > 0) gated_delta_rule_recurrent(pool, rows(a, 0, head));
+  if (chunked_end > head) gated_delta_rule_chunked(pool, rows(a, head, chunked_end));
+  if (n > chunked_end) gated_delta_rule_recurrent(pool, rows(a, chunked_end, n));
 }
 
 void gated_rms_norm(ThreadPool& pool, const float* x, const float* z, int64_t z_stride, const float* w, float* y,

@@ -44,14 +44,21 @@ struct GatedDeltaRuleArgs {
 
 // Token by token (the decode form); threads over value heads.
 void gated_delta_rule_recurrent(ThreadPool& pool, const GatedDeltaRuleArgs& a);
+// The delta rule's block: the chunked form groups absolute positions [64 k, 64 k + 64).
+constexpr int32_t kDeltaChunk = 64;
 // Blocks of `chunk` positions (aligned to absolute positions) as matrix products, the
 // within-block recurrence solved by a triangular inverse (the WY / UT-transform form of the
 // prefill); threads over value heads. Equal to the recurrent form up to f32 rounding.
-void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk = 64);
-// Spans of at least this many tokens take the chunked form in gated_delta_rule.
+void gated_delta_rule_chunked(ThreadPool& pool, const GatedDeltaRuleArgs& a, int32_t chunk = kDeltaChunk);
+// A piece that starts at its block's beginning and covers at least this many of its rows takes
+// the chunked form in gated_delta_rule.
 constexpr int32_t kChunkedMinTokens = 16;
-// The layer's entry point: chunked for spans of kChunkedMinTokens or more (prefill),
-// recurrent below (decode).
+// The layer's entry point. The form is chosen per absolute block of kDeltaChunk positions, from
+// which rows of that block the call covers and nothing else: rows from the block's start on,
+// kChunkedMinTokens or more of them, run chunked (prefill); a piece that starts mid-block or
+// covers fewer rows runs recurrent (decode, verify spans). So a block covered from its start to
+// the same end gets the same bits whatever the call's span, and the recurrent pieces, token by
+// token, do not depend on how they are split.
 void gated_delta_rule(ThreadPool& pool, const GatedDeltaRuleArgs& a);
 
 // y = rms_norm(x) * w * silu(z), per head vector of `dim` (the DeltaNet output norm; plain w).
