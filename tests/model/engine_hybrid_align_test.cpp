@@ -161,6 +161,46 @@ TEST_P(EngineHybridAlign, PrefixHitGivesTheColdRunsBits) {
   }
 }
 
+// A pool too small for the batch preempts sequences; they recompute their prompt in the same
+// chunks and their generated tokens token by token, as they were decoded: the logprobs of a
+// request equal those it has alone, bit for bit, with and without prefix caching.
+TEST_P(EngineHybridAlign, PreemptedSequencesRecomputeTheSameBits) {
+  const std::string name = GetParam();
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs;
+  std::map<std::string, Outcome> alone;
+  {
+    EngineOptions o;
+    o.kv_blocks = 256;
+    o.prefix_caching = false;
+    auto e = make_engine(name, pool, o);
+    ASSERT_TRUE(e);
+    const int32_t vocab = e->model_config().vocab_size;
+    for (int i = 0; i < 10; ++i) reqs.push_back(request("p" + std::to_string(i), random_ids(50 + uint64_t(i), 40 + 17 * i, vocab), 30 + i));
+    for (const auto& r : reqs) alone[r.id] = drain(**e->submit(r));
+  }
+  for (bool prefix : {false, true}) {
+    EngineOptions o;
+    o.kv_blocks = 20;
+    o.block_size = 16;
+    o.max_batch_tokens = 100;
+    o.prefix_caching = prefix;
+    o.state_snapshot_interval = 64;
+    auto e = make_engine(name, pool, o);
+    ASSERT_TRUE(e);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& r : reqs) streams.push_back(*e->submit(r));
+    for (auto& s : streams) {
+      const Outcome out = drain(*s);
+      const std::string what = name + " " + s->id() + " prefix " + std::to_string(prefix);
+      EXPECT_EQ(out.tokens, alone.at(s->id()).tokens) << what;
+      expect_same_logprobs(out.logprobs, alone.at(s->id()).logprobs, what);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_GT(e->stats().preemptions, 0) << "20 blocks of 16 cannot hold 10 sequences of 70-230 tokens";
+  }
+}
+
 // A snapshot interval off the 64-token chunk is refused, naming the option and the value.
 TEST_P(EngineHybridAlign, RefusesASnapshotIntervalOffTheChunk) {
   ThreadPool pool(1);
