@@ -325,7 +325,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-quant-start", a->kv_quant_start, "Tokens a sequence keeps in exact KV before conversion (0: none)")
       ->capture_default_str();
   cmd->add_option("--state-snapshot-interval", a->state_snapshot_interval,
-                  "Tokens between recurrent-state snapshots for prefix caching (a multiple of the block size)")
+                  "Tokens between recurrent-state snapshots for prefix caching (a multiple of 64 and of the block size)")
       ->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "Default temperature (request > flag > generation_config.json)");
   cmd->add_option("--top-p", a->top_p, "Default top_p");
