@@ -7,7 +7,8 @@
 // m = 1, and one layer's prefill attention alone.
 // Then the serving shape: decode of 256 sequences at 1-2k tokens (GEMMs alone, attention alone,
 // whole steps).
-// Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only]
+// Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only |
+//        deterministic: only the cost of CudaModelOptions::deterministic, see deterministic_cost]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -606,6 +607,118 @@ int batch_decode_steps(const ModelConfig& cfg, double bw, int32_t batch, const s
   return 0;
 }
 
+// One mode's times for the deterministic comparison.
+struct ModeTimes {
+  double decode1_ms = 0, decode256_ms = 0, prefill_ms = 0;  // median step times
+};
+
+// Median device time of `steps` forward() calls of b after `warm` unmeasured ones; decode
+// steps advance every sequence by one position and feed back its greedy token.
+double time_steps(CudaDecoder& m, StepBatch& b, int warm, int steps, bool advance, std::vector<int32_t>& am, int* rc) {
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < warm + steps; ++i) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
+    if (auto st = m.forward(b, am.data()); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.error().to_string().c_str());
+      *rc = 1;
+      break;
+    }
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (i >= warm) t.push_back(elapsed_ms(e0, e1));
+    if (advance) {
+      for (size_t s = 0; s < b.seqs.size(); ++s) {
+        b.seqs[s].pos0 += 1;
+        b.tokens[s] = am[s];
+      }
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return t.empty() ? 0.0 : median(t);
+}
+
+// The cost of batch-invariant kernels: the same decoder shape with and without
+// CudaModelOptions::deterministic (CUDA graphs on in both), timing decode at batch 1 after a
+// 512-token prompt, decode at batch 256 after 1024 tokens each and one 4096-token prefill.
+int deterministic_cost(const ModelConfig& cfg, int decode_steps, int prefill_reps) {
+  const int32_t big = 256, ctx_big = 1024, ctx_one = 512, prefill = 4096;
+  const int64_t L = cfg.n_layers, nkv = cfg.n_kv_heads, hd = cfg.head_dim, V = cfg.vocab_size;
+  const int32_t blocks_per_seq = std::max(prefill, ctx_big + decode_steps + 16) / 16 + 2;
+  ModeTimes times[2];
+  for (const bool det : {false, true}) {
+    CudaModelOptions opt;
+    opt.deterministic = det;
+    opt.block_size = 16;
+    opt.max_tokens = prefill;
+    opt.max_seqs = big;
+    opt.max_logit_rows = big;
+    opt.max_blocks_per_seq = blocks_per_seq;
+    // The 256 decode sequences' blocks; the batch-1 and prefill sequences reuse the first ones.
+    opt.kv_cache_bytes = (int64_t(big) * ((ctx_big + decode_steps + 16) / 16 + 2) + blocks_per_seq) * 16 * L * 2 * nkv * hd * 2;
+    auto mr = CudaDecoder::random(cfg, opt, 1234, 0.02f);
+    if (!mr.ok()) {
+      std::fprintf(stderr, "%s\n", mr.error().to_string().c_str());
+      return 1;
+    }
+    CudaDecoder& m = **mr;
+    ModeTimes& mt = times[det ? 1 : 0];
+    std::vector<int32_t> am(big, 0);
+    int rc = 0;
+    // Decode batch 1: the prompt, then timed greedy steps.
+    {
+      StepBatch b;
+      SeqSpan sp;
+      for (int32_t i = 0; i < blocks_per_seq; ++i) sp.block_table.push_back(i);
+      sp.n_tokens = ctx_one;
+      for (int32_t i = 0; i < ctx_one; ++i) b.tokens.push_back((i * 7919) % int32_t(V));
+      b.seqs = {sp};
+      time_steps(m, b, 0, 1, false, am, &rc);
+      b.seqs[0].pos0 = ctx_one;
+      b.seqs[0].n_tokens = 1;
+      b.tokens = {am[0]};
+      mt.decode1_ms = time_steps(m, b, 5, decode_steps, true, am, &rc);
+    }
+    // Decode batch 256 after ctx_big cached positions each (the pool's contents: the work does
+    // not depend on them).
+    {
+      StepBatch b;
+      const int32_t per = (ctx_big + decode_steps + 16) / 16 + 2;
+      for (int32_t s = 0; s < big; ++s) {
+        SeqSpan sp;
+        for (int32_t i = 0; i < per; ++i) sp.block_table.push_back(blocks_per_seq + s * per + i);
+        sp.pos0 = ctx_big;
+        sp.n_tokens = 1;
+        b.seqs.push_back(sp);
+        b.tokens.push_back((s * 7919 + 13) % int32_t(V));
+      }
+      mt.decode256_ms = time_steps(m, b, 3, std::max(8, decode_steps / 8), true, am, &rc);
+    }
+    // Prefill of one fresh 4096-token prompt.
+    {
+      StepBatch b;
+      SeqSpan sp;
+      for (int32_t i = 0; i < prefill / 16; ++i) sp.block_table.push_back(i);
+      sp.n_tokens = prefill;
+      for (int32_t i = 0; i < prefill; ++i) b.tokens.push_back((i * 104729) % int32_t(V));
+      b.seqs = {sp};
+      mt.prefill_ms = time_steps(m, b, 1, prefill_reps, false, am, &rc);
+    }
+    if (rc != 0) return rc;
+    std::printf("%s: decode b=1 after %d: %.3f ms/token; decode b=%d after %d: %.3f ms/step = %.4f ms/token; "
+                "prefill %d: %.1f ms\n",
+                det ? "deterministic" : "default", ctx_one, mt.decode1_ms, big, ctx_big, mt.decode256_ms,
+                mt.decode256_ms / big, prefill, mt.prefill_ms);
+  }
+  std::printf("deterministic cost (time ratio deterministic / default): decode b=1 %.3f, decode b=%d %.3f, prefill %d %.3f\n",
+              times[1].decode1_ms / times[0].decode1_ms, big, times[1].decode256_ms / times[0].decode256_ms, prefill,
+              times[1].prefill_ms / times[0].prefill_ms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -616,6 +729,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
+  if (argc > 3 && std::string(argv[3]) == "deterministic") return deterministic_cost(llama8b(), decode_steps, prefill_reps);
   cudaStream_t st;
   STRATA_CUDA_CHECK(cudaStreamCreate(&st));
   const double bw = copy_bandwidth(st);

@@ -26,6 +26,10 @@ void add_device_flags(CLI::App* cmd, DeviceArgs& a) {
                   "unless --kv-cache-bytes is given)");
   cmd->add_option("--load-format", a.load_format, "auto (the checkpoint's weights) or dummy (random weights; --device cuda)")
       ->capture_default_str();
+  cmd->add_flag("--deterministic", a.deterministic,
+                "Batch-invariant kernels: a request's logits do not depend, bit for bit, on the other requests sharing "
+                "its steps (--device cuda: fixed GEMM algorithms without split-K, no GEMV or fused decode, unsplit "
+                "attention; slower). The cpu engine is batch-invariant always: there the flag changes nothing");
 }
 
 namespace {
@@ -59,6 +63,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
       return make_error(ErrorCode::kUnsupported, "--load-format dummy needs --device cuda (the CPU engine loads the checkpoint)");
     }
     if (d.gpu_memory_fraction) log::warn("--gpu-memory-fraction has no effect on --device cpu");
+    if (d.deterministic) log::info("--deterministic: the cpu engine's kernels are batch-invariant already");
     auto m = load_model(dir, pool);
     if (!m.ok()) return m.error();
     out.model = std::move(m).value();
@@ -82,6 +87,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   co.max_num_seqs = eo->max_num_seqs;
   co.max_model_len = eo->max_model_len;
   co.random_weights = d.load_format == "dummy";
+  co.deterministic = d.deterministic;
   auto parts = cuda::make_cuda_engine_parts(dir, co);
   if (!parts.ok()) return parts.error();
   eo->kv_codecs = cuda::cuda_kv_codecs();

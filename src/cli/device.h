@@ -1,4 +1,4 @@
-// --device, --gpu-memory-fraction and --load-format: where the engine runs. `cpu` is the host
+// --device, --gpu-memory-fraction, --load-format and --deterministic: where the engine runs. `cpu` is the host
 // ModelRunner over the checkpoint; `cuda` (only in a build with STRATA_CUDA) runs the steps on
 // the GPU through backend/cuda/cuda_executor.h; `auto` picks cuda when the build has it and a
 // GPU is present.
@@ -20,6 +20,7 @@ struct DeviceArgs {
   std::string device = "auto";              // auto, cpu or cuda
   std::optional<double> gpu_memory_fraction;  // of total device memory for weights + scratch + KV
   std::string load_format = "auto";         // auto (the checkpoint) or dummy (random weights)
+  bool deterministic = false;               // batch-invariant kernels (cuda; the cpu engine always is)
   const CLI::App* cmd = nullptr;            // to tell an explicit --kv-cache-bytes from its default
 };
 

@@ -764,7 +764,7 @@ void launch_paged_attention(const PagedAttentionArgs& a, cudaStream_t stream) {
   // Tiles cover the tokens and hold at least one each: as many tiles as tokens means every
   // tile is one decode token.
   // (Tiles go on grid y, at most 65535 of them.)
-  if (a.post.qkv == nullptr && a.n_tiles == a.n_tokens && a.n_tiles <= 65535 && group <= kDecRows &&
+  if (a.post.qkv == nullptr && a.batch_invariant == 0 && a.n_tiles == a.n_tokens && a.n_tiles <= 65535 && group <= kDecRows &&
       (a.head_dim == 64 || a.head_dim == 128) && launch_tuning().decode_mma_attention) {
     if (a.head_dim == 64) {
       launch_decode_mma<64>(a, stream);

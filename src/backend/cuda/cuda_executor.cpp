@@ -421,6 +421,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.block_size = o.block_size;
   mo.max_tokens = o.max_batch_tokens;
   mo.max_seqs = o.max_num_seqs;
+  mo.deterministic = o.deterministic;
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
@@ -456,9 +457,10 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     e.message = "--device cuda: " + e.message;
     return e;
   }
-  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB)", cfg->model_type,
+  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB){}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
-            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20);
+            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20,
+            o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
   CudaEngineParts parts;
   parts.shape = std::make_unique<ShapeModel>((*dec)->config());
   parts.executor = std::make_unique<CudaExecutor>(std::move(dec).value());

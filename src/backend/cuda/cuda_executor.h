@@ -117,6 +117,7 @@ struct CudaEngineOptions {
   bool random_weights = false;      // --load-format dummy: uniform weights drawn on the device
   uint64_t seed = 1;
   float random_scale = 0.02f;
+  bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
 };
 
 struct CudaEngineParts {

@@ -343,7 +343,9 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   // batch size always launches the same grids and can be replayed from a graph; splits past
   // the context are empty and the combine skips them.
   int32_t n_splits = 1;
-  if (n <= opt_.max_seqs) {
+  // Deterministic: every step unsplit, so a token's key order never depends on its batch.
+  if (opt_.deterministic && !gemm_->batch_invariant()) gemm_->set_batch_invariant(kInvariantGemmRows);
+  if (n <= opt_.max_seqs && !opt_.deterministic) {
     const int32_t cc_tpt = attention_tokens_per_tile(int32_t(d.nh), int32_t(d.nkv), int32_t(d.hd), 2);
     int64_t cc_tiles = 0;
     for (const SeqSpan& sp : batch.seqs) cc_tiles += (sp.n_tokens + cc_tpt - 1) / cc_tpt;
@@ -547,6 +549,7 @@ PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l)
   pa.window = L.window;
   pa.scale = attn_scale_;
   pa.softcap = attn_softcap_;
+  pa.batch_invariant = opt_.deterministic ? 1 : 0;
   return pa;
 }
 
@@ -573,7 +576,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   cudaStream_t st = stream_;
   STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
   if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
-  const bool fused = fused_ok_ && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
+  const bool fused = fused_ok_ && !opt_.deterministic && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
                      n_rows == n && shape.n_splits <= 32 && d.H % 8 == 0 && (d.nh * d.hd) % 8 == 0 && d.I % 8 == 0;
   if (fused) {
     launch_fused_decode(shape);

@@ -51,6 +51,12 @@ struct CudaModelOptions {
   // Apply attn_logit_softcapping (Gemma 2) as the architecture defines it; false reproduces
   // transformers 5's default attention, which drops it (see LoadOptions::attn_softcap).
   bool attn_softcap = true;
+  // Batch-invariant steps: a sequence's logits do not depend, bit for bit, on which other
+  // sequences share its steps. Every linear layer keeps one cuBLASLt algorithm per shape for
+  // any row count, without split-K (Gemm::set_batch_invariant); no GEMV and no fused decode;
+  // attention runs unsplit (one key range per query tile) in the kernel prefill tiles take,
+  // decode tokens included. The MoE grouped GEMM, norms and sampling are per row already.
+  bool deterministic = false;
 };
 
 class CudaDecoder {
@@ -164,6 +170,8 @@ class CudaDecoder {
   std::unique_ptr<Buffers> buf_;
   int64_t n_logit_rows_ = 0;  // of the last enqueued step
   int32_t max_splits_ = 32;
+  // The M at which the batch-invariant GEMM algorithm of each shape is ranked (deterministic).
+  static constexpr int64_t kInvariantGemmRows = 256;
   std::map<int64_t, int32_t> decode_seen_;         // batch size -> plain decode steps run
   std::map<int64_t, cudaGraphExec_t> decode_graphs_;  // batch size -> captured step
 };

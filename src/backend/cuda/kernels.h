@@ -132,13 +132,17 @@ struct PagedAttentionArgs {
   // (token, KV head) to finish merges the partial results and resets its counter to 0:
   // launch_attention_combine then does nothing.
   int32_t* split_counters = nullptr;
+  // Batch-invariant steps (CudaModelOptions::deterministic): n_splits must be 1 and the decode
+  // tensor-core kernel is skipped, so a decode token takes the kernel a prefill tile takes
+  // whatever else shares the step.
+  int32_t batch_invariant = 0;
 };
 int32_t attention_max_rows();  // query rows (token x head of one KV group) one CUDA-core tile holds
 // Tokens per query tile that launch_paged_attention wants for these shapes: 64 rows for the
 // tensor-core kernel (head_dim 16/32/64/128, one split), else attention_max_rows() rows.
 int32_t attention_tokens_per_tile(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t n_splits);
-// Picks the tensor-core decode kernel when every tile is one token (n_tiles == n_tokens), no
-// post, group <= 16 and head_dim 64 or 128 (any n_splits); else the tensor-core flash kernel
+// Picks the tensor-core decode kernel when every tile is one token (n_tiles == n_tokens), not
+// batch_invariant, no post, group <= 16 and head_dim 64 or 128 (any n_splits); else the tensor-core flash kernel
 // when flash_attention_supports(head_dim), n_splits == 1 and the tile fits its rows; else the
 // CUDA-core kernel (which needs tokens_per_tile * group <=
 // attention_max_rows()).
