@@ -5,9 +5,13 @@
 // its steps are mixed prefill/decode first and all-decode later (replayed from CUDA graphs), and
 // its row moves within the batch. In deterministic mode every one of its 17 logit rows must
 // equal the lone run's (memcmp); the default mode's differences are printed, not asserted (it
-// picks GEMV, fused decode, split counts and kernels by batch shape). Needs a GPU.
+// picks GEMV, fused decode, split counts and kernels by batch shape). qwen3moe-tiny adds the
+// sparse FFN (router GEMM, grouped expert GEMMs whose rows depend on how many tokens share an
+// expert). Needs a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -149,11 +153,20 @@ std::vector<float> run_target(CudaDecoder& m, const Target& t, int32_t n_others,
   return rows;
 }
 
-// Rows of a that differ bytewise from b's.
-int differing_rows(const std::vector<float>& a, const std::vector<float>& b, int32_t vocab) {
+// Rows of a that differ bytewise from b's; `which` lists them (row 0: the prefill, row i: decode
+// step i) with the largest absolute difference in each.
+int differing_rows(const std::vector<float>& a, const std::vector<float>& b, int32_t vocab, std::string* which = nullptr) {
   int n = 0;
   for (size_t r = 0; r * size_t(vocab) < a.size(); ++r) {
-    n += std::memcmp(a.data() + r * vocab, b.data() + r * vocab, size_t(vocab) * sizeof(float)) != 0 ? 1 : 0;
+    if (std::memcmp(a.data() + r * vocab, b.data() + r * vocab, size_t(vocab) * sizeof(float)) == 0) continue;
+    ++n;
+    if (which != nullptr) {
+      double mx = 0.0;
+      for (int32_t v = 0; v < vocab; ++v) mx = std::max(mx, std::fabs(double(a[r * vocab + v]) - double(b[r * vocab + v])));
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), " %zu (%.3g)", r, mx);
+      *which += buf;
+    }
   }
   return n;
 }
@@ -186,9 +199,11 @@ TEST_P(GpuDeterministic, LogitsDoNotDependOnTheBatch) {
     for (const int32_t n_others : {3, 7, 33}) {
       const auto batched = run_target(m, t, n_others, &mixed, &decode);
       ASSERT_EQ(batched.size(), alone.size());
-      const int diff = differing_rows(batched, alone, vocab);
-      std::printf("%s %s, %d others (%d mixed, %d all-decode steps): %d of %d logit rows differ from the lone run\n",
-                  name.c_str(), det ? "deterministic" : "default", n_others, mixed, decode, diff, kDecodeSteps + 1);
+      std::string which;
+      const int diff = differing_rows(batched, alone, vocab, &which);
+      std::printf("%s %s, %d others (%d mixed, %d all-decode steps): %d of %d logit rows differ from the lone run%s%s\n",
+                  name.c_str(), det ? "deterministic" : "default", n_others, mixed, decode, diff, kDecodeSteps + 1,
+                  diff > 0 ? ": rows (max abs diff)" : "", which.c_str());
       EXPECT_GT(mixed, 0);
       EXPECT_GT(decode, 0);
       if (det) {
@@ -208,7 +223,7 @@ TEST_P(GpuDeterministic, LogitsDoNotDependOnTheBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuDeterministic, ::testing::Values("llama3-tiny", "qwen3-tiny"),
+INSTANTIATE_TEST_SUITE_P(Models, GpuDeterministic, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3moe-tiny"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
                            for (char& ch : n) {
