@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and measures everything: every packaged GPU test, the
 # Llama-8B-shaped decode/prefill/batch benchmark with transformers on the same shapes, the KV
-# codec benchmark, 256 concurrent streams through `strata bench serve`, and the KV-tier TTFT
-# benchmark. Each part logs under $OUT/<part>/; a summary line per part goes to stdout.
+# KV-tier TTFT benchmark, the cost of --deterministic, the KV codec benchmark, and 256
+# concurrent streams through `strata bench serve`. Each part logs under $OUT/<part>/; a summary line per part goes to stdout.
 # Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries)
 set -u
 root=${OUT:-/tmp/strata-all}
@@ -20,12 +20,14 @@ part() {  # part NAME COMMAND...: runs COMMAND with OUT=$root/NAME
 export STRATA_SOURCE_DIR=$PWD
 part gpu env STRATA_GPU_TESTS_SKIP="gpu_engine_test gpu_kv_transfer_test" bash scripts/device/run_gpu.sh 128 3
 grep -E "rc=|PASSED|FAILED|ratio|tok/s" "$root/gpu/stdout.log" | head -80
+part tier bash scripts/device/run_tier_bench.sh 32768 2
+tail -30 "$root/tier/stdout.log"
+part deterministic bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 240 $bin/bench_cuda_llama 128 3 deterministic"
+tail -20 "$root/deterministic/stdout.log"
 if [ -x "$bin/bench_kv_codec" ]; then
   part codec bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 300 $bin/bench_kv_codec"
   tail -25 "$root/codec/stdout.log"
 fi
 part serve env STRATA_PROFILE_STEPS=1 bash scripts/device/run_serve_bench.sh 256 1024 1024 256
 tail -30 "$root/serve/stdout.log"
-part tier bash scripts/device/run_tier_bench.sh 32768 2
-tail -30 "$root/tier/stdout.log"
 exit $status
