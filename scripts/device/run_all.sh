@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call that checks and measures everything: every packaged GPU test, the
-# Llama-8B-shaped decode/prefill/batch benchmark with transformers on the same shapes, the KV
+# Llama-8B-shaped decode/prefill/batch benchmark with transformers on the same shapes, the
 # KV-tier TTFT benchmark, the cost of --deterministic, the KV codec benchmark, and 256
-# concurrent streams through `strata bench serve`. Each part logs under $OUT/<part>/; a summary line per part goes to stdout.
+# concurrent streams through `strata bench serve`. Each part logs under $OUT/<part>/; a
+# summary line per part goes to stdout.
 # Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries)
 set -u
 root=${OUT:-/tmp/strata-all}
