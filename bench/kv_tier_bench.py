@@ -41,6 +41,27 @@ def drop_page_cache(path):
         os.close(fd)
 
 
+def files_read_bandwidth(paths, nbytes):
+    """Bytes/s of reading existing files (page cache dropped before and after) up to nbytes: the
+    disk's read rate at this moment, without writing a probe file that would load it."""
+    total, t0 = 0, time.perf_counter()
+    for path in paths:
+        if total >= nbytes:
+            break
+        if not os.path.exists(path):  # evicted or quarantined by the restarted server
+            continue
+        drop_page_cache(path)
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                b = f.read(8 << 20)
+                if not b:
+                    break
+                total += len(b)
+        drop_page_cache(path)
+    dt = time.perf_counter() - t0
+    return (total / dt if dt > 0 else 0.0), total
+
+
 def read_bandwidth(directory, nbytes):
     """Bytes/s of a sequential read of a fresh nbytes file whose pages were dropped first."""
     path = os.path.join(directory, "bandwidth.probe")
@@ -168,6 +189,9 @@ def main():
     p.add_argument("--serve-args", default="", help="extra strata serve flags")
     p.add_argument("--work-dir", default=None, help="where the disk tier lives (default: a temporary directory)")
     p.add_argument("--probe-bytes", type=int, default=1 << 30, help="size of the bandwidth probe file")
+    p.add_argument("--settle-s", type=float, default=0.0,
+                   help="seconds to wait after each restart before the disk hit (the disk finishes absorbing the "
+                        "shutdown's writes)")
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--timeout", type=float, default=1800, help="seconds one request may take")
     p.add_argument("--json", default=None, help="write the results here")
@@ -217,6 +241,11 @@ def main():
             # in, threads started) are not the tier's. A long one fills the pool, and the disk hit
             # then also pays for demoting its blocks (host copy, disk writes beside the reads).
             ttft(server, name, [rng.randrange(3, vocab) for _ in range(args.warmup_tokens)], args.timeout)
+            if args.settle_s > 0:
+                time.sleep(args.settle_s)
+            # The read rate right before the hit (the shutdown just wrote the pool's blocks): tells
+            # a disk still busy with those writes from a slow read path.
+            bw_now, now_bytes = files_read_bandwidth(sorted(files, key=os.path.getsize, reverse=True), args.probe_bytes)
             disk, cached_disk = ttft(server, name, prompt, args.timeout)
             disk_blocks = server.metric("strata_kv_tier_hit_blocks_total", "disk")
             kv_bytes = cached_disk * bpt
@@ -224,7 +253,9 @@ def main():
             row = dict(round=r, cold_s=cold, tail_s=tail, host_s=host, disk_s=disk, cached_cold=cached_cold,
                        cached_tail=cached_tail, cached_host=cached_host, cached_disk=cached_disk,
                        host_hit_blocks=host_blocks, disk_hit_blocks=disk_blocks, kv_bytes=kv_bytes,
-                       host_ratio=host / cold, disk_bound_s=bound, disk_ratio=disk / bound)
+                       host_ratio=host / cold, disk_bound_s=bound, disk_ratio=disk / bound,
+                       settle_s=args.settle_s, read_bandwidth_at_hit=bw_now,
+                       disk_bound_at_hit_s=(1.25 * kv_bytes / bw_now + tail) if bw_now > 0 else None)
             rounds.append(row)
             print(f"round {r}: cold {cold * 1e3:.1f} ms | tail (all cached in pool) {tail * 1e3:.1f} ms | "
                   f"host hit {host * 1e3:.1f} ms ({cached_host} cached, {host_blocks:.0f} host blocks) | "
@@ -233,6 +264,10 @@ def main():
             print(f"  disk bound = 1.25 x {kv_bytes / 2**20:.1f} MiB / {bw / 2**20:.0f} MiB/s + {tail * 1e3:.1f} ms = "
                   f"{bound * 1e3:.1f} ms; disk/bound = {row['disk_ratio']:.2f} "
                   f"(target <= 1: {'met' if row['disk_ratio'] <= 1.0 else 'NOT met'})")
+            if bw_now > 0:
+                print(f"  disk read rate just before the hit ({args.settle_s:.0f} s after the restart; "
+                      f"{now_bytes / 2**20:.0f} MiB of tier files): {bw_now / 2**20:.0f} MiB/s; "
+                      f"disk hit / bound at that rate = {disk / row['disk_bound_at_hit_s']:.2f}")
         server.stop()
         result = dict(date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), host=os.uname().nodename,
                       command=" ".join(shlex.quote(a) for a in sys.argv), model=args.model,

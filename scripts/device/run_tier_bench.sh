@@ -11,6 +11,7 @@
 #                         shared libraries the binaries need beyond CUDA (libcpp-httplib, brotli)
 #   STRATA_TIER_WORK_DIR  where the disk tier lives (default /tmp: the machine's local disk)
 #   STRATA_SKIP_TESTS=1   skips gpu_kv_transfer_test
+#   STRATA_TIER_SETTLE_S  seconds between each restart and its disk hit (default 0)
 #   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the bench (120, 300)
 #   STRATA_TIER_LOGS      also keep the servers' logs in this folder
 set -u
@@ -52,7 +53,7 @@ serve_args="--device cuda --load-format dummy --max-model-len $((prompt + 256)) 
 timeout "${STRATA_BENCH_TIMEOUT:-300}" python3 bench/kv_tier_bench.py --strata "$bin/strata" --model "$model" \
   --prompt-tokens "$prompt" --rounds "$rounds" --kv-host-bytes $((kv_prompt * 2 + (256 << 20))) \
   --serve-args "$serve_args" --work-dir "$work" --probe-bytes $((1 << 30)) --start-timeout 300 --timeout 300 \
-  --json "$out/kv_tier_bench.json" ${STRATA_TIER_LOGS:+--log-dir "$STRATA_TIER_LOGS"} 2>&1 | tee "$out/kv_tier_bench.log"
+  --settle-s "${STRATA_TIER_SETTLE_S:-0}" --json "$out/kv_tier_bench.json" ${STRATA_TIER_LOGS:+--log-dir "$STRATA_TIER_LOGS"} 2>&1 | tee "$out/kv_tier_bench.log"
 rc=${PIPESTATUS[0]}
 # The bench ran and each hit came from its tier: cached tokens cover the prompt's full blocks.
 python3 - "$out/kv_tier_bench.json" "$prompt" "$rc" <<'PY'
