@@ -29,51 +29,17 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/reference/kv_codec.h"
+#include "bench_timing.h"
 
 using namespace strata;
 using namespace strata::cuda;
+using namespace strata::cuda::bench;
 
 namespace {
 
 constexpr int32_t kLayers = 32, kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
 constexpr int32_t kBatch = 64, kContext = 8192;
 
-float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
-  float ms = 0.0f;
-  STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  return ms;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device copy of 4 GiB: bytes read + written per second.
-double copy_bandwidth(cudaStream_t st) {
-  const size_t bytes = size_t(4) << 30;
-  void *a = nullptr, *b = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(&a, bytes));
-  STRATA_CUDA_CHECK(cudaMalloc(&b, bytes));
-  launch_fill_random_bf16(static_cast<uint16_t*>(a), int64_t(bytes / 2), 7, 1.0f, st);
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int i = 0; i < 13; ++i) {
-    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
-    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (i >= 3) t.push_back(elapsed_ms(e0, e1));
-  }
-  cudaFree(a);
-  cudaFree(b);
-  const double ms = median(t);
-  std::printf("copy D2D: %zu bytes in %.3f ms (median of %zu) -> %.1f GB/s read+write\n", bytes, ms, t.size(),
-              2.0 * double(bytes) / ms * 1e-6);
-  return 2.0 * double(bytes) / (ms * 1e-3);
-}
 
 // Times `reps` runs of fn (one decode step each) and returns the median in ms.
 template <class Fn>
