@@ -262,10 +262,11 @@ TEST_P(EngineHybrid, PreemptedSequencesRecomputeTheirState) {
     o.max_batch_tokens = 48;
     o.prefix_caching = prefix;
     o.state_snapshot_interval = 64;
-    auto e = start_engine(load(rm, pool), o, rm.name);
+    auto e = start_engine(load(rm, pool), o, rm.name, /*start=*/false);  // all queued before the first step
     ASSERT_TRUE(e);
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& r : reqs) streams.push_back(*e->submit(r));
+    e->start();
     for (auto& s : streams) EXPECT_EQ(drain(*s).tokens, alone.at(s->id())) << s->id() << " prefix " << prefix;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto st = e->stats();

@@ -186,10 +186,11 @@ TEST_P(EngineHybridAlign, PreemptedSequencesRecomputeTheSameBits) {
     o.max_batch_tokens = 100;
     o.prefix_caching = prefix;
     o.state_snapshot_interval = 64;
-    auto e = make_engine(name, pool, o);
+    auto e = make_engine(name, pool, o, /*start=*/false);  // all queued before the first step
     ASSERT_TRUE(e);
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& r : reqs) streams.push_back(*e->submit(r));
+    e->start();
     for (auto& s : streams) {
       const Outcome out = drain(*s);
       const std::string what = name + " " + s->id() + " prefix " + std::to_string(prefix);

@@ -105,7 +105,9 @@ TEST_P(EngineModelTest, ConcurrentRequestsProduceTheTokensTheyProduceAlone) {
     o.max_batch_tokens = c.budget;
     o.kv_blocks = c.blocks;
     o.prefix_caching = c.prefix;
-    auto engine = make_engine(GetParam(), pool, o);
+    // Every request is queued before the first step is planned: the small pool then has to
+    // preempt however slowly this thread submits (a loaded machine).
+    auto engine = make_engine(GetParam(), pool, o, /*start=*/false);
     ASSERT_TRUE(engine);
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& r : workload(engine->model_config().vocab_size)) {
@@ -113,6 +115,7 @@ TEST_P(EngineModelTest, ConcurrentRequestsProduceTheTokensTheyProduceAlone) {
       ASSERT_TRUE(s.ok()) << s.error().to_string();
       streams.push_back(*s);
     }
+    engine->start();
     for (auto& s : streams) {
       EXPECT_EQ(drain(*s).tokens, alone.at(s->id())) << s->id() << " budget " << c.budget << " blocks " << c.blocks;
     }

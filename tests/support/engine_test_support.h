@@ -21,23 +21,27 @@ inline std::string model_dir(const std::string& name) {
   return std::string(STRATA_TEST_DATA) + "/reference/models/" + name;
 }
 
-// Creates and starts an engine; a failure is a test failure and returns null.
-inline std::unique_ptr<Engine> start_engine(std::unique_ptr<Model> model, EngineOptions o, const std::string& identity) {
+// Creates and starts an engine; a failure is a test failure and returns null. With start
+// false the caller starts it (requests submitted before then wait in the queue, so a test can
+// have all of them there when the first step is planned).
+inline std::unique_ptr<Engine> start_engine(std::unique_ptr<Model> model, EngineOptions o, const std::string& identity,
+                                            bool start = true) {
   if (!model) return nullptr;
   o.model_identity = identity;
   auto e = Engine::create(std::move(model), o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   if (!e.ok()) return nullptr;
-  (*e)->start();
+  if (start) (*e)->start();
   return std::move(e).value();
 }
 
-// Loads model NAME (see model_dir) and starts an engine over it.
-inline std::unique_ptr<Engine> make_engine(const std::string& name, ThreadPool& pool, EngineOptions o) {
+// Loads model NAME (see model_dir) and starts an engine over it (see start_engine for start).
+inline std::unique_ptr<Engine> make_engine(const std::string& name, ThreadPool& pool, EngineOptions o,
+                                           bool start = true) {
   auto m = load_model(model_dir(name), pool);
   EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().to_string());
   if (!m.ok()) return nullptr;
-  return start_engine(std::move(m).value(), std::move(o), name);
+  return start_engine(std::move(m).value(), std::move(o), name, start);
 }
 
 struct Outcome {

@@ -87,12 +87,13 @@ class FakeModel final : public Model {
   int32_t window_;
 };
 
-std::unique_ptr<Engine> make_engine(ThreadPool& pool, EngineOptions o, FakeModel** raw = nullptr) {
+// With start false the caller starts the engine once its requests are queued.
+std::unique_ptr<Engine> make_engine(ThreadPool& pool, EngineOptions o, FakeModel** raw = nullptr, bool start = true) {
   auto m = std::make_unique<FakeModel>(pool);
   if (raw) *raw = m.get();
   auto e = Engine::create(std::move(m), o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
-  (*e)->start();
+  if (start) (*e)->start();
   return std::move(e).value();
 }
 
@@ -151,13 +152,14 @@ TEST(EngineLoop, ConcurrentRequestsMatchAloneUnderAnyBudgetPoolAndCache) {
     o.max_batch_tokens = c.budget;
     o.max_num_seqs = c.max_seqs;
     o.prefix_caching = c.prefix;
-    auto engine = make_engine(pool, o);
+    auto engine = make_engine(pool, o, nullptr, /*start=*/false);  // all queued before the first step
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (const auto& r : workload()) {
       auto s = engine->submit(r);
       ASSERT_TRUE(s.ok()) << s.error().to_string();
       streams.push_back(*s);
     }
+    engine->start();
     for (auto& s : streams) {
       auto o2 = drain(*s);
       EXPECT_EQ(o2.tokens, alone.at(s->id())) << s->id() << " budget " << c.budget << " blocks " << c.blocks;
