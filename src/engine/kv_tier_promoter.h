@@ -43,8 +43,10 @@ class TierPromoter {
   using InstallFn = std::function<void(std::span<const int32_t> blocks, std::span<const uint8_t* const> srcs)>;
   // Disk blocks read, not yet installed, per job; read in batches of half this. The promotion
   // thread allocates and touches two batch buffers when it starts, kept for reuse: promotions
-  // then write into resident pages, not fresh ones (a page fault costs microseconds).
-  static constexpr int64_t kStagingBytes = int64_t(32) << 20;
+  // then write into resident pages, not fresh ones (a page fault costs microseconds). A batch
+  // of 128 MiB keeps several disk reads in flight (DiskTier::read_many reads 16 MiB pieces,
+  // four at a time).
+  static constexpr int64_t kStagingBytes = int64_t(256) << 20;
 
   TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, InstallFn install);
   // Finishes the read in progress and drops the rest (returning its leases).

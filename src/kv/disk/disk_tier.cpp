@@ -24,6 +24,7 @@ namespace {
 constexpr char kMagic[8] = {'S', 'T', 'R', 'K', 'V', 'B', 'L', 'K'};
 constexpr const char* kExt = ".kvb";
 constexpr int64_t kDirectReadMin = int64_t(1) << 20;  // read_many ranges at least this long use O_DIRECT
+constexpr int64_t kReadPieceBytes = int64_t(16) << 20;  // read_many cuts longer runs into pieces this long
 // The writer waits this long for a group to fill before writing a short one: fewer, larger
 // files, which read back in fewer device requests.
 constexpr auto kGroupWait = std::chrono::milliseconds(10);
@@ -461,6 +462,20 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
       runs.back().end = w.offset + st;
     }
   }
+  // Long runs are cut into pieces of kReadPieceBytes, so that several reads are in flight.
+  {
+    const int64_t piece_blocks = std::max<int64_t>(1, kReadPieceBytes / st);
+    std::vector<Run> cut;
+    for (Run& r : runs) {
+      for (size_t i = 0; i < r.wants.size(); i += size_t(piece_blocks)) {
+        const size_t j = std::min(r.wants.size(), i + size_t(piece_blocks));
+        Run p{r.seq, r.path, std::vector<Want>(r.wants.begin() + i, r.wants.begin() + j), r.wants[i].offset, 0};
+        p.end = p.wants.back().offset + st;
+        cut.push_back(std::move(p));
+      }
+    }
+    runs.swap(cut);
+  }
   // Reads a run into buf: large ones bypass the page cache (O_DIRECT: one request the device
   // serves at full bandwidth instead of a chain of readahead windows; the range is widened to
   // 4 KiB alignment), small ones, or a file system without O_DIRECT, read through the cache.
@@ -486,16 +501,18 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
     file_bytes += n;
     return buf.data();
   };
-  // Run k + 1 is read on a second thread while run k is checked and copied out, so the
-  // checksums and copies hide behind the disk.
-  std::future<const uint8_t*> next;
-  if (!runs.empty()) next = std::async(std::launch::async, read_run, std::cref(runs[0]), std::ref(read_buf_[0]));
+  // kReadsInFlight pieces are read at once on their own threads (a virtual or NVMe disk serves
+  // several requests faster than one), and piece k is checked and copied out while the
+  // following ones read, so the checksums and copies hide behind the disk. Piece k uses
+  // buffer k % kReadsInFlight; piece k + kReadsInFlight starts once piece k is copied out.
+  std::vector<std::future<const uint8_t*>> in_flight(runs.size());
+  auto launch = [&](size_t k) {
+    in_flight[k] = std::async(std::launch::async, read_run, std::cref(runs[k]), std::ref(read_buf_[k % kReadsInFlight]));
+  };
+  for (size_t k = 0; k < std::min(runs.size(), kReadsInFlight); ++k) launch(k);
   for (size_t k = 0; k < runs.size(); ++k) {
     const Run& r = runs[k];
-    const uint8_t* data = next.get();
-    if (k + 1 < runs.size()) {
-      next = std::async(std::launch::async, read_run, std::cref(runs[k + 1]), std::ref(read_buf_[(k + 1) % 2]));
-    }
+    const uint8_t* data = in_flight[k].get();
     std::string why;
     int64_t n_ok = 0;
     if (data == nullptr) {
@@ -513,6 +530,7 @@ void DiskTier::read_many(std::span<const uint64_t> hashes, std::span<uint8_t* co
         ++n_ok;
       }
     }
+    if (k + kReadsInFlight < runs.size()) launch(k + kReadsInFlight);
     std::lock_guard<std::mutex> lock(mu_);
     counters_.read_blocks += n_ok;
     if (!why.empty() && files_.count(r.seq) != 0) quarantine_locked(r.seq, why);

@@ -157,7 +157,8 @@ class DiskTier {
   int64_t block_bytes_ = 0;
   mutable std::mutex mu_;
   std::mutex read_mu_;            // read_many() and its buffers, kept between calls (no page faults)
-  std::vector<uint8_t> read_buf_[2];  // one run is read into one while the other is unpacked
+  static constexpr size_t kReadsInFlight = 4;  // read_many's concurrent reads
+  std::vector<uint8_t> read_buf_[kReadsInFlight];  // one per read in flight
   std::condition_variable cv_, idle_cv_;
   std::map<uint64_t, FileEntry> files_;  // by write sequence, oldest first
   std::unordered_map<uint64_t, Loc> index_;
