@@ -169,18 +169,6 @@ const RefModel* find_model(const std::string& name) {
   return nullptr;
 }
 
-std::vector<int32_t> random_ids(uint64_t salt, int32_t n, int32_t vocab) {
-  std::vector<int32_t> v;
-  uint64_t x = salt * 0x9E3779B97F4A7C15ull + 1;
-  for (int32_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v.push_back(int32_t(3 + x % uint64_t(vocab - 3)));
-  }
-  return v;
-}
-
 class EngineHybrid : public ::testing::TestWithParam<const char*> {};
 
 // Turn 1, then turn 2 = turn 1's prompt + its answer + a new message, on one engine: turn 2

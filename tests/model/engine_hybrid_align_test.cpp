@@ -20,18 +20,6 @@ namespace {
 
 using namespace strata::test;
 
-std::vector<int32_t> random_ids(uint64_t salt, int32_t n, int32_t vocab) {
-  std::vector<int32_t> v;
-  uint64_t x = salt * 0x9E3779B97F4A7C15ull + 1;
-  for (int32_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v.push_back(int32_t(3 + x % uint64_t(vocab - 3)));
-  }
-  return v;
-}
-
 GenerationRequest request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
   GenerationRequest r;
   r.id = id;

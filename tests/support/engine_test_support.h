@@ -86,4 +86,17 @@ inline uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// n prompt ids in [3, vocab) from an xorshift stream seeded by salt (ids 0-2 are pad, bos, eos).
+inline std::vector<int32_t> random_ids(uint64_t salt, int32_t n, int32_t vocab) {
+  std::vector<int32_t> v;
+  uint64_t x = salt * 0x9E3779B97F4A7C15ull + 1;
+  for (int32_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v.push_back(int32_t(3 + x % uint64_t(vocab - 3)));
+  }
+  return v;
+}
+
 }  // namespace strata::test
