@@ -57,9 +57,6 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   auto g = Gemm::create(ws, size_t(32) << 20);
   if (!g.ok()) std::exit(1);
   (*g)->set_gemv_rows(gemv_rows);
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   // The GEMV under each launch setting (programmatic dependent launch, L2 prefetch of the
   // weight rows before the wait); cuBLASLt once.
   const LaunchTuning saved = launch_tuning();
@@ -77,18 +74,13 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
   }
   for (const LaunchTuning& tune : tunings) {
     set_launch_tuning(tune);
-    std::vector<double> t;
-    for (int rep = 0; rep < 13; ++rep) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    const std::vector<double> t = time_runs(st, 3, 10, [&] {
       int64_t off = 0;
       for (const auto& s : shapes) {
         (*g)->run(st, x, w + off, y, GemmOut::kF32, 1, s.n, s.k);
         off += s.n * s.k;
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
-    }
+    });
     const double ms = median(t);
     std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B, unroll %d: %.3f ms -> %.1f%% "
                 "of copy bandwidth\n",
@@ -152,19 +144,9 @@ void prefill_attention_only(cudaStream_t st) {
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.scale = 0.0883883f;
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   for (const int min_blocks : {2, 3}) {
     set_flash_attention_min_blocks(min_blocks);
-    std::vector<double> t;
-    for (int rep = 0; rep < 8; ++rep) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
-      launch_paged_attention(a, st);
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (rep >= 2) t.push_back(elapsed_ms(e0, e1));
-    }
+    const std::vector<double> t = time_runs(st, 2, 6, [&] { launch_paged_attention(a, st); });
     const double ms = median(t);
     const double flops = 4.0 * nh * hd * (double(n) * (n + 1) / 2.0);
     std::printf("prefill attention alone (tensor cores, %d blocks/SM variant), one layer of 4096 tokens: %.2f ms "
@@ -246,9 +228,6 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.scale = 0.0883883f;
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   for (const int32_t variant : {0, 1, 2, 3}) {  // unfused 32 splits; fused 32, 16, 8 splits
     const bool fused = variant > 0;
     PagedAttentionArgs f = a;
@@ -257,18 +236,13 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
       f.post = post;
       f.split_counters = meta + n_blocks + 6;
     }
-    std::vector<double> t;
-    for (int rep = 0; rep < 13; ++rep) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    const std::vector<double> t = time_runs(st, 3, 10, [&] {
       for (int l = 0; l < layers; ++l) {
         if (!fused) launch_qkv_post(post, st);
         launch_paged_attention(f, st);
         launch_attention_combine(f, st);
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (rep >= 3) t.push_back(elapsed_ms(e0, e1));
-    }
+    });
     std::printf("decode attention alone, %s, ctx %d, %d splits, x32 layers: %.3f ms (%.2f us per layer)\n",
                 fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, int(f.n_splits), median(t),
                 1000.0 * median(t) / layers);
@@ -332,9 +306,6 @@ void batch_decode_attention_only(cudaStream_t st, double bw, int32_t batch, int3
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.scale = 0.0883883f;
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   const LaunchTuning saved = launch_tuning();
   const double kv_bytes = double(batch) * (ctx + 1) * nkv * hd * 2 * 2;
   struct Variant { bool mma; int32_t splits; };
@@ -344,17 +315,12 @@ void batch_decode_attention_only(cudaStream_t st, double bw, int32_t batch, int3
     set_launch_tuning(tune);
     PagedAttentionArgs f = a;
     f.n_splits = var.splits;
-    std::vector<double> t;
-    for (int rep = 0; rep < 6; ++rep) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    const std::vector<double> t = time_runs(st, 1, 5, [&] {
       for (int l = 0; l < layers; ++l) {
         launch_paged_attention(f, st);
         launch_attention_combine(f, st);
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
-    }
+    });
     const double us = 1000.0 * median(t) / layers;
     std::printf("batch decode attention alone, %s, batch %d, ctx %d, %d splits: %.1f us per layer (x32 = %.2f ms), KV %.1f MB "
                 "-> %.1f GB/s = %.1f%% of copy bandwidth\n",
@@ -394,38 +360,25 @@ void batch_gemms_only(cudaStream_t st, double bw, double gemm_peak, int64_t m) {
   launch_fill_random_bf16(x, m * I, 62, 1.0f, st);
   auto g = Gemm::create(ws, size_t(32) << 20);
   if (!g.ok()) std::exit(1);
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> t;
   std::vector<double> per_kind(4, 0.0);
-  for (int rep = 0; rep < 6; ++rep) {
-    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+  const std::vector<double> t = time_runs(st, 1, 5, [&] {
     int64_t off = 0;
     for (const auto& s : shapes) {
       (*g)->run(st, x, w + off, y, s.out, m, s.n, s.k);
       off += s.n * s.k;
     }
-    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (rep >= 1) t.push_back(elapsed_ms(e0, e1));
-  }
+  });
   // One layer's four GEMMs timed apart (32 repeats of one shape each).
   const char* names[4] = {"qkv", "o_proj", "gate_up", "down"};
   for (int kind = 0; kind < 4; ++kind) {
     const Shape s = shapes[size_t(kind)];
-    std::vector<double> tk;
-    for (int rep = 0; rep < 4; ++rep) {
-      STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    const std::vector<double> tk = time_runs(st, 1, 3, [&] {
       int64_t off = 0;
       for (int64_t l = 0; l < L; ++l) {
         (*g)->run(st, x, w + off, y, s.out, m, s.n, s.k);
         off += s.n * s.k;  // a fresh weight matrix each time (not from L2)
       }
-      STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-      STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (rep >= 1) tk.push_back(elapsed_ms(e0, e1));
-    }
+    });
     const double us = 1000.0 * median(tk) / double(L);
     std::printf("  GEMM m=%lld %s (n %lld, k %lld): %.1f us -> %.1f%% of copy bandwidth, %.1f TFLOP/s\n", static_cast<long long>(m),
                 names[kind], static_cast<long long>(s.n), static_cast<long long>(s.k), us,
@@ -487,9 +440,6 @@ int batch_decode_steps(const ModelConfig& cfg, double bw, int32_t batch, const s
     return 1;
   }
   CudaDecoder& m = **mr;
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<int32_t> am(static_cast<size_t>(batch), 0);
   const LaunchTuning saved = launch_tuning();
   for (const int32_t ctx : ctxs) {
@@ -509,17 +459,7 @@ int batch_decode_steps(const ModelConfig& cfg, double bw, int32_t batch, const s
         b.seqs.push_back(sp);
         b.tokens.push_back((s * 7919 + 13) % int32_t(V));
       }
-      std::vector<double> t;
-      for (int i = 0; i < steps + 3; ++i) {
-        STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
-        if (auto st = m.forward(b, am.data()); !st.ok()) {
-          std::fprintf(stderr, "%s\n", st.error().to_string().c_str());
-          return 1;
-        }
-        STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
-        STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-        if (i >= 3) t.push_back(elapsed_ms(e0, e1));
-      }
+      const std::vector<double> t = time_runs(m.stream(), 3, steps, [&] { check_ok(m.forward(b, am.data())); });
       const double ms = median(t);
       const double kv = double(L) * 2 * nkv * hd * 2 * double(ctx + 1) * batch;
       const double bytes = double(m.weight_bytes()) + double(H) * 2 * batch + kv;
@@ -787,17 +727,7 @@ int main(int argc, char** argv) {
     b.seqs = {sp};
     for (const int min_blocks : {3, 2}) {
       set_flash_attention_min_blocks(min_blocks);
-      std::vector<double> t;
-      for (int i = 0; i < prefill_reps + 1; ++i) {
-        STRATA_CUDA_CHECK(cudaEventRecord(e0, m.stream()));
-        if (auto s = m.forward(b, am.data()); !s.ok()) {
-          std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
-          return 1;
-        }
-        STRATA_CUDA_CHECK(cudaEventRecord(e1, m.stream()));
-        STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-        if (i >= 1) t.push_back(elapsed_ms(e0, e1));
-      }
+      const std::vector<double> t = time_runs(m.stream(), 1, prefill_reps, [&] { check_ok(m.forward(b, am.data())); });
       const double ms = median(t);
       const double linear_flops = 2.0 * double(L * layer_params) * n + 2.0 * double(V * H);
       const double attn_flops = double(L) * 4.0 * double(nh) * double(hd) * (double(n) * (n + 1) / 2.0);

@@ -40,25 +40,10 @@ namespace {
 constexpr int32_t kLayers = 32, kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
 constexpr int32_t kBatch = 64, kContext = 8192;
 
-
-// Times `reps` runs of fn (one decode step each) and returns the median in ms.
+// Median ms of `reps` runs of fn (one decode step each) after one warm-up run.
 template <class Fn>
 double time_step(cudaStream_t st, int reps, Fn fn) {
-  cudaEvent_t e0, e1;
-  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
-  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
-  fn();  // warm-up
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
-    fn();
-    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
-    t.push_back(elapsed_ms(e0, e1));
-  }
-  STRATA_CUDA_CHECK(cudaEventDestroy(e0));
-  STRATA_CUDA_CHECK(cudaEventDestroy(e1));
-  return median(t);
+  return median(time_runs(st, 1, reps, fn));
 }
 
 struct CodecRow {

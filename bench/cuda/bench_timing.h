@@ -14,8 +14,39 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "core/status.h"
 
 namespace strata::cuda::bench {
+
+// Prints a failed step's error and ends the benchmark.
+inline void check_ok(const Status& s) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "%s\n", s.error().to_string().c_str());
+  std::exit(1);
+}
+
+// Milliseconds of each of `reps` runs of body() on stream st (events around each run), after
+// `warmup` untimed runs.
+template <class F>
+std::vector<double> time_runs(cudaStream_t st, int warmup, int reps, F body) {
+  cudaEvent_t e0, e1;
+  STRATA_CUDA_CHECK(cudaEventCreate(&e0));
+  STRATA_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    STRATA_CUDA_CHECK(cudaEventRecord(e0, st));
+    body();
+    STRATA_CUDA_CHECK(cudaEventRecord(e1, st));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return t;
+}
 
 inline float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0.0f;
