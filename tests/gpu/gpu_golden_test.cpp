@@ -257,6 +257,7 @@ TEST(GpuGoldenStories, TeacherForcedAgainstTheCpuForward) {
   EXPECT_TRUE(bad.empty()) << "prefill: " << bad.size() << " positions outside the CPU top-5, first at " << (bad.empty() ? -1 : bad[0]);
   std::vector<float> last(logits.end() - vocab, logits.end()), ref_last(ref.end() - vocab, ref.end());
   EXPECT_LE(max_norm_rel(last, ref_last), 2e-2);
+  const std::vector<float> logits_prefill_last = last;
 
   bad.clear();
   StepBatch step;
@@ -272,8 +273,23 @@ TEST(GpuGoldenStories, TeacherForcedAgainstTheCpuForward) {
     if (std::find(top.begin(), top.end(), am[0]) == top.end()) bad.push_back(t);
   }
   EXPECT_TRUE(bad.empty()) << "decode: " << bad.size() << " positions outside the CPU top-5, first at " << (bad.empty() ? -1 : bad[0]);
+  const double prefill_err = max_norm_rel(logits_prefill_last, ref_last);
   last.assign(logits.begin(), logits.begin() + vocab);
   EXPECT_LE(max_norm_rel(last, ref_last), 2e-2);
+  // For the record: the same prefill with every matrix rounded to bf16 (split_weights off).
+  o.split_weights = CudaModelOptions::SplitWeights::kOff;
+  auto unsplit = CudaDecoder::load(dir, o);
+  ASSERT_TRUE(unsplit.ok()) << unsplit.error().to_string();
+  ASSERT_TRUE((*unsplit)->forward(all, am.data(), logits.data()).ok());
+  int64_t unsplit_off = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const auto top = top5(&ref[size_t(t * vocab)]);
+    if (std::find(top.begin(), top.end(), am[size_t(t)]) == top.end()) ++unsplit_off;
+  }
+  std::printf("stories260k vs the CPU f32 forward, last-position max-norm rel error: prefill %.4f, decode %.4f (default "
+              "options); prefill with split_weights off %.4f, %lld positions outside the CPU top-5\n",
+              prefill_err, max_norm_rel(last, ref_last),
+              max_norm_rel(std::vector<float>(logits.end() - vocab, logits.end()), ref_last), (long long)unsplit_off);
 }
 
 // The last-logits error that bf16 weights alone cost: the CPU forward (f32 arithmetic) of a copy
@@ -359,7 +375,7 @@ TEST(GpuGoldenFloor, Bf16WeightsLastLogitsFloor) {
 }
 
 // Gemma 4 against the CPU forward of the same bf16 weights (the bf16-rounded copy: CudaDecoder
-// rounds the original's matrices the same way on upload): a measurement of what the GPU's bf16
+// with split_weights off rounds the original's matrices the same way on upload): a measurement of what the GPU's bf16
 // activations add on top of the bf16-weight floor (printed: the last prompt logits' max-norm
 // relative error and, teacher-forced on the oracle's greedy ids, the steps whose GPU greedy
 // token is outside that CPU forward's top-5). Not held to the 2e-2 rule: these tiny random-init
@@ -376,7 +392,9 @@ TEST(GpuGoldenFloor, Gemma4AgainstTheCpuForwardOfTheSameBf16Weights) {
     ThreadPool pool(2);
     auto cpu = load_model(copy.string(), pool);
     ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
-    auto gpu = CudaDecoder::load(dir.string(), small_options());
+    CudaModelOptions unsplit = small_options();
+    unsplit.split_weights = CudaModelOptions::SplitWeights::kOff;  // the matrices rounded as in the copy
+    auto gpu = CudaDecoder::load(dir.string(), unsplit);
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
     const int32_t vocab = (*cpu)->config().vocab_size;
     std::vector<float> ref(static_cast<size_t>(vocab)), got(size_t(vocab) * 8);
@@ -416,6 +434,73 @@ TEST(GpuGoldenFloor, Gemma4AgainstTheCpuForwardOfTheSameBf16Weights) {
     int64_t want_steps = 0;
     for (const Case& c : cases_for(name)) want_steps += int64_t(c.greedy.size());
     EXPECT_EQ(steps, want_steps) << name;
+  }
+}
+
+// The teacher-forced rule's two numbers for one model and options: the worst last_logits
+// max-norm relative error over the cases and the generated steps outside the oracle's top-5.
+struct RuleScore {
+  double err = 0.0;
+  int64_t off = 0, steps = 0;
+};
+RuleScore teacher_forced_score(const GoldenModel& gm, const CudaModelOptions& o) {
+  RuleScore r;
+  auto model = CudaDecoder::load(source_dir() + "/" + gm.dir, o);
+  EXPECT_TRUE(model.ok()) << model.error().to_string();
+  if (!model.ok()) return {INFINITY, 0, 0};
+  CudaDecoder& m = **model;
+  const int32_t vocab = m.config().vocab_size;
+  std::vector<float> logits(size_t(vocab) * 8);
+  std::vector<int32_t> am(8);
+  for (const Case& c : cases_for(gm.name)) {
+    SeqSpan span;
+    for (int32_t b = 0; b < 32; ++b) span.block_table.push_back(b);
+    span.n_tokens = int32_t(c.prompt.size());
+    StepBatch batch;
+    batch.tokens = c.prompt;
+    batch.seqs = {span};
+    EXPECT_TRUE(m.forward(batch, am.data(), logits.data()).ok());
+    r.err = std::max(r.err, max_norm_rel(std::vector<float>(logits.begin(), logits.begin() + vocab), c.last_logits));
+    for (size_t i = 0; i < c.greedy.size() && i < c.top5.size(); ++i) {
+      ++r.steps;
+      if (std::find(c.top5[i].begin(), c.top5[i].end(), am[0]) == c.top5[i].end()) ++r.off;
+      if (i + 1 == c.greedy.size()) break;
+      batch.seqs[0].pos0 += batch.seqs[0].n_tokens;
+      batch.seqs[0].n_tokens = 1;
+      batch.tokens = {c.greedy[i]};
+      EXPECT_TRUE(m.forward(batch, am.data()).ok());
+    }
+  }
+  return r;
+}
+
+// What splitting buys on each golden model (split_weights, weight_split.h): the rule's numbers
+// with every matrix rounded to bf16 (off), with the matrices split (weights), and with the norm
+// outputs and gated activation feeding the GEMMs split too (the default for f32 checkpoints).
+// Printed; bf16 checkpoints (mistral-tiny, strata-demo, its draft) have nothing to split, so
+// their three runs must agree bit for bit in the rule's numbers.
+TEST(GpuGoldenSplit, RuleNumbersWithAndWithoutSplitWeights) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  std::printf("%-18s %-18s %-18s %-18s  (worst last_logits max-norm rel error / steps outside the top-5)\n", "model", "off",
+              "weights", "weights+inputs");
+  for (const GoldenModel& gm : kModels) {
+    CudaModelOptions off = small_options(gm.attn_softcap), weights = off, both = off;
+    off.split_weights = CudaModelOptions::SplitWeights::kOff;
+    weights.split_inputs = false;
+    const RuleScore a = teacher_forced_score(gm, off), b = teacher_forced_score(gm, weights), c = teacher_forced_score(gm, both);
+    auto cell = [](const RuleScore& r) {
+      char buf[48];
+      std::snprintf(buf, sizeof(buf), "%.4f/%lld of %lld", r.err, (long long)r.off, (long long)r.steps);
+      return std::string(buf);
+    };
+    std::printf("%-18s %-18s %-18s %-18s\n", gm.name, cell(a).c_str(), cell(b).c_str(), cell(c).c_str());
+    EXPECT_TRUE(std::isfinite(a.err) && std::isfinite(b.err) && std::isfinite(c.err)) << gm.name;
+    const std::string name = gm.name;
+    if (name == "mistral-tiny" || name == "strata-demo" || name == "strata-demo-draft") {
+      EXPECT_EQ(a.err, c.err) << name << ": a bf16 checkpoint must not change with split_weights auto";
+      EXPECT_EQ(a.off, c.off) << name;
+    }
   }
 }
 

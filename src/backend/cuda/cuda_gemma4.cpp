@@ -163,6 +163,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(archive, m->cfg_.weight_prefix);
+  // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
+  B.split = WeightSplit::for_checkpoint(*archive, options, m->cfg_.model_type);
+  auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {
+    return B.split->upload(a, v, what);
+  };
   const int64_t H = d.H, V = d.V, nL = d.L, Dp = g4.ple_dim;
 
 #define LOAD(dst, expr, upload, what)          \
@@ -179,11 +184,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
     if (!t.ok()) return t.error();
     m->embed_scale_ = in_dtype(float(std::sqrt(double(H))), (*t)->dtype);
   }
-  LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_bf16, "embedding");
+  LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
   if (tied) {
     B.lm_head = B.embed;
   } else {
-    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_bf16, "lm_head");
+    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
   }
   LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
   if (Dp > 0) {
@@ -194,8 +199,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
     auto t = w.tensor("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp});
     if (!t.ok()) return t.error();
     m->ple_embed_scale_ = in_dtype(float(std::sqrt(double(Dp))), (*t)->dtype);
-    LOAD(B.ple_embed, w.f32("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp}), upload_bf16, "per-layer embedding");
-    LOAD(B.ple_model_proj, w.f32("per_layer_model_projection.weight", {nL * Dp, H}), upload_bf16, "per-layer model projection");
+    LOAD(B.ple_embed, w.f32("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp}), upload_matrix, "per-layer embedding");
+    LOAD(B.ple_model_proj, w.f32("per_layer_model_projection.weight", {nL * Dp, H}), upload_matrix, "per-layer model projection");
     LOAD(B.ple_proj_norm, w.vector("per_layer_projection_norm.weight", Dp), upload_f32, "per-layer projection norm");
   }
 
@@ -245,9 +250,9 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
         if (!v.ok()) return v.error();
         qkv.insert(qkv.end(), v->begin(), v->end());
       }
-      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_bf16, "qkv");
+      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
     }
-    LOAD(L.o, w.f32(a + "o_proj.weight", {H, q_rows}), upload_bf16, "o_proj");
+    LOAD(L.o, w.f32(a + "o_proj.weight", {H, q_rows}), upload_matrix, "o_proj");
     LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
     if (L.own_kv) LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
     LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
@@ -263,12 +268,12 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       auto up = w.f32(p + "mlp.up_proj.weight", {L.inter, H});
       if (!up.ok()) return up.error();
       gt->insert(gt->end(), up->begin(), up->end());
-      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*gt)), upload_bf16, "gate_up");
+      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*gt)), upload_matrix, "gate_up");
     }
-    LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, L.inter}), upload_bf16, "down_proj");
+    LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, L.inter}), upload_matrix, "down_proj");
     if (g4.moe) {
       const int64_t E = config.n_experts, mI = config.moe_intermediate;
-      LOAD(L.router, w.f32(p + "router.proj.weight", {E, H}), upload_bf16, "router");
+      LOAD(L.router, w.f32(p + "router.proj.weight", {E, H}), upload_matrix, "router");
       auto rs = w.vector(p + "router.scale", H);
       if (!rs.ok()) return rs.error();
       const float root = float(1.0 / std::sqrt(double(H)));
@@ -277,15 +282,15 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       LOAD(L.per_expert_scale, w.vector(p + "router.per_expert_scale", E), upload_f32, "per-expert scale");
       // The fused tensors are already [E, 2I, H] (gate rows, then up rows) and [E, H, I]: the
       // layouts launch_grouped_gemm takes.
-      LOAD(L.experts_gate_up, w.f32(p + "experts.gate_up_proj", {E, 2 * mI, H}), upload_bf16, "experts gate_up");
-      LOAD(L.experts_down, w.f32(p + "experts.down_proj", {E, H, mI}), upload_bf16, "experts down_proj");
+      LOAD(L.experts_gate_up, w.f32(p + "experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
+      LOAD(L.experts_down, w.f32(p + "experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
       LOAD(L.moe_mlp_norm, w.vector(p + "post_feedforward_layernorm_1.weight", H), upload_f32, "post-feedforward norm 1");
       LOAD(L.moe_pre_norm, w.vector(p + "pre_feedforward_layernorm_2.weight", H), upload_f32, "pre-feedforward norm 2");
       LOAD(L.moe_out_norm, w.vector(p + "post_feedforward_layernorm_2.weight", H), upload_f32, "post-feedforward norm 2");
     }
     if (Dp > 0) {
-      LOAD(L.ple_gate, w.f32(p + "per_layer_input_gate.weight", {Dp, H}), upload_bf16, "per-layer input gate");
-      LOAD(L.ple_proj, w.f32(p + "per_layer_projection.weight", {H, Dp}), upload_bf16, "per-layer projection");
+      LOAD(L.ple_gate, w.f32(p + "per_layer_input_gate.weight", {Dp, H}), upload_matrix, "per-layer input gate");
+      LOAD(L.ple_proj, w.f32(p + "per_layer_projection.weight", {H, Dp}), upload_matrix, "per-layer projection");
       LOAD(L.ple_norm, w.vector(p + "post_per_layer_input_norm.weight", H), upload_f32, "per-layer input norm");
     }
     // layer_scalar is a buffer: checkpoints written before it existed leave it at 1.
@@ -331,6 +336,9 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   auto gm = Gemm::create(ws, kGemmWorkspace);
   if (!gm.ok()) return gm.error();
   m->gemm_ = std::move(*gm);
+  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * d.I,
+                                         {{B.h, T, H}, {B.rows_h, options.max_logit_rows, H}, {B.act, T, d.I}, {B.xb, T, H},
+                                          {B.moe_in, T, H}}));
   return m;
 }
 
@@ -342,15 +350,19 @@ void CudaDecoder::launch_gemma4_moe(const Layer& L, int64_t n, cudaStream_t st) 
   const int32_t E = cfg_.n_experts, top_k = cfg_.n_experts_per_tok;  // top_k_experts (set by load_gemma4)
   const int64_t H = d.H, mI = cfg_.moe_intermediate;
   launch_add_rms_norm({B.x, nullptr, nullptr, L.router_scale, nullptr, B.moe_in, int32_t(n), int32_t(H), cfg_.rms_eps, 0}, st);
+  const WeightSplit* split = B.split.get();
+  split_norm_lo(split, B.x, L.router_scale, nullptr, B.moe_in, n, H, cfg_.rms_eps, false, st);
   gemm_->run(st, B.moe_in, L.router, B.moe_logits, GemmOut::kF32, n, E, H);
   launch_moe_route({B.moe_logits, B.moe_ids, B.moe_w, int32_t(n), E, top_k, 1, L.per_expert_scale}, st);
   launch_moe_group({B.moe_ids, int32_t(n) * top_k, E, B.moe_offsets, B.moe_sorted, B.moe_slot_row}, st);
   launch_add_rms_norm({B.x, nullptr, nullptr, L.moe_pre_norm, nullptr, B.moe_in, int32_t(n), int32_t(H), cfg_.rms_eps, 0}, st);
+  split_norm_lo(split, B.x, L.moe_pre_norm, nullptr, B.moe_in, n, H, cfg_.rms_eps, false, st);
   // An expert takes a token at most once: a group holds at most n rows.
-  launch_grouped_gemm({B.moe_in, B.moe_sorted, top_k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E, int32_t(n), 2 * mI, H},
+  launch_grouped_gemm(split_grouped(split, {B.moe_in, B.moe_sorted, top_k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
+                                            int32_t(n), 2 * mI, H}),
                       st);
   launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * top_k, int32_t(mI), Act::kGeluTanh}, st);
-  launch_grouped_gemm({B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), H, mI}, st);
+  launch_grouped_gemm(split_grouped(split, {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), H, mI}), st);
   launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.moe_out, int32_t(n), top_k, int32_t(H)}, st);
 }
 
@@ -361,15 +373,20 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
   const float eps = cfg_.rms_eps;
   cudaStream_t st = stream_;
   const int32_t* tokens = B.dev<int32_t>(B.off_tokens);
+  const WeightSplit* split = B.split.get();
   launch_embed({B.embed, tokens, B.x, int32_t(n), int32_t(H), embed_scale_}, st);
+  split_embed_lo(split, B.embed, tokens, B.x, n, H, embed_scale_, st);
   if (Dp > 0) {
     launch_embed({B.ple_embed, tokens, B.ple_tok, int32_t(n), int32_t(nL * Dp), ple_embed_scale_}, st);
+    split_embed_lo(split, B.ple_embed, tokens, B.ple_tok, n, nL * Dp, ple_embed_scale_, st);
     launch_to_bf16(B.x, B.xb, n * H, st);
+    split_norm_lo(split, B.x, nullptr, nullptr, B.xb, n, H, eps, false, st);
     gemm_->run(st, B.xb, B.ple_model_proj, B.ple, GemmOut::kF32, n, nL * Dp, H);
     launch_ple_combine({B.ple, B.ple_tok, B.ple_proj_norm, int32_t(n * nL), int32_t(Dp), float(1.0 / std::sqrt(double(H))), eps}, st);
   }
   if (!layers_.empty()) {
     launch_add_rms_norm({B.x, nullptr, nullptr, layers_[0].in_norm, nullptr, B.h, int32_t(n), int32_t(H), eps, 0}, st);
+    split_norm_lo(split, B.x, layers_[0].in_norm, nullptr, B.h, n, H, eps, false, st);
   }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -398,8 +415,10 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     launch_attention_combine(pa, st);
     gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, H, L.n_heads * hd);
     launch_sandwich_add_norm({B.x, B.branch, nullptr, L.attn_out_norm, L.post_norm, B.h, int32_t(n), int32_t(H), eps, 0}, st);
+    split_norm_lo(split, B.x, L.post_norm, nullptr, B.h, n, H, eps, false, st);
     gemm_->run(st, B.h, L.gate_up, B.gate_up, GemmOut::kBF16, n, 2 * L.inter, H);
     launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(L.inter), Act::kGeluTanh}, st);
+    split_act_lo(split, B.act, n, L.inter, int32_t(Act::kGeluTanh), st);
     gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, H, L.inter);
     if (L.router != nullptr) {
       launch_gemma4_moe(L, n, st);
@@ -409,21 +428,25 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     if (Dp > 0) {
       // x += post_ffn_norm(m), and x itself in bf16 for the per-layer input gate.
       launch_scaled_residual({B.x, B.branch, L.ffn_out_norm, 1.0f, nullptr, B.xb, int32_t(n), int32_t(H), eps}, st);
+      split_norm_lo(split, B.x, nullptr, nullptr, B.xb, n, H, eps, false, st);
       gemm_->run(st, B.xb, L.ple_gate, B.ple_gate, GemmOut::kF32, n, Dp, H);
       launch_ple_gate({B.ple_gate, B.ple + int64_t(l) * Dp, B.ple_act, int32_t(n), int32_t(Dp), int32_t(nL * Dp), int32_t(Act::kGeluTanh)},
                       st);
       gemm_->run(st, B.ple_act, L.ple_proj, B.branch, GemmOut::kF32, n, H, Dp);
       launch_scaled_residual({B.x, B.branch, L.ple_norm, L.layer_scalar, next_norm, next_norm ? B.h : nullptr, int32_t(n), int32_t(H), eps},
                              st);
+      if (next_norm) split_norm_lo(split, B.x, next_norm, nullptr, B.h, n, H, eps, false, st);
     } else {
       launch_scaled_residual({B.x, B.branch, L.ffn_out_norm, L.layer_scalar, next_norm, next_norm ? B.h : nullptr, int32_t(n), int32_t(H),
                               eps},
                              st);
+      if (next_norm) split_norm_lo(split, B.x, next_norm, nullptr, B.h, n, H, eps, false, st);
     }
   }
   if (n_rows == 0) return;
   launch_add_rms_norm({B.x, nullptr, nullptr, B.final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, int32_t(n_rows), int32_t(H), eps, 0},
                       st);
+  split_norm_lo(split, B.x, B.final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, n_rows, H, eps, false, st);
   gemm_->run(st, B.rows_h, B.lm_head, B.logits, GemmOut::kF32, n_rows, d.V, H);
   if (final_softcap_ > 0.0f) launch_softcap(B.logits, n_rows * d.V, final_softcap_, st);
   launch_argmax({B.logits, B.argmax, int32_t(n_rows), int32_t(d.V)}, st);

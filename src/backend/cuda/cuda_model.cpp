@@ -105,6 +105,12 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(*archive, m->cfg_.weight_prefix);
+  // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
+  B.split = WeightSplit::for_checkpoint(**archive, options, m->cfg_.model_type);
+  if (B.split->on()) m->fused_ok_ = false;
+  auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {
+    return B.split->upload(a, v, what);
+  };
 
 #define LOAD(dst, expr, upload, what)          \
   do {                                         \
@@ -115,11 +121,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
     dst = *p_;                                 \
   } while (0)
 
-  LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_bf16, "embedding");
+  LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_matrix, "embedding");
   if (tied) {
     B.lm_head = B.embed;
   } else {
-    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_bf16, "lm_head");
+    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_matrix, "lm_head");
   }
   LOAD(B.final_norm, w.vector("norm.weight", d.H), upload_f32, "final norm");
   for (const auto& t : types) {
@@ -149,11 +155,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
         if (!t.ok()) return t.error();
         qkv.insert(qkv.end(), t->begin(), t->end());
       }
-      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_bf16, "qkv");
+      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
     }
-    LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_bf16, "o_proj");
+    LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_matrix, "o_proj");
     if (layer_sparse(m->cfg_, l)) {
-      LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_bf16, "router");
+      LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_matrix, "router");
       std::vector<float> gu, dn;
       for (int64_t e = 0; e < d.E; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
@@ -166,8 +172,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
         if (!t.ok()) return t.error();
         dn.insert(dn.end(), t->begin(), t->end());
       }
-      LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_bf16, "experts gate_up");
-      LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_bf16, "experts down_proj");
+      LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
+      LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_matrix, "experts down_proj");
     } else {
       if (d.I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
       auto g = w.f32(p + "mlp.gate_proj.weight", {d.I, d.H});
@@ -175,8 +181,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
       auto u = w.f32(p + "mlp.up_proj.weight", {d.I, d.H});
       if (!u.ok()) return u.error();
       g->insert(g->end(), u->begin(), u->end());
-      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_bf16, "gate_up");
-      LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_bf16, "down_proj");
+      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_matrix, "gate_up");
+      LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_matrix, "down_proj");
     }
     LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
     if (m->sandwich_) {
@@ -211,6 +217,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   auto g = Gemm::create(ws, kGemmWorkspace);
   if (!g.ok()) return g.error();
   m->gemm_ = std::move(*g);
+  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, options.max_tokens, 2 * d.I,
+                                         {{B.h, options.max_tokens, d.H}, {B.rows_h, options.max_logit_rows, d.H}, {B.act, options.max_tokens, d.I}}));
   return m;
 }
 
@@ -562,10 +570,12 @@ void CudaDecoder::launch_moe_ffn(const Layer& L, int64_t n, cudaStream_t st) {
   launch_moe_route({B.moe_logits, B.moe_ids, B.moe_w, int32_t(n), E, k, cfg_.norm_topk_prob ? 1 : 0, nullptr}, st);
   launch_moe_group({B.moe_ids, int32_t(n) * k, E, B.moe_offsets, B.moe_sorted, B.moe_slot_row}, st);
   // An expert takes a token at most once: a group holds at most n rows.
-  launch_grouped_gemm({B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E, int32_t(n), 2 * d.mI, d.H},
+  launch_grouped_gemm(split_grouped(B.split.get(), {B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
+                                                    int32_t(n), 2 * d.mI, d.H}),
                       st);
   launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * k, int32_t(d.mI), Act(act_)}, st);
-  launch_grouped_gemm({B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, d.mI}, st);
+  launch_grouped_gemm(split_grouped(B.split.get(), {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, d.mI}),
+                      st);
   launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.branch, int32_t(n), k, int32_t(d.H)}, st);
 }
 
@@ -587,6 +597,8 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     return;
   }
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
+  const WeightSplit* split = B.split.get();
+  split_embed_lo(split, B.embed, B.dev<int32_t>(B.off_tokens), B.x, n, d.H, embed_scale_, st);
   const int32_t opw = one_plus_w_ ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -601,6 +613,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
                            cfg_.rms_eps, opw},
                           st);
     }
+    split_norm_lo(split, B.x, L.in_norm, nullptr, B.h, n, d.H, cfg_.rms_eps, one_plus_w_, st);
     gemm_->run(st, B.h, L.qkv, B.qkv, GemmOut::kF32, n, d.qkv_rows, d.H);
     QkvPostArgs qa = qkv_post_args(l);
     qa.n = int32_t(n);
@@ -616,11 +629,13 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     } else {
       launch_add_rms_norm({B.x, B.branch, L.o_bias, L.post_norm, nullptr, B.h, int32_t(n), int32_t(d.H), cfg_.rms_eps, opw}, st);
     }
+    split_norm_lo(split, B.x, L.post_norm, nullptr, B.h, n, d.H, cfg_.rms_eps, one_plus_w_, st);
     if (L.router != nullptr) {
       launch_moe_ffn(L, n, st);
     } else {
       gemm_->run(st, B.h, L.gate_up, B.gate_up, GemmOut::kBF16, n, 2 * d.I, d.H);
       launch_gated_act({B.gate_up, B.act, int32_t(n), int32_t(d.I), Act(act_)}, st);
+      split_act_lo(split, B.act, n, d.I, act_, st);
       gemm_->run(st, B.act, L.down, B.branch, GemmOut::kF32, n, d.H, d.I);
     }
   }
@@ -636,6 +651,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   launch_add_rms_norm({B.x, nullptr, nullptr, buf_->final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, int32_t(n_rows),
                        int32_t(d.H), cfg_.rms_eps, opw},
                       st);
+  split_norm_lo(split, B.x, buf_->final_norm, B.dev<int32_t>(B.off_row_map), B.rows_h, n_rows, d.H, cfg_.rms_eps, one_plus_w_, st);
   gemm_->run(st, B.rows_h, B.lm_head, B.logits, GemmOut::kF32, n_rows, d.V, d.H);
   if (final_softcap_ > 0.0f) launch_softcap(B.logits, n_rows * d.V, final_softcap_, st);
   launch_argmax({B.logits, B.argmax, int32_t(n_rows), int32_t(d.V)}, st);

@@ -57,6 +57,16 @@ struct CudaModelOptions {
   // attention runs unsplit (one key range per query tile) in the kernel prefill tiles take,
   // decode tokens included. The MoE grouped GEMM, norms and sampling are per row already.
   bool deterministic = false;
+  // Matrices of checkpoints stored wider than bf16 (f32, f16) kept as a bf16 pair, hi + lo with
+  // lo = bf16(w - hi): every linear layer is then two bf16 tensor-core GEMMs summed in f32 (and
+  // the norm outputs that feed them are split the same way), the embedding rows add their lo
+  // part, and the fused decode path is off. kAuto: on for such checkpoints only (a log line
+  // says so); bf16 checkpoints and random() weights never split.
+  enum class SplitWeights : uint8_t { kAuto, kOff, kOn };
+  SplitWeights split_weights = SplitWeights::kAuto;
+  // With split weights: the norm outputs and the gated MLP activation feeding the GEMMs are
+  // split too (their lo recomputed in f32; a third GEMM adds x_lo . hi^T). false: weights only.
+  bool split_inputs = true;
 };
 
 class CudaDecoder {

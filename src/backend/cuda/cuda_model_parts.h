@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/weight_split.h"
 
 namespace strata::cuda {
 namespace model_parts {
@@ -54,6 +56,7 @@ struct CudaDecoder::Layer {
 };
 
 struct CudaDecoder::Buffers {
+  std::unique_ptr<WeightSplit> split;  // the lo parts of a split checkpoint (weight_split.h), or null
   uint16_t* embed = nullptr;     // [vocab, hidden]
   uint16_t* lm_head = nullptr;   // [vocab, hidden] (== embed when tied)
   float* final_norm = nullptr;   // [hidden]

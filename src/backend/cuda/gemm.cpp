@@ -1,6 +1,7 @@
 #include "backend/cuda/gemm.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 
 #include <string>
@@ -156,18 +157,43 @@ const cublasLtMatmulAlgo_t& Gemm::invariant_algo(const Plan& p, int64_t n, int64
   return invariant_algos_.emplace(key, algo).first->second;
 }
 
+void Gemm::matmul(cudaStream_t stream, const Plan& p, const uint16_t* x, const uint16_t* w, void* y, float beta) {
+  const float alpha = 1.0f;
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d, y, p.d, &p.algo, workspace_,
+                                     workspace_bytes_, stream));
+}
+
 void Gemm::run(cudaStream_t stream, const uint16_t* x, const uint16_t* w, void* y, GemmOut out, int64_t m, int64_t n,
                int64_t k) {
   if (m == 0 || n == 0) return;
+  if (!residuals_.empty()) {
+    const auto it = residuals_.find(w);
+    if (it != residuals_.end()) {
+      // hi . x, then + lo . x (and + hi . x_lo), every product summed in f32 in one buffer.
+      float* acc = static_cast<float*>(y);
+      if (out == GemmOut::kBF16) {
+        if (residual_scratch_ == nullptr || m * n > residual_scratch_elems_) {
+          cuda_fatal(__FILE__, __LINE__, "Gemm::run",
+                     "split-weight GEMM with a bf16 output of " + std::to_string(m) + " x " + std::to_string(n) +
+                         " needs more f32 scratch than the " + std::to_string(residual_scratch_elems_) + " elements set");
+        }
+        acc = residual_scratch_;
+      }
+      const Plan& p = plan(m, n, k, GemmOut::kF32);
+      matmul(stream, p, x, w, acc, 0.0f);
+      matmul(stream, p, x, it->second, acc, 1.0f);
+      const auto xi = input_residuals_.find(x);
+      if (xi != input_residuals_.end()) matmul(stream, p, xi->second, w, acc, 1.0f);
+      if (out == GemmOut::kBF16) launch_to_bf16(acc, static_cast<uint16_t*>(y), m * n, stream);
+      return;
+    }
+  }
   // Decode rows: a plain weight stream (bench_cuda_llama measures it against cuBLASLt).
   if (m <= gemv_rows_ && invariant_ref_m_ == 0 && gemv_supports(x, w, m, k)) {
     launch_gemv_bf16(x, w, y, out == GemmOut::kF32, m, n, k, stream);
     return;
   }
-  const Plan& p = plan(m, n, k, out);
-  const float alpha = 1.0f, beta = 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d, y, p.d, &p.algo, workspace_,
-                                     workspace_bytes_, stream));
+  matmul(stream, plan(m, n, k, out), x, w, y, 0.0f);
 }
 
 }  // namespace strata::cuda

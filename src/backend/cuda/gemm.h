@@ -2,6 +2,11 @@
 // matrix row-major (the checkpoint's layout for W: no repacking). The output is bf16 or f32.
 // Algorithms are chosen by cuBLASLt's heuristic once per shape and cached; the workspace is
 // given at creation (from the arena), so a GEMM never allocates.
+// Split weights (add_residual): a matrix of an f32 checkpoint kept as two bf16 matrices, w = hi
+// + lo (lo = bf16(w - hi)); run() with hi then computes x . hi^T + x . lo^T, two bf16 GEMMs
+// accumulating in f32 into one output (beta = 1), and adds x_lo . hi^T when the input has a
+// registered residual too (add_input_residual). bf16 outputs accumulate in an f32 scratch and
+// are rounded once.
 // Batch-invariant mode (set_batch_invariant): one algorithm per (n, k, output type) for every
 // m, without split-K, and no GEMV: an output row's arithmetic then does not depend on how many
 // rows share the call (each element is one dot product in the algorithm's fixed k order).
@@ -15,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/status.h"
 
@@ -43,6 +49,18 @@ class Gemm {
   // the first run() (plans made earlier are dropped).
   void set_batch_invariant(int64_t ref_m);
   bool batch_invariant() const { return invariant_ref_m_ > 0; }
+  // From now on run() with weight `w` [n, k] also adds x . w_lo^T (w_lo [n, k] bf16, the part
+  // of the checkpoint's matrix that w's bf16 rounding lost). Such runs never take the GEMV.
+  void add_residual(const uint16_t* w, const uint16_t* w_lo) { residuals_[w] = w_lo; }
+  // From now on run() with input `x` and a split weight also adds x_lo . hi^T (x_lo [m, k]
+  // bf16, the part of the activation that x's bf16 rounding lost; the caller keeps it current).
+  void add_input_residual(const uint16_t* x, const uint16_t* x_lo) { input_residuals_[x] = x_lo; }
+  // f32 scratch [elems] where bf16-output runs of split weights accumulate (elems >= m * n).
+  void set_residual_scratch(float* scratch, int64_t elems) {
+    residual_scratch_ = scratch;
+    residual_scratch_elems_ = elems;
+  }
+  bool has_residuals() const { return !residuals_.empty(); }
 
  private:
   Gemm() = default;
@@ -55,6 +73,7 @@ class Gemm {
   // The batch-invariant algorithm of (n, k, out), chosen on first use.
   const cublasLtMatmulAlgo_t& invariant_algo(const Plan& p, int64_t n, int64_t k, GemmOut out);
   void destroy_plans();
+  void matmul(cudaStream_t stream, const Plan& p, const uint16_t* x, const uint16_t* w, void* y, float beta);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
@@ -63,6 +82,10 @@ class Gemm {
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> plans_;
   int64_t invariant_ref_m_ = 0;  // > 0: batch-invariant mode
   std::map<std::tuple<int64_t, int64_t, int>, cublasLtMatmulAlgo_t> invariant_algos_;
+  std::unordered_map<const uint16_t*, const uint16_t*> residuals_;        // hi -> lo (weights)
+  std::unordered_map<const uint16_t*, const uint16_t*> input_residuals_;  // x -> x_lo (activations)
+  float* residual_scratch_ = nullptr;
+  int64_t residual_scratch_elems_ = 0;
 };
 
 }  // namespace strata::cuda

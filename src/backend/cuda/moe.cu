@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemmA
     src[tid] = r < r_end ? (a.row_src != nullptr ? int64_t(a.row_src[r] / a.row_src_div) : int64_t(r)) : -1;
   }
   const uint16_t* w = a.w + int64_t(e) * a.n * a.k;
+  const uint16_t* w_lo = a.w_lo != nullptr ? a.w_lo + int64_t(e) * a.n * a.k : nullptr;
   const int tx = tid % 16, ty = tid / 16;  // outputs: rows ty * 4 + i, columns tx * 4 + j
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < a.k; k0 += kBK) {
@@ -105,12 +106,22 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemmA
     for (int i = tid; i < kBM * kBK; i += kGemmThreads) {
       const int row = i / kBK, kk = i % kBK;
       const int64_t s = src[row], kg = k0 + kk;
-      as[kk][row] = s >= 0 && kg < a.k ? bf16_bits_to_f32(a.x[s * a.k + kg]) : 0.0f;
+      float v = 0.0f;
+      if (s >= 0 && kg < a.k) {
+        v = bf16_bits_to_f32(a.x[s * a.k + kg]);
+        if (a.x_lo != nullptr) v += bf16_bits_to_f32(a.x_lo[s * a.k + kg]);
+      }
+      as[kk][row] = v;
     }
     for (int i = tid; i < kBN * kBK; i += kGemmThreads) {
       const int col = i / kBK, kk = i % kBK;
       const int64_t ng = n0 + col, kg = k0 + kk;
-      bs[kk][col] = ng < a.n && kg < a.k ? bf16_bits_to_f32(w[ng * a.k + kg]) : 0.0f;
+      float v = 0.0f;
+      if (ng < a.n && kg < a.k) {
+        v = bf16_bits_to_f32(w[ng * a.k + kg]);
+        if (w_lo != nullptr) v += bf16_bits_to_f32(w_lo[ng * a.k + kg]);
+      }
+      bs[kk][col] = v;
     }
     __syncthreads();
 #pragma unroll 8

@@ -50,7 +50,7 @@ void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream);
 
 // For every expert e and sorted row r in [offsets[e], offsets[e + 1]):
 //   y[r, :] = x[src(r), :] . w[e]^T, src(r) = row_src ? row_src[r] / row_src_div : r,
-// bf16 inputs, f32 sums, y f32 or bf16. rows_per_expert bounds every group's size (grid size).
+// bf16 inputs (plus their lo parts when given), f32 sums, y f32 or bf16. rows_per_expert bounds every group's size (grid size).
 struct GroupedGemmArgs {
   const uint16_t* x;        // [*, k] bf16
   const int32_t* row_src;   // [rows] or null
@@ -63,6 +63,10 @@ struct GroupedGemmArgs {
   int32_t rows_per_expert;  // >= offsets[e + 1] - offsets[e] for every e
   int64_t n;
   int64_t k;
+  // Split checkpoints (weight_split.h): the bf16 parts that x's and w's bf16 rounding lost,
+  // same layouts; each operand is read as hi + lo (in f32) when its lo is given.
+  const uint16_t* x_lo = nullptr;  // [*, k] or null
+  const uint16_t* w_lo = nullptr;  // [n_experts, n, k] or null
 };
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
 
