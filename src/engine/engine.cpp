@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "engine/checkpoint.h"
+#include "engine/engine_core.h"
 #include "engine/kv_conversion.h"
 #include "engine/kv_tier_io.h"
 #include "engine/kv_tier_promoter.h"
@@ -22,83 +23,7 @@
 
 namespace strata {
 
-using Clock = std::chrono::steady_clock;
-
-struct Engine::Active {
-  Active(PendingRequest p) : req(std::move(p.request)), sampler(std::move(p.sampler)),
-                             channel(std::move(p.channel)), submitted(p.submitted),
-                             ckpt_key(std::move(p.checkpoint_key)) {}
-  GenerationRequest req;
-  Sampler sampler;
-  std::shared_ptr<StreamChannel> channel;
-  Clock::time_point submitted, last_token;
-  Sequence seq;
-  bool in_queue = true;  // counted in the queue depth until first admitted
-  bool prompt_logprobs_sent = false;
-  std::vector<TokenLogprobs> prompt_lp;
-  int32_t n_generated = 0;
-  std::string ckpt_key;        // empty: not checkpointed
-  uint64_t ckpt_run = 0;       // CheckpointStore run id
-  int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
-};
-
-struct Engine::Core {
-  Core(Model& model, const KvPlan& plan, const EngineOptions& o, SchedulerOptions so,
-       std::unique_ptr<SchedulingPolicy> policy, std::unique_ptr<StepExecutor> executor)
-      : kv(plan.n_blocks, o.block_size),
-        kv_window(plan.n_window_blocks > 0 ? std::make_unique<KvCacheManager>(plan.n_window_blocks, o.block_size)
-                                           : nullptr),
-        snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
-        sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
-        exec(executor ? std::move(executor)
-                      : std::make_unique<ModelRunner>(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
-                                                      plan.has_state ? o.max_num_seqs : 0)),
-        runner(*exec) {}
-  KvCacheManager kv;                             // full-attention layers
-  std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any
-  std::unique_ptr<StateSnapshotStore> snapshots; // recurrent-state snapshots, hybrid families
-  Scheduler sched;
-  std::unique_ptr<StepExecutor> exec;  // the host ModelRunner unless the engine was given one
-  StepExecutor& runner;
-  std::vector<uint8_t> want_logits;    // per logit row of the step being run
-  std::vector<RowSample> row_samples;  // per logit row, when the executor samples on its device
-  std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
-  uint64_t next_id = 1;
-  EngineStats stats;
-  std::unique_ptr<KvConversion> conversion;  // --kv-quant-start: the codec pool and the conversion
-  std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
-  std::vector<uint8_t> tier_buf;   // one block's bytes
-  // Blocks the pool evicted whose bytes still go down to the tiers: read together (a device
-  // pool: one transfer, StepExecutor::read_blocks) before anything writes the pool again (a
-  // step, a promotion's install) or when about kDemoteBatchBytes are waiting.
-  static constexpr size_t kDemoteBatchBytes = size_t(64) << 20;
-  std::vector<int32_t> demote_blocks;
-  std::vector<uint64_t> demote_hashes;
-  std::vector<uint8_t> demote_buf;
-  void flush_demotions() {
-    if (demote_blocks.empty()) return;
-    demote_to_tiers(*tiers, runner, demote_blocks, demote_hashes, demote_buf);
-    demote_blocks.clear();
-    demote_hashes.clear();
-  }
-  bool host_tier_registered = false;  // the host tier's memory is registered with the executor
-  ~Core() {
-    if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());
-  }
-  std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
-  // Copies tier hits of new sequences in the background; last, so its thread stops first.
-  std::unique_ptr<TierPromoter> promoter;
-};
-
 namespace {
-
-// Whether a's next token is the argmax of the raw logits (greedy with nothing that reshapes
-// the row, no logprobs): an executor may then hand back that token without the logits.
-bool argmax_only(const GenerationRequest& r, const Sampler& sampler, int32_t vocab) {
-  const SamplingParams& p = sampler.params();
-  return r.logprobs < 0 && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.vocab_limit <= 0 || p.vocab_limit >= vocab);
-}
 
 std::string namespace_identity(const Model& model, const EngineOptions& o) {
   const ModelConfig& c = model.config();
@@ -335,6 +260,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   queue_.publish_stats(core_->stats);
   setup_kv_tiers(kv_plan->n_window_blocks > 0 || kv_plan->has_state);
   setup_checkpoints();
+  setup_overlap();
 }
 
 void Engine::setup_checkpoints() {
@@ -585,6 +511,7 @@ void Engine::loop() {
     for (Active* a : cancelled) finish(*a, FinishReason::kCancelled, "");
     if (core_->promoter) for (Sequence* s : core_->promoter->poll(now_s())) core_->sched.add(s);
     progressed = true;
+    if (core_->active.empty()) drain_pipeline();  // the extra tokens of ended requests
     if (!core_->active.empty()) {
       const int64_t before = core_->stats.steps;
       step();
@@ -609,6 +536,7 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
       a->ckpt_run = core_->checkpoints->new_run();
       resume_from_checkpoint(*a);
     }
+    admit_overlap(*a);
     Sequence* seq = &a->seq;
     core_->active.emplace(s.id, std::move(a));
     if (core_->promoter && core_->promoter->start(seq, now_s())) continue;  // scheduled once its blocks are in
@@ -617,6 +545,11 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
 }
 
 void Engine::step() {
+  // A step overlaps the one in flight only while every live request takes its tokens on the
+  // device; otherwise that one is collected first and this step runs alone, planned from the
+  // same state as without overlap.
+  const bool overlap = core_->overlap && core_->n_host_bound == 0;
+  if (!overlap) drain_pipeline();
   const double now = now_s();
   if (core_->conversion) {
     // Sequences past --kv-quant-start move their full blocks to the codec pool before planning.
@@ -632,7 +565,10 @@ void Engine::step() {
     return;
   }
   core_->stats.preemptions = core_->sched.n_preemptions();
-  if (plan.empty()) return;
+  if (plan.empty()) {
+    drain_pipeline();
+    return;
+  }
   for (const auto& span : plan.spans) {
     Active& a = *core_->active.at(span.seq->id);
     if (a.in_queue) {
@@ -641,6 +577,10 @@ void Engine::step() {
     }
   }
   ++core_->stats.steps;
+  if (overlap) {
+    step_overlapped(plan);
+    return;
+  }
   try {
     for (const auto& span : plan.spans) {
       if (!span.restore_state) continue;
@@ -737,36 +677,40 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
     const int32_t token = last != nullptr ? a.sampler.sample(last, vocab)
                           : device_token != StepRows::kNotSampled ? device_token
                                                                   : rows.argmax.at(last_row);
-    a.sampler.accept(token);
-    ++a.n_generated;
-    ++core_->stats.generated_tokens;
-    const auto t = Clock::now();
-    if (a.n_generated == 1) {
-      core_->stats.ttft.add(std::chrono::duration<double, std::milli>(t - a.submitted).count());
-    } else {
-      core_->stats.inter_token.add(std::chrono::duration<double, std::milli>(t - a.last_token).count());
-    }
-    a.last_token = t;
-    const bool is_stop = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), token) != a.req.stop_ids.end() ||
-                         (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end());
     seq.tokens.push_back(token);
-    if (is_stop) {
-      finish(a, FinishReason::kStop, "", token);
-      continue;
-    }
-    StreamEvent e;
-    e.tokens.push_back(token);
-    if (a.req.logprobs >= 0) {
-      TokenLogprobs lp;
-      STRATA_CHECK(a.sampler.logprobs(last, vocab, token, a.req.logprobs, &lp).ok(), "logprobs of a sampled token");
-      e.logprobs.push_back(std::move(lp));
-    }
-    a.channel->push(std::move(e));
-    if (a.n_generated >= a.req.max_tokens) {
-      finish(a, FinishReason::kLength, "");
-    } else if (!a.ckpt_key.empty() && a.n_generated % options_.checkpoint_every == 0) {
-      write_checkpoint(a);
-    }
+    emit_token(a, token, last);
+  }
+}
+
+void Engine::emit_token(Active& a, int32_t token, const float* last) {
+  a.sampler.accept(token);
+  ++a.n_generated;
+  ++core_->stats.generated_tokens;
+  const auto t = Clock::now();
+  if (a.n_generated == 1) {
+    core_->stats.ttft.add(std::chrono::duration<double, std::milli>(t - a.submitted).count());
+  } else {
+    core_->stats.inter_token.add(std::chrono::duration<double, std::milli>(t - a.last_token).count());
+  }
+  a.last_token = t;
+  const bool is_stop = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), token) != a.req.stop_ids.end() ||
+                       (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end());
+  if (is_stop) {
+    finish(a, FinishReason::kStop, "", token);
+    return;
+  }
+  StreamEvent e;
+  e.tokens.push_back(token);
+  if (a.req.logprobs >= 0) {
+    TokenLogprobs lp;
+    STRATA_CHECK(a.sampler.logprobs(last, core_->runner.vocab(), token, a.req.logprobs, &lp).ok(), "logprobs of a sampled token");
+    e.logprobs.push_back(std::move(lp));
+  }
+  a.channel->push(std::move(e));
+  if (a.n_generated >= a.req.max_tokens) {
+    finish(a, FinishReason::kLength, "");
+  } else if (!a.ckpt_key.empty() && a.n_generated % options_.checkpoint_every == 0) {
+    write_checkpoint(a);
   }
 }
 
@@ -780,6 +724,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
     core_->tiers->pin(std::span<const uint64_t>(a.seq.block_hashes).first(n), tier_clock_s() + options_.session_ttl_s);
   }
   core_->sched.finish(&a.seq, now, pin);
+  if (!a.device_only) --core_->n_host_bound;
   // A finished generation is never resumed; a cancelled or failed one keeps its checkpoint.
   if (!a.ckpt_key.empty() && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {
     core_->checkpoints->remove(a.ckpt_key, a.ckpt_run, a.n_generated);
@@ -804,6 +749,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
 }
 
 void Engine::fail_all(const std::string& message, bool drain_queue) {
+  drain_pipeline();
   const FinishReason reason = stop_.load() ? FinishReason::kCancelled : FinishReason::kError;
   std::vector<Active*> all;
   for (auto& [id, a] : core_->active) all.push_back(a.get());

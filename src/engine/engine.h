@@ -68,6 +68,12 @@ struct EngineOptions {
   // checkpointed. checkpoint_dir empty: <kv_disk_dir>/checkpoints.
   int32_t checkpoint_every = 0;
   std::string checkpoint_dir;
+  // Overlapped ("async") scheduling on executors that support it (a GPU): while step n runs,
+  // the host commits it with placeholder tokens, plans step n+1 and queues it with n's tokens
+  // fed on the device, then reads n's tokens. Only steps whose every request takes its tokens
+  // from the device overlap (no logprobs, prompt logprobs, penalties, checkpoints, KV tiers,
+  // recurrent state or --kv-quant-start); the rest run one step at a time. Same tokens either way.
+  bool async_scheduling = true;
 };
 
 // The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
@@ -142,7 +148,16 @@ class Engine {
   void admit_new(std::vector<PendingRequest> incoming);
   void step();
   void commit(const struct StepPlan& plan, const struct StepRows& rows);
+  // Streams one generated token of `a` (logits: its host row, for logprobs; else null) and
+  // finishes it on a stop token or at max_tokens.
+  void emit_token(Active& a, int32_t token, const float* logits);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
+  // Overlapped steps (engine_async.cpp).
+  void setup_overlap();
+  void admit_overlap(Active& a);
+  void step_overlapped(const struct StepPlan& plan);
+  // Collects the step in flight, if any, and hands its tokens to their requests.
+  void drain_pipeline();
   void fail_all(const std::string& message, bool drain_queue);
   void publish_stats();
   // Opens the lower KV tiers the options ask for and hooks them to the pool and the scheduler.

@@ -76,6 +76,7 @@ struct EngineStats {
   StateSnapshotStats state_snapshots;  // recurrent-state snapshots (hybrid families)
   KvTierStats kv_tiers;      // host and disk KV tiers (enabled false: none)
   int64_t steps = 0;
+  int64_t overlapped_steps = 0;   // steps queued while the previous one ran (async scheduling)
   int64_t prompt_tokens = 0;      // of finished requests
   int64_t generated_tokens = 0;   // sampled, all requests
   int64_t prefix_hit_tokens = 0;  // tokens admission took from the prefix cache (recompute too)

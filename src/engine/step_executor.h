@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "engine/step_plan.h"
@@ -37,6 +38,14 @@ struct RowSample {
   uint64_t draw = 0;
 };
 
+// A decode span whose input token the previous queued step produces on the device (overlapped
+// steps): the executor copies that step's token of row prev_row (its argmax, or its sampled
+// token for a RowSample row) into the span's input, on the device, before the step runs.
+struct TokenFeed {
+  int32_t span = 0;      // index in StepPlan::spans of a one-token span
+  int32_t prev_row = 0;  // logit row of the previous enqueue()d step
+};
+
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
@@ -55,6 +64,21 @@ class StepExecutor {
   virtual bool device_argmax() const = 0;
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).
   virtual bool device_sampling() const { return false; }
+
+  // Overlapped steps (supports_overlap()): enqueue() queues a step and returns without waiting
+  // for the device; collect() waits for the oldest queued step and hands its rows (argmax and
+  // sampled tokens only, no host logits; valid until the next collect() or run()). At most two
+  // steps are queued; run() is called only with none queued. Every row of an enqueued step has
+  // want_logits 0 and is answered by the device (argmax or a RowSample); `feed` names the spans
+  // whose input token the previous enqueued step produces (their token in seq->tokens is a
+  // placeholder the executor may read but must not use). Both throw std::exception on a
+  // failed step.
+  virtual bool supports_overlap() const { return false; }
+  virtual void enqueue(const StepPlan& /*plan*/, const std::vector<uint8_t>& /*want_logits*/,
+                       std::span<const RowSample> /*samples*/, std::span<const TokenFeed> /*feed*/) {
+    throw std::logic_error("this executor runs steps one at a time (run())");
+  }
+  virtual const StepRows& collect() { throw std::logic_error("this executor runs steps one at a time (run())"); }
 
   // Floats of one slot's recurrent state over every layer (0: no recurrent state).
   virtual int64_t state_floats() const = 0;
@@ -88,6 +112,17 @@ class StepExecutor {
   virtual void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
     for (size_t i = 0; i < blocks.size(); ++i) write_block(blocks[i], ins[i]);
   }
+  // read_blocks_to() that may return before the bytes have landed (a device copies them
+  // behind the caller while it goes on, e.g. installing into the same pool blocks, which then
+  // wait for the copies' reads of the pool only): a ticket for reads_landed(), 0 when they have
+  // landed already (the default copies at once). The places stay untouched until they land.
+  virtual uint64_t read_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+    read_blocks_to(blocks, outs);
+    return 0;
+  }
+  // Whether the copies of `ticket` (and every earlier one) have landed; wait: until they have.
+  // Throws std::exception when a copy failed (its places hold no valid bytes).
+  virtual bool reads_landed(uint64_t /*ticket*/, bool /*wait*/) { return true; }
   // Host memory that read_blocks_to / write_blocks_from will use often (a device pins it for
   // direct copies). True when registered; unregister before the memory goes away.
   virtual bool register_host_memory(void* /*p*/, size_t /*bytes*/) { return false; }

@@ -1,0 +1,168 @@
+// Overlapped ("async") scheduling (EngineOptions::async_scheduling): while step n runs on the
+// executor's device, the host commits n with a placeholder for each sampled token, plans step
+// n+1, queues it with n's tokens fed on the device (TokenFeed), and only then waits for n's
+// tokens (the one wait of a step), streams them and finishes the requests they end.
+//
+// Why the tokens are those of one step at a time:
+// - Scheduler::commit hashes tokens [0, n_computed) only. A placeholder sits at n_computed (the
+//   position the step's token takes) and is patched when that step is collected, which comes
+//   before the next commit: no published hash ever covers a placeholder. A sequence preempted
+//   while it holds one is not re-admitted in the same plan (Scheduler::schedule) and is patched
+//   before the next plan, where admission hashes its tokens again.
+// - A request whose token in step n is its max_tokens-th leaves the scheduler when n is
+//   committed (no placeholder: it is not planned again), as it would one step at a time. One
+//   that stops on EOS or a stop id is known only after n+1 was planned with it: its token in
+//   n+1 is dropped when n+1 is collected. Its blocks went back when it finished; the device
+//   runs steps in queue order, so a later step reusing them writes after n+1 has read them.
+// - Device sampling draws come from each request's own RNG in its own order (a dropped
+//   token's draw belongs to a request that has ended).
+// Requests that need the newest token on the host before the next step (logprobs, prompt
+// logprobs, penalties, checkpoints) are host-bound: while one is live, steps run one at a time
+// (step() collects the step in flight before planning).
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "engine/engine_core.h"
+
+namespace strata {
+
+namespace {
+// What a sampled position holds until its token arrives: any id the executor accepts (it
+// packs it and overwrites it on the device through the TokenFeed).
+constexpr int32_t kPlaceholderToken = 0;
+}  // namespace
+
+void Engine::setup_overlap() {
+  Core& c = *core_;
+  c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.tiers &&
+              !c.conversion && !c.snapshots && !c.kv_window && !c.checkpoints;
+}
+
+void Engine::admit_overlap(Active& a) {
+  const SamplingParams& p = a.sampler.params();
+  const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  const bool on_device = argmax_only(a.req, a.sampler, core_->runner.vocab()) || core_->runner.device_sampling();
+  a.device_only = core_->overlap && on_device && !penalties && a.req.logprobs < 0 && !a.req.prompt_logprobs &&
+                  a.ckpt_key.empty();
+  if (!a.device_only) ++core_->n_host_bound;
+}
+
+void Engine::step_overlapped(const StepPlan& plan) {
+  Core& c = *core_;
+  std::vector<uint8_t>& want = c.want_logits;
+  std::vector<RowSample>& samples = c.row_samples;
+  const bool device_sampling = c.runner.device_sampling();
+  const int32_t vocab = c.runner.vocab();
+  want.clear();
+  samples.clear();
+  std::vector<TokenFeed> feed;
+  std::vector<uint64_t> ids;  // the spans' sequences: one may end before this step is committed
+  ids.reserve(plan.spans.size());
+  int32_t n_rows = 0;
+  for (size_t i = 0; i < plan.spans.size(); ++i) {
+    const ScheduledSpan& span = plan.spans[i];
+    Active& a = *c.active.at(span.seq->id);
+    ids.push_back(span.seq->id);
+    STRATA_CHECK(!span.logits_all && !span.restore_state && !span.save_state, "an overlapped step has no host rows or state");
+    if (a.pending_index >= 0) {
+      STRATA_CHECK(span.sample && span.n_tokens == 1 && span.pos0 == a.pending_index,
+                   "a placeholder is read only by the decode right after it");
+      feed.push_back({int32_t(i), a.pending_row});
+    }
+    if (!span.sample) continue;
+    ++n_rows;
+    RowSample rs;
+    if (!argmax_only(a.req, a.sampler, vocab)) {
+      STRATA_CHECK(device_sampling, "a device-only request without argmax needs device sampling");
+      rs.sampler = &a.sampler;
+      rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
+    }
+    want.push_back(0);
+    if (device_sampling) samples.push_back(rs);
+  }
+  try {
+    c.runner.enqueue(plan, want, samples, feed);
+  } catch (const std::exception& e) {
+    log::error("step failed: {}", e.what());
+    drain_pipeline();
+    for (uint64_t id : ids) {
+      auto it = c.active.find(id);
+      if (it != c.active.end()) finish(*it->second, FinishReason::kError, std::string("step failed: ") + e.what());
+    }
+    return;
+  }
+  if (c.in_flight) ++c.stats.overlapped_steps;
+  // The previous step's tokens: streamed, and the requests they end are finished.
+  drain_pipeline();
+  // This step's positions are computed; each sampled token gets a placeholder.
+  std::vector<Core::InFlightSample> pending;
+  pending.reserve(size_t(n_rows));
+  int32_t row = 0;
+  for (size_t i = 0; i < plan.spans.size(); ++i) {
+    const ScheduledSpan& span = plan.spans[i];
+    const int32_t span_row = span.sample ? row++ : -1;
+    auto it = c.active.find(ids[i]);
+    if (it == c.active.end()) continue;  // ended by the previous step's token: this one is dropped
+    Active& a = *it->second;
+    c.sched.commit(span);
+    if (!span.sample) continue;
+    Core::InFlightSample s;
+    s.seq_id = ids[i];
+    s.row = span_row;
+    if (a.n_generated + 1 >= a.req.max_tokens) {
+      // Its last token: it leaves the scheduler now, before the next plan, as it would after
+      // this step's commit one step at a time. The token is appended when it arrives.
+      const double now = now_s();
+      c.sched.finish(&a.seq, now, a.req.session_id.empty() ? 0.0 : now + options_.session_ttl_s);
+    } else {
+      s.index = a.seq.n_tokens();
+      a.seq.tokens.push_back(kPlaceholderToken);
+      a.pending_index = s.index;
+      a.pending_row = span_row;
+    }
+    pending.push_back(s);
+  }
+  c.in_flight = std::move(pending);
+}
+
+void Engine::drain_pipeline() {
+  Core& c = *core_;
+  if (!c.in_flight) return;
+  const std::vector<Core::InFlightSample> samples = std::move(*c.in_flight);
+  c.in_flight.reset();
+  const StepRows* rows = nullptr;
+  std::string error;
+  try {
+    rows = &c.runner.collect();
+  } catch (const std::exception& e) {
+    log::error("step failed: {}", e.what());
+    error = std::string("step failed: ") + e.what();
+  }
+  for (const auto& s : samples) {
+    auto it = c.active.find(s.seq_id);
+    if (it == c.active.end()) continue;  // cancelled while its step ran
+    Active& a = *it->second;
+    a.pending_index = -1;
+    a.pending_row = -1;
+    if (rows == nullptr) {
+      finish(a, FinishReason::kError, error);
+      continue;
+    }
+    const int32_t sampled = rows->sampled.empty() ? StepRows::kNotSampled : rows->sampled.at(size_t(s.row));
+    const int32_t token = sampled != StepRows::kNotSampled ? sampled : rows->argmax.at(size_t(s.row));
+    if (token < 0) {
+      finish(a, FinishReason::kError, "sampling failed: every logit of the row is -inf or NaN");
+      continue;
+    }
+    if (s.index >= 0) {
+      a.seq.tokens[size_t(s.index)] = token;
+    } else {
+      a.seq.tokens.push_back(token);
+    }
+    emit_token(a, token, nullptr);
+  }
+}
+
+}  // namespace strata

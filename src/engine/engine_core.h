@@ -1,0 +1,119 @@
+// The engine thread's state (engine.h): each live request (Active) and everything the thread
+// owns (Core). Internal to the engine's .cpp files (engine.cpp, engine_async.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "engine/engine.h"
+#include "engine/kv_conversion.h"
+#include "engine/kv_tier_io.h"
+#include "engine/kv_tier_promoter.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache_manager.h"
+
+namespace strata {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::Active {
+  Active(PendingRequest p) : req(std::move(p.request)), sampler(std::move(p.sampler)),
+                             channel(std::move(p.channel)), submitted(p.submitted),
+                             ckpt_key(std::move(p.checkpoint_key)) {}
+  GenerationRequest req;
+  Sampler sampler;
+  std::shared_ptr<StreamChannel> channel;
+  Clock::time_point submitted, last_token;
+  Sequence seq;
+  bool in_queue = true;  // counted in the queue depth until first admitted
+  bool prompt_logprobs_sent = false;
+  std::vector<TokenLogprobs> prompt_lp;
+  int32_t n_generated = 0;
+  std::string ckpt_key;        // empty: not checkpointed
+  uint64_t ckpt_run = 0;       // CheckpointStore run id
+  int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
+  // Overlapped steps (engine_async.cpp). device_only: every token of the request comes from the
+  // executor's device (no logprobs, prompt logprobs, penalties or checkpoints). pending_index:
+  // the position in seq.tokens of a placeholder whose token is still on the device, produced by
+  // row pending_row of the step in flight (-1: none).
+  bool device_only = false;
+  int32_t pending_index = -1;
+  int32_t pending_row = -1;
+};
+
+struct Engine::Core {
+  Core(Model& model, const KvPlan& plan, const EngineOptions& o, SchedulerOptions so,
+       std::unique_ptr<SchedulingPolicy> policy, std::unique_ptr<StepExecutor> executor)
+      : kv(plan.n_blocks, o.block_size),
+        kv_window(plan.n_window_blocks > 0 ? std::make_unique<KvCacheManager>(plan.n_window_blocks, o.block_size)
+                                           : nullptr),
+        snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
+        sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
+        exec(executor ? std::move(executor)
+                      : std::make_unique<ModelRunner>(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
+                                                      plan.has_state ? o.max_num_seqs : 0)),
+        runner(*exec) {}
+  KvCacheManager kv;                             // full-attention layers
+  std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any
+  std::unique_ptr<StateSnapshotStore> snapshots; // recurrent-state snapshots, hybrid families
+  Scheduler sched;
+  std::unique_ptr<StepExecutor> exec;  // the host ModelRunner unless the engine was given one
+  StepExecutor& runner;
+  std::vector<uint8_t> want_logits;    // per logit row of the step being run
+  std::vector<RowSample> row_samples;  // per logit row, when the executor samples on its device
+  std::unordered_map<uint64_t, std::unique_ptr<Active>> active;  // by Sequence::id
+  uint64_t next_id = 1;
+  EngineStats stats;
+  std::unique_ptr<KvConversion> conversion;  // --kv-quant-start: the codec pool and the conversion
+  std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
+  std::vector<uint8_t> tier_buf;   // one block's bytes
+  // Blocks the pool evicted whose bytes still go down to the tiers: read together (a device
+  // pool: one transfer, StepExecutor::read_blocks) before anything writes the pool again (a
+  // step, a promotion's install) or when about kDemoteBatchBytes are waiting.
+  static constexpr size_t kDemoteBatchBytes = size_t(64) << 20;
+  std::vector<int32_t> demote_blocks;
+  std::vector<uint64_t> demote_hashes;
+  std::vector<uint8_t> demote_buf;
+  void flush_demotions() {
+    if (demote_blocks.empty()) return;
+    demote_to_tiers(*tiers, runner, demote_blocks, demote_hashes, demote_buf);
+    demote_blocks.clear();
+    demote_hashes.clear();
+  }
+  bool host_tier_registered = false;  // the host tier's memory is registered with the executor
+  ~Core() {
+    if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());
+  }
+  std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
+  // Overlapped scheduling (engine_async.cpp): on when the options, the executor and the
+  // engine's features allow it; a step overlaps while no live request is host-bound.
+  bool overlap = false;
+  int32_t n_host_bound = 0;  // live requests with device_only false
+  // The token of one sampled row of the step in flight: the sequence, the row, and where its
+  // placeholder sits in seq.tokens (-1: none, the token is appended when it arrives).
+  struct InFlightSample {
+    uint64_t seq_id = 0;
+    int32_t row = 0;
+    int32_t index = -1;
+  };
+  std::optional<std::vector<InFlightSample>> in_flight;  // the step queued and not yet collected
+  // Copies tier hits of new sequences in the background; last, so its thread stops first.
+  std::unique_ptr<TierPromoter> promoter;
+};
+
+// Whether a's next token is the argmax of the raw logits (greedy with nothing that reshapes
+// the row, no logprobs): an executor may then hand back that token without the logits.
+inline bool argmax_only(const GenerationRequest& r, const Sampler& sampler, int32_t vocab) {
+  const SamplingParams& p = sampler.params();
+  return r.logprobs < 0 && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.vocab_limit <= 0 || p.vocab_limit >= vocab);
+}
+
+}  // namespace strata
