@@ -54,6 +54,7 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 
 void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t> blocks,
                      std::span<const uint64_t> hashes, std::vector<uint8_t>& scratch) {
+  tiers.settle(false);
   if (blocks.empty()) return;
   std::vector<uint8_t*> slots;
   std::vector<uint8_t> present;
@@ -71,13 +72,20 @@ void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t
       copied_hashes.push_back(hashes[i]);
     }
   }
+  uint64_t ticket = 0;
   try {
-    exec.read_blocks_to(direct, places);
+    ticket = exec.read_blocks_to_async(direct, places);
   } catch (...) {
     tiers.cancel_demotions(slots);
     throw;
   }
-  tiers.commit_demotions(hashes, slots);
+  if (ticket == 0) {
+    tiers.commit_demotions(hashes, slots);
+  } else {
+    // The copies land behind this call (the blocks' next owner may be written meanwhile).
+    tiers.defer_commit(std::vector<uint64_t>(hashes.begin(), hashes.end()), std::move(slots),
+                       [&exec, ticket](bool wait) { return exec.reads_landed(ticket, wait); });
+  }
   if (copied.empty()) return;
   const size_t bb = size_t(tiers.block_bytes());
   scratch.resize(copied.size() * bb);

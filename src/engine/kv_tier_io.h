@@ -27,6 +27,9 @@ void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_
 // memory holds already are not copied again, those it has room for are copied straight into
 // their host slots (StepExecutor::read_blocks_to: a device DMAs into them), the rest go through
 // `scratch` and KvTiers::demote(). On a failed copy (the executor throws) nothing is demoted.
+// Direct copies a device runs behind the caller (StepExecutor::read_blocks_to_async) are
+// committed once they land (KvTiers::defer_commit; settled here, by the promoter and by
+// KvTiers::flush), so a promotion's installs overlap the demotions that made room for them.
 void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t> blocks,
                      std::span<const uint64_t> hashes, std::vector<uint8_t>& scratch);
 

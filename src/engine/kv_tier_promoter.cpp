@@ -44,6 +44,7 @@ void TierPromoter::release_leases(Batch& b) {
 
 bool TierPromoter::start(Sequence* seq, double now) {
   if (!seq->reuse_prefix) return false;
+  tiers_.settle(false);  // demotions whose copies landed become visible to the lookups below
   const int32_t bs = kv_.block_size();
   extend_block_hashes(seq->block_hashes, salt_, seq->tokens, bs);
   // As the scheduler's admission: the last token is always computed.
@@ -60,7 +61,13 @@ bool TierPromoter::start(Sequence* seq, double now) {
       hold.blocks.push_back(kv_.acquire_cached(h).at(0));
       continue;
     }
-    if (!tiers_.contains(h[0])) break;
+    if (!tiers_.contains(h[0])) {
+      // The block may be one whose demotion is still copying: wait for those and look again,
+      // before this call allocated (its own evictions' demotions are not waited for).
+      if (!job->blocks.empty() || tiers_.unsettled() == 0) break;
+      tiers_.settle(true);
+      if (!tiers_.contains(h[0])) break;
+    }
     const int32_t b = kv_.allocate(now);
     if (b < 0) break;
     job->hashes.push_back(h[0]);
@@ -143,6 +150,7 @@ void TierPromoter::worker_loop() {
 }
 
 std::vector<Sequence*> TierPromoter::poll(double now) {
+  tiers_.settle(false);
   // References of sequences the scheduler has admitted (they hold their own now).
   for (auto it = holds_.begin(); it != holds_.end();) {
     Hold& h = it->second;
@@ -170,6 +178,7 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
       if (j.seq != nullptr && !j.failed) {
         try {
           const auto t0 = std::chrono::steady_clock::now();
+          if (j.n_installed == 0) j.first_install_s = std::chrono::duration<double>(t0 - j.t_start).count();
           install_(std::span<const int32_t>(j.blocks).subspan(size_t(j.n_installed), n), b.srcs);
           j.install_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           j.n_installed += int32_t(n);
@@ -211,11 +220,13 @@ std::vector<Sequence*> TierPromoter::poll(double now) {
     hold.handed_over = true;
     ready.push_back(hold.seq);
     if (int64_t(j.n_installed) * block_bytes_ >= (int64_t(256) << 20)) {
+      tiers_.settle(false);
       log::info("KV tier promotion: {} blocks ({} from host memory) in {:.1f} ms: allocation and demotions {:.1f} ms, "
-                "installs {:.1f} ms",
+                "installs {:.1f} ms (first batch staged {:.1f} ms after the start); demotion batches still copying "
+                "after the installs: {}",
                 j.n_installed, j.host_blocks,
                 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - j.t_start).count(), 1e3 * j.start_s,
-                1e3 * j.install_s);
+                1e3 * j.install_s, 1e3 * j.first_install_s, tiers_.unsettled());
     }
     it = jobs_.erase(it);
   }

@@ -87,9 +87,10 @@ class TierPromoter {
     int32_t n_installed = 0;
     bool failed = false;
     // For the log line of a large promotion: when start() began, its seconds (allocations and
-    // the demotions they cause), the installs' seconds, blocks leased from host memory.
+    // the demotions they cause), the installs' seconds, when the first install began, blocks
+    // leased from host memory.
     std::chrono::steady_clock::time_point t_start;
-    double start_s = 0.0, install_s = 0.0;
+    double start_s = 0.0, install_s = 0.0, first_install_s = 0.0;
     int64_t host_blocks = 0;
   };
   struct Hold {

@@ -1,6 +1,9 @@
 #include "kv/host/kv_tiers.h"
 
 #include <cstring>
+#include <exception>
+
+#include "core/log.h"
 
 namespace strata {
 
@@ -9,7 +12,40 @@ KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTi
       host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes, size_t(block_bytes)) : nullptr),
       disk_(std::move(disk)) {}
 
-KvTiers::~KvTiers() { disk_.reset(); }
+KvTiers::~KvTiers() {
+  settle(true);  // copies in flight write into the slab
+  disk_.reset();
+}
+
+void KvTiers::defer_commit(std::vector<uint64_t> hashes, std::vector<uint8_t*> slots, std::function<bool(bool)> landed) {
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  deferred_.push_back(Deferred{std::move(hashes), std::move(slots), std::move(landed)});
+}
+
+void KvTiers::settle(bool wait) {
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  while (!deferred_.empty()) {
+    Deferred& d = deferred_.front();
+    bool ok = true;
+    try {
+      if (!d.landed(wait)) break;
+    } catch (const std::exception& e) {
+      log::warn("KV host tier: {} demoted blocks lost, their copy failed: {}", d.hashes.size(), e.what());
+      ok = false;
+    }
+    if (ok) {
+      commit_demotions(d.hashes, d.slots);
+    } else {
+      cancel_demotions(d.slots);
+    }
+    deferred_.pop_front();
+  }
+}
+
+int64_t KvTiers::unsettled() const {
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  return int64_t(deferred_.size());
+}
 
 std::span<uint8_t> KvTiers::host_memory() const {
   if (!host_ || host_->slab() == nullptr) return {};
@@ -257,7 +293,10 @@ int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
   return int32_t(n);
 }
 
-bool KvTiers::flush(double timeout_s) { return !disk_ || disk_->flush(timeout_s); }
+bool KvTiers::flush(double timeout_s) {
+  settle(true);
+  return !disk_ || disk_->flush(timeout_s);
+}
 
 KvTierStats KvTiers::stats() const {
   KvTierStats s;

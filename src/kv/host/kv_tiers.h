@@ -24,6 +24,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -83,6 +85,14 @@ class KvTiers {
   void commit_demotions(std::span<const uint64_t> hashes, std::span<uint8_t* const> slots);
   // The reserved slots go back unused (a failed copy); null ones are skipped.
   void cancel_demotions(std::span<uint8_t* const> slots);
+  // Demotions whose copies into the reserved slots are still in flight (a device copies them
+  // behind the caller): committed by settle() once `landed` says so. landed(wait) is true once
+  // the copies are in the slots (wait: blocks until they are) and throws when a copy failed
+  // (the slots are cancelled then). Until committed, the blocks are not visible.
+  void defer_commit(std::vector<uint64_t> hashes, std::vector<uint8_t*> slots, std::function<bool(bool)> landed);
+  // Commits the deferred demotions whose copies have landed, oldest first; wait: every one.
+  void settle(bool wait);
+  int64_t unsettled() const;  // deferred demotions (calls) not committed yet
   // Promotion without a host copy, of the leading blocks of `hashes` the tiers hold, stopping
   // before the (max_disk + 1)-th disk block: srcs[i] is block i's bytes, a leased host slot
   // (leased[i] = 1; release() after use) or buf + k * block_bytes() for the k-th disk block of
@@ -92,7 +102,8 @@ class KvTiers {
   void release(std::span<const uint8_t* const> slots);
   // The host tier's slab (empty without one), for registering it with a device.
   std::span<uint8_t> host_memory() const;
-  // Waits for the disk writer's queue, at most timeout_s. True when nothing is left queued.
+  // Settles every deferred demotion, then waits for the disk writer's queue, at most
+  // timeout_s. True when nothing is left queued.
   bool flush(double timeout_s);
   KvTierStats stats() const;
   DiskTier* disk() { return disk_.get(); }
@@ -104,6 +115,14 @@ class KvTiers {
   // block is evicted is not reused before the write: the writer's backlog must not take much
   // of the host budget), past that as a copy (the lease ends at once). Unlocked.
   void queue_disk_from_host(std::span<const uint64_t> hashes, std::span<const uint8_t* const> leased);
+
+  struct Deferred {
+    std::vector<uint64_t> hashes;
+    std::vector<uint8_t*> slots;
+    std::function<bool(bool)> landed;
+  };
+  mutable std::mutex deferred_mu_;  // deferred_; taken before mu_, never after
+  std::deque<Deferred> deferred_;
 
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
