@@ -1,5 +1,6 @@
 // The reference goldens (tests/data/reference/logits.json, transformers in f32) through the
-// CUDA forward in bf16, by the teacher-forced rule: prefill the prompt, then feed the oracle's
+// CUDA forward in bf16 (f32 checkpoints with their matrices split into bf16 hi + lo pairs, the
+// default: weight_split.h), by the teacher-forced rule: prefill the prompt, then feed the oracle's
 // greedy tokens one step at a time; at every generated step the GPU's argmax must be among
 // the oracle's top-5, and the last prompt logits must agree within 2e-2 (max-norm relative).
 // A second pass prefills all of a model's prompts in one ragged batch. stories260k (a trained
@@ -293,7 +294,7 @@ TEST(GpuGoldenStories, TeacherForcedAgainstTheCpuForward) {
 }
 
 // The last-logits error that bf16 weights alone cost: the CPU forward (f32 arithmetic) of a copy
-// of the checkpoint with every f32 matrix rounded to bf16 (what CudaDecoder uploads), against the
+// of the checkpoint with every f32 matrix rounded to bf16 (what CudaDecoder uploads with split_weights off), against the
 // oracle. Printed for the families whose GPU last-logits error is compared with it; the f32 CPU
 // forward itself must meet the 2e-2 rule. Runs on the CPU (no GPU needed).
 double cpu_last_logits_error(const std::string& dir, const std::string& name, int64_t* off_top5 = nullptr) {
