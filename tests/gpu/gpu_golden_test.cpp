@@ -294,8 +294,8 @@ TEST(GpuGoldenStories, TeacherForcedAgainstTheCpuForward) {
 }
 
 // The last-logits error that bf16 weights alone cost: the CPU forward (f32 arithmetic) of a copy
-// of the checkpoint with every f32 matrix rounded to bf16 (what CudaDecoder uploads with split_weights off), against the
-// oracle. Printed for the families whose GPU last-logits error is compared with it; the f32 CPU
+// of the checkpoint with every f32 matrix rounded to bf16 (what CudaDecoder uploads with
+// split_weights off), against the oracle. Printed for the families whose GPU last-logits error is compared with it; the f32 CPU
 // forward itself must meet the 2e-2 rule. Runs on the CPU (no GPU needed).
 double cpu_last_logits_error(const std::string& dir, const std::string& name, int64_t* off_top5 = nullptr) {
   ThreadPool pool(2);
