@@ -1,0 +1,289 @@
+// Overlapped ("async") scheduling in the engine (engine_async.cpp) on the host: an executor
+// that queues steps like a device (enqueue / collect, at most two in flight) and takes each
+// fed decode's input from the previous step's argmax, over a model whose logits hash every
+// cached (token, position) pair, so a wrong fed token, placeholder, block or position changes
+// every later token. Many greedy requests in a small pool (preemptions), shared prefixes
+// (prefix hits), varied max_tokens, stop ids and EOS that end requests with a step in flight, a
+// cancellation, and host-bound requests (logprobs) that make the engine fall back to single
+// steps: the tokens equal those of single steps, request by request.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "../support/engine_test_support.h"
+#include "core/check.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+
+namespace strata {
+namespace {
+
+constexpr int32_t kVocab = 64;
+
+uint64_t mix(uint64_t x) { return test::mix(x); }
+
+// One layer, one KV head of width 2 holding (token, position); the logits of position p hash
+// the pairs read back through the block table for [0, p].
+class HashModel final : public Model {
+ public:
+  explicit HashModel(ThreadPool& pool) : Model(config(), pool) {}
+  static ModelConfig config() {
+    ModelConfig c;
+    c.model_type = "hash";
+    c.vocab_size = kVocab;
+    c.n_layers = 1;
+    c.max_position = 4096;
+    c.eos_ids = {2};
+    return c;
+  }
+  std::vector<KvLayerSpec> kv_layout() const override {
+    KvLayerSpec s;
+    s.n_kv_heads = 1;
+    s.head_dim_k = 2;
+    s.head_dim_v = 2;
+    return {s};
+  }
+  void forward(const StepBatch& batch, KvStorage& kv, StateStorage*, float* logits) override {
+    const int32_t bs = kv.block_size();
+    float* k = kv.k_pool(0);
+    auto slot = [&](const SeqSpan& s, int32_t p) {
+      return k + (size_t(s.block_table.at(size_t(p / bs))) * size_t(bs) + size_t(p % bs)) * 2;
+    };
+    size_t t = 0;
+    for (const auto& s : batch.seqs) {
+      for (int32_t i = 0; i < s.n_tokens; ++i) {
+        float* w = slot(s, s.pos0 + i);
+        w[0] = float(batch.tokens[t + size_t(i)]);
+        w[1] = float(s.pos0 + i);
+      }
+      for (int32_t i = 0; i < s.n_tokens; ++i) {
+        if (!(s.logits_all || (s.logits_last && i == s.n_tokens - 1))) continue;
+        uint64_t h = 0;
+        for (int32_t q = 0; q <= s.pos0 + i; ++q) {
+          const float* r = slot(s, q);
+          h = mix(h ^ (uint64_t(int64_t(r[0])) * 131 + uint64_t(int64_t(r[1]))));
+        }
+        for (int32_t v = 0; v < kVocab; ++v) logits[v] = float(mix(h ^ uint64_t(v)) % 1000) / 100.0f;
+        logits += kVocab;
+      }
+      t += size_t(s.n_tokens);
+    }
+    // A step takes a moment, so the cancelled request is still generating when it is cancelled.
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+};
+
+// A host ModelRunner behind the overlapped interface: enqueue() runs the step at once (with the
+// fed inputs taken from the previous step's argmax) and queues its argmax; collect() hands the
+// oldest. The placeholders in the sequences are put back after the step, as a device leaves them.
+class QueuedHostExecutor final : public StepExecutor {
+ public:
+  QueuedHostExecutor(Model& model, const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size)
+      : inner_(model, layout, n_blocks, block_size) {}
+
+  const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample> samples) override {
+    EXPECT_TRUE(queue_.empty()) << "run() with steps queued";
+    const StepRows& r = inner_.run(plan, want, samples);
+    rows_ = r;
+    rows_.argmax = argmax(r.logits, r.host_row.size());
+    last_.clear();  // a later feed may not name this step's rows
+    ++plain_steps;
+    return rows_;
+  }
+  bool supports_overlap() const override { return true; }
+  void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample>,
+               std::span<const TokenFeed> feed) override {
+    STRATA_CHECK(queue_.size() < 2, "two steps queued");
+    for (uint8_t w : want) STRATA_CHECK(w == 0, "an overlapped step has no host rows");
+    std::vector<std::pair<Sequence*, int32_t>> placeholders;
+    for (const TokenFeed& f : feed) {
+      const ScheduledSpan& span = plan.spans.at(size_t(f.span));
+      STRATA_CHECK(span.n_tokens == 1, "a fed span is one decode");
+      Sequence* s = span.seq;
+      placeholders.emplace_back(s, s->tokens.at(size_t(span.pos0)));
+      s->tokens[size_t(span.pos0)] = last_.at(size_t(f.prev_row));
+    }
+    const float* logits = inner_.run(plan);
+    for (auto& [s, t] : placeholders) s->tokens[size_t(s->n_computed)] = t;
+    size_t n_rows = 0;
+    for (const auto& span : plan.spans) n_rows += span.sample ? 1 : 0;
+    last_ = argmax(logits, n_rows);
+    queue_.push_back(last_);
+  }
+  const StepRows& collect() override {
+    STRATA_CHECK(!queue_.empty(), "nothing queued");
+    rows_ = StepRows{};
+    rows_.argmax = std::move(queue_.front());
+    queue_.pop_front();
+    rows_.host_row.assign(rows_.argmax.size(), -1);
+    return rows_;
+  }
+  int32_t vocab() const override { return inner_.vocab(); }
+  int32_t n_kv_blocks() const override { return inner_.n_kv_blocks(); }
+  bool device_argmax() const override { return true; }
+  int64_t state_floats() const override { return 0; }
+  void save_state(int32_t, float*) override {}
+  void load_state(int32_t, const float*) override {}
+  std::vector<int64_t> block_tensor_bytes() const override { return inner_.block_tensor_bytes(); }
+  void read_block(int32_t b, uint8_t* out) override { inner_.read_block(b, out); }
+  void write_block(int32_t b, const uint8_t* in) override { inner_.write_block(b, in); }
+  int64_t plain_steps = 0;
+
+ private:
+  std::vector<int32_t> argmax(const float* logits, size_t n_rows) const {
+    std::vector<int32_t> out(n_rows);
+    for (size_t r = 0; r < n_rows; ++r) {
+      const float* row = logits + r * size_t(kVocab);
+      out[r] = int32_t(std::max_element(row, row + kVocab) - row);  // lowest id on ties
+    }
+    return out;
+  }
+  ModelRunner inner_;
+  StepRows rows_;
+  std::vector<int32_t> last_;  // the last enqueued step's argmax
+  std::deque<std::vector<int32_t>> queue_;
+};
+
+struct Result {
+  std::map<std::string, test::Outcome> out;
+  EngineStats stats;
+};
+
+// Every request queued before the first step; `cancel_id` is read first and cancelled after
+// three tokens.
+Result run_workload(ThreadPool& pool, bool overlap, const std::vector<GenerationRequest>& reqs,
+                    const std::string& cancel_id = "") {
+  auto model = std::make_unique<HashModel>(pool);
+  EngineOptions o;
+  o.block_size = 4;
+  o.kv_blocks = 48;  // 192 tokens for up to 8 sequences of up to 72: preemptions
+  o.max_num_seqs = 8;
+  o.max_batch_tokens = 24;
+  o.async_scheduling = overlap;
+  o.model_identity = "hash";
+  auto layout = resolve_kv_layout(*model, KvCodecConfig{});
+  EXPECT_TRUE(layout.ok());
+  auto exec = std::make_unique<QueuedHostExecutor>(*model, *layout, o.kv_blocks, o.block_size);
+  auto e = Engine::create(std::move(model), o, std::move(exec));
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  Result r;
+  if (!e.ok()) return r;
+  Engine& engine = **e;
+  std::map<std::string, std::shared_ptr<RequestStream>> streams;
+  for (const auto& q : reqs) {
+    auto s = engine.submit(q);
+    EXPECT_TRUE(s.ok()) << q.id << ": " << (s.ok() ? "" : s.error().to_string());
+    if (s.ok()) streams[q.id] = *s;
+  }
+  engine.start();
+  if (!cancel_id.empty()) {
+    RequestStream& s = *streams.at(cancel_id);
+    test::Outcome& o = r.out[cancel_id];
+    for (;;) {
+      auto ev = s.next(std::chrono::seconds(60));
+      if (!ev) break;
+      o.tokens.insert(o.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+      if (ev->final) {
+        o.final = *ev;
+        break;
+      }
+      if (o.tokens.size() >= 3) engine.cancel(cancel_id);
+    }
+  }
+  for (auto& [id, s] : streams) {
+    if (id != cancel_id) r.out[id] = test::drain(*s, std::chrono::seconds(60));
+  }
+  for (int i = 0; i < 200; ++i) {
+    r.stats = engine.stats();
+    if (r.stats.running == 0 && r.stats.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  engine.shutdown();
+  return r;
+}
+
+std::vector<GenerationRequest> workload() {
+  std::vector<GenerationRequest> reqs;
+  const std::vector<int32_t> prefix = test::random_ids(99, 12, kVocab);
+  for (int i = 0; i < 40; ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    if (i % 3 != 2) r.prompt = prefix;
+    const auto tail = test::random_ids(uint64_t(i) + 1, 1 + (i * 7) % 23, kVocab);
+    r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+    r.max_tokens = 1 + (i * 11) % 36;
+    r.ignore_eos = i % 4 != 0;  // EOS (id 2) may end every fourth
+    r.sampling.temperature = 0.0f;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+TEST(EngineAsync, OverlappedStepsGiveTheTokensOfSingleSteps) {
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs = workload();
+  // Stop ids the requests really meet: for every fifth, the token it generates halfway.
+  const Result pilot = run_workload(pool, false, reqs);
+  for (size_t i = 0; i < reqs.size(); i += 5) {
+    const auto& t = pilot.out.at(reqs[i].id).tokens;
+    if (t.size() >= 4) reqs[i].stop_ids = {t[t.size() / 2]};
+  }
+  // Host-bound (logprobs) in the middle of the queue: single steps while it lives.
+  GenerationRequest lp = reqs[17];
+  lp.id = "logprobs";
+  lp.logprobs = 1;
+  lp.max_tokens = 5;
+  reqs.insert(reqs.begin() + 17, lp);
+  reqs[4].max_tokens = 36;  // the cancelled one runs long
+  reqs[4].stop_ids.clear();
+  reqs[4].ignore_eos = true;
+
+  const Result off = run_workload(pool, false, reqs, "r4");
+  const Result on = run_workload(pool, true, reqs, "r4");
+  ASSERT_EQ(on.out.size(), reqs.size());
+  for (const auto& [id, a] : off.out) {
+    const test::Outcome& b = on.out.at(id);
+    if (id == "r4") {
+      const size_t n = std::min(a.tokens.size(), b.tokens.size());
+      EXPECT_GE(n, 3u);
+      EXPECT_TRUE(std::equal(a.tokens.begin(), a.tokens.begin() + long(n), b.tokens.begin())) << id;
+      EXPECT_EQ(b.final.finish_reason, FinishReason::kCancelled);
+      EXPECT_EQ(a.final.finish_reason, FinishReason::kCancelled);
+      continue;
+    }
+    EXPECT_EQ(b.tokens, a.tokens) << id;
+    EXPECT_EQ(b.final.finish_reason, a.final.finish_reason) << id << ": " << b.final.message;
+    EXPECT_EQ(b.final.stop_token, a.final.stop_token) << id;
+    EXPECT_EQ(b.final.usage.completion_tokens, a.final.usage.completion_tokens) << id;
+    EXPECT_EQ(b.logprobs.size(), a.logprobs.size()) << id;
+  }
+  EXPECT_EQ(on.out.at("logprobs").logprobs.size(), 5u);
+  EXPECT_EQ(off.stats.overlapped_steps, 0);
+  EXPECT_GT(on.stats.overlapped_steps, 0);
+  EXPECT_LT(on.stats.overlapped_steps, on.stats.steps) << "the logprobs request ran in single steps";
+  EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
+  EXPECT_GT(on.stats.prefix_hit_tokens, 0);
+  EXPECT_GT(on.stats.finished[int(FinishReason::kStop)], 0);
+}
+
+// Only max_tokens ends requests: overlapped scheduling plans the very same steps.
+TEST(EngineAsync, LengthOnlyWorkloadPlansTheSameSteps) {
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs = workload();
+  for (auto& r : reqs) r.ignore_eos = true;
+  const Result off = run_workload(pool, false, reqs);
+  const Result on = run_workload(pool, true, reqs);
+  for (const auto& [id, a] : off.out) {
+    EXPECT_EQ(on.out.at(id).tokens, a.tokens) << id;
+    EXPECT_EQ(on.out.at(id).final.finish_reason, FinishReason::kLength) << id;
+  }
+  EXPECT_EQ(on.stats.steps, off.stats.steps);
+  EXPECT_EQ(on.stats.preemptions, off.stats.preemptions);
+  EXPECT_GT(on.stats.preemptions, 0);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
+}
+
+}  // namespace
+}  // namespace strata
