@@ -58,7 +58,8 @@ void fill_random(uint8_t* p, size_t n, uint64_t seed) {
 }
 
 // A llama3-tiny decoder with random weights and `blocks` KV blocks, behind an executor whose
-// staging holds `staging_blocks` blocks per half.
+// staging holds `staging_blocks` blocks per half (four halves: two for the pool stream's
+// copies, two for the demotions behind the caller).
 std::unique_ptr<CudaExecutor> tiny_executor(int32_t blocks, int64_t staging_blocks) {
   auto cfg = load_model_config(model_path("llama3-tiny"));
   EXPECT_TRUE(cfg.ok());
@@ -73,7 +74,7 @@ std::unique_ptr<CudaExecutor> tiny_executor(int32_t blocks, int64_t staging_bloc
   EXPECT_TRUE(dec.ok()) << (dec.ok() ? "" : dec.error().to_string());
   if (!dec.ok()) return nullptr;
   const int64_t bb = (*dec)->kv_block_bytes();
-  return std::make_unique<CudaExecutor>(std::move(dec).value(), 2 * staging_blocks * bb);
+  return std::make_unique<CudaExecutor>(std::move(dec).value(), 4 * staging_blocks * bb);
 }
 
 void check_parity(CudaExecutor& ex, uint64_t seed) {
@@ -158,7 +159,7 @@ TEST(GpuKvTransfer, NarrowParts) {
   const KvPoolLayout l{2, 1, 4, 1};
   auto pool = KvBlockPool::create(l, 50 * l.bytes_per_block());
   ASSERT_TRUE(pool.ok()) << pool.error().to_string();
-  auto tr = KvTransfer::create(**pool, nullptr, 2 * 3 * l.bytes_per_block());
+  auto tr = KvTransfer::create(**pool, nullptr, 4 * 3 * l.bytes_per_block());
   ASSERT_TRUE(tr.ok()) << tr.error().to_string();
   const int32_t n = (*pool)->n_blocks();
   const size_t bb = size_t(l.bytes_per_block()), part = bb / 4;
@@ -348,6 +349,149 @@ TEST(GpuKvTransfer, Llama8bShapeDirectToPinnedSlots) {
               "(%.1f GB/s), read_direct %.1f ms (%.1f GB/s); cudaHostRegister of %.2f GB: %.0f ms\n",
               n, bb, gb, 1e3 * s(t0, t1), gb / s(t0, t1), 1e3 * s(t2, t3), gb / s(t2, t3), double(slab.bytes) / 1e9,
               1e3 * register_s);
+  ASSERT_CUDA_OK(cudaHostUnregister(slab.base));
+  (*tr).reset();
+  cudaStreamDestroy(stream);
+}
+
+// Demotions copied out behind the caller (read_blocks_to_async) while the same pool blocks are
+// written again at once, three ways (write_blocks_from, write_block, a staged write_blocks):
+// every demoted slot holds the blocks' old bytes once reads_landed() says so, and the pool
+// holds the new ones. Staging of 3 blocks per half: many chunks in flight.
+TEST(GpuKvTransfer, DemotionsBehindTheCallerKeepTheOldBytes) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto ex = tiny_executor(97, 3);
+  ASSERT_NE(ex, nullptr);
+  const size_t bb = size_t(ex->decoder().kv_block_bytes());
+  const size_t n = 40;
+  Slab slab(3 * n + 8, bb);
+  ASSERT_NE(slab.base, nullptr);
+  ASSERT_TRUE(ex->register_host_memory(slab.base, slab.bytes));
+  std::mt19937 rng(31);
+  std::vector<int32_t> ids(97);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(n);
+  std::vector<size_t> order(3 * n + 8);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<uint8_t*> down(n);
+  std::vector<const uint8_t*> up(n);
+  for (size_t i = 0; i < n; ++i) {
+    down[i] = slab.base + order[i] * bb;
+    up[i] = slab.base + order[n + i] * bb;
+  }
+  for (int way = 0; way < 3; ++way) {
+    SCOPED_TRACE("rewritten through " + std::string(way == 0 ? "write_blocks_from" : way == 1 ? "write_block" : "write_blocks"));
+    std::vector<uint8_t> old_bytes(n * bb), new_bytes(n * bb), got(n * bb);
+    fill_random(old_bytes.data(), old_bytes.size(), 60 + uint64_t(way));
+    fill_random(new_bytes.data(), new_bytes.size(), 70 + uint64_t(way));
+    ex->write_blocks(ids, old_bytes.data());
+    for (size_t i = 0; i < n; ++i) {
+      std::memset(down[i], 0, bb);
+      std::memcpy(const_cast<uint8_t*>(up[i]), new_bytes.data() + i * bb, bb);
+    }
+    const uint64_t ticket = ex->read_blocks_to_async(ids, down);
+    if (way == 0) {
+      ex->write_blocks_from(ids, up);
+    } else if (way == 1) {
+      for (size_t i = 0; i < n; ++i) ex->write_block(ids[i], up[i]);
+    } else {
+      ex->write_blocks(ids, new_bytes.data());
+    }
+    EXPECT_TRUE(ex->reads_landed(ticket, true));
+    EXPECT_TRUE(ex->reads_landed(ticket, false));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += std::memcmp(down[i], old_bytes.data() + i * bb, bb) != 0;
+    EXPECT_EQ(bad, 0u) << "demoted slots do not hold the blocks' old bytes";
+    ex->read_blocks(ids, got.data());
+    EXPECT_TRUE(got == new_bytes) << "the pool does not hold the bytes written after the demotion";
+  }
+  // Several demotions queued before any install, landed in order; an empty list needs no ticket.
+  std::vector<uint8_t> bytes(n * bb);
+  fill_random(bytes.data(), bytes.size(), 80);
+  ex->write_blocks(ids, bytes.data());
+  const size_t h = n / 2;
+  const uint64_t t1 = ex->read_blocks_to_async(std::span<const int32_t>(ids).first(h), std::span<uint8_t* const>(down).first(h));
+  const uint64_t t2 = ex->read_blocks_to_async(std::span<const int32_t>(ids).subspan(h), std::span<uint8_t* const>(down).subspan(h));
+  EXPECT_GT(t2, t1);
+  EXPECT_EQ(ex->read_blocks_to_async({}, {}), 0u);
+  EXPECT_TRUE(ex->reads_landed(t2, true));
+  EXPECT_TRUE(ex->reads_landed(t1, false));
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += std::memcmp(down[i], bytes.data() + i * bb, bb) != 0;
+  EXPECT_EQ(bad, 0u);
+  ex->unregister_host_memory(slab.base);
+}
+
+// The 8B shape, as a host-tier hit of half a 32k prompt: 1,024 blocks demoted to pinned slots
+// and 1,024 other host blocks installed into the same pool blocks, (a) one after the other
+// (read_direct then write_direct) and (b) the demotion behind the caller, overlapped with the
+// install; both timed, bytes compared.
+TEST(GpuKvTransfer, Llama8bShapeDemotionOverlapsInstall) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const KvPoolLayout l{32, 8, 128, 16};
+  const int32_t n_pool = 2200, n = 1024;
+  auto pool = KvBlockPool::create(l, int64_t(n_pool) * l.bytes_per_block());
+  ASSERT_TRUE(pool.ok()) << pool.error().to_string();
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto tr = KvTransfer::create(**pool, stream, KvTransfer::kDefaultStagingBytes);
+  ASSERT_TRUE(tr.ok()) << tr.error().to_string();
+  const size_t bb = size_t(l.bytes_per_block());
+  Slab slab(size_t(3 * n), bb);
+  ASSERT_NE(slab.base, nullptr);
+  ASSERT_CUDA_OK(cudaHostRegister(slab.base, slab.bytes, cudaHostRegisterDefault));
+  std::mt19937 rng(8);
+  std::vector<int32_t> ids(static_cast<size_t>(n_pool));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(size_t(n));
+  std::vector<size_t> order(size_t(3 * n));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  const size_t nn = static_cast<size_t>(n);
+  std::vector<uint8_t*> old_slots(nn), down(nn);
+  std::vector<const uint8_t*> up(nn), old_src(nn);
+  for (size_t i = 0; i < size_t(n); ++i) {
+    old_slots[i] = slab.base + order[i] * bb;
+    old_src[i] = old_slots[i];
+    up[i] = slab.base + order[size_t(n) + i] * bb;
+    down[i] = slab.base + order[size_t(2 * n) + i] * bb;
+  }
+  fill_random(slab.base, slab.bytes, 90);
+  auto s = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  double took[2] = {0, 0};
+  for (int overlapped = 0; overlapped < 2; ++overlapped) {
+    SCOPED_TRACE(overlapped ? "overlapped" : "one after the other");
+    ASSERT_TRUE((*tr)->write_direct(ids, old_src).ok());  // the blocks' old bytes
+    for (uint8_t* d : down) std::memset(d, 0, bb);
+    const auto t0 = Clock::now();
+    if (overlapped) {
+      auto ticket = (*tr)->read_direct_async(ids, down);
+      ASSERT_TRUE(ticket.ok()) << ticket.error().to_string();
+      ASSERT_TRUE((*tr)->write_direct(ids, up).ok());
+      auto done = (*tr)->reads_done(*ticket, true);
+      ASSERT_TRUE(done.ok() && *done);
+    } else {
+      ASSERT_TRUE((*tr)->read_direct(ids, down).ok());
+      ASSERT_TRUE((*tr)->write_direct(ids, up).ok());
+    }
+    took[overlapped] = s(t0, Clock::now());
+    size_t bad = 0;
+    for (size_t i = 0; i < size_t(n); ++i) bad += std::memcmp(down[i], old_slots[i], bb) != 0;
+    EXPECT_EQ(bad, 0u) << "demoted slots differ from the blocks' old bytes";
+    std::vector<uint8_t*> back(nn);
+    for (size_t i = 0; i < size_t(n); ++i) back[i] = down[i];
+    ASSERT_TRUE((*tr)->read_direct(ids, back).ok());
+    bad = 0;
+    for (size_t i = 0; i < size_t(n); ++i) bad += std::memcmp(down[i], up[i], bb) != 0;
+    EXPECT_EQ(bad, 0u) << "installed blocks differ from their sources";
+  }
+  const double gb = double(n) * double(bb) / 1e9;
+  std::printf("KV transfer swap, %d blocks of %zu bytes (%.2f GB) down and as many up: one after the other %.1f ms, "
+              "demotion behind the install %.1f ms (%.1f GB/s each way)\n",
+              n, bb, gb, 1e3 * took[0], 1e3 * took[1], gb / took[1]);
   ASSERT_CUDA_OK(cudaHostUnregister(slab.base));
   (*tr).reset();
   cudaStreamDestroy(stream);

@@ -351,6 +351,24 @@ void CudaExecutor::write_blocks_from(std::span<const int32_t> blocks, std::span<
   if (!st.ok()) throw std::runtime_error("KV blocks copy to the device: " + st.error().to_string());
 }
 
+uint64_t CudaExecutor::read_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  if (!transfer_) return StepExecutor::read_blocks_to_async(blocks, outs);
+  const size_t bb = size_t(decoder_->kv_block_bytes());
+  bool all_registered = true;
+  for (uint8_t* p : outs) all_registered = all_registered && registered(p, bb);
+  if (!all_registered) return StepExecutor::read_blocks_to_async(blocks, outs);
+  auto r = transfer_->read_direct_async(blocks, outs);
+  if (!r.ok()) throw std::runtime_error("KV blocks copy to the host: " + r.error().to_string());
+  return *r;
+}
+
+bool CudaExecutor::reads_landed(uint64_t ticket, bool wait) {
+  if (!transfer_ || ticket == 0) return true;
+  auto r = transfer_->reads_done(ticket, wait);
+  if (!r.ok()) throw std::runtime_error("KV blocks copy to the host: " + r.error().to_string());
+  return *r;
+}
+
 bool CudaExecutor::register_host_memory(void* p, size_t bytes) {
   if (p == nullptr || bytes == 0) return false;
   const auto t0 = std::chrono::steady_clock::now();

@@ -56,6 +56,9 @@ class CudaExecutor final : public StepExecutor {
   // (read_blocks / write_blocks), one call per run of adjacent places.
   void read_blocks_to(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
   void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) override;
+  // Registered places: copied out on a stream of their own (KvTransfer::read_direct_async).
+  uint64_t read_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
+  bool reads_landed(uint64_t ticket, bool wait) override;
   // cudaHostRegister: the range becomes page-locked, copied to and from by DMA.
   bool register_host_memory(void* p, size_t bytes) override;
   void unregister_host_memory(void* p) override;

@@ -34,8 +34,17 @@ void host_copy(uint8_t* dst, const uint8_t* src, size_t n) {
 }  // namespace
 
 KvTransfer::~KvTransfer() {
-  for (cudaEvent_t e : done_) {
+  // Copies still in flight write into the caller's memory: they finish first.
+  for (cudaStream_t s : {down_, up_, scatter_}) {
+    if (s != nullptr) cudaStreamSynchronize(s);
+  }
+  for (const Demotion& d : demotions_) spare_events_.insert(spare_events_.end(), {d.gathered, d.landed});
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : {done_[0], done_[1], copied_in_[0], copied_in_[1], scattered_[0], scattered_[1], mark_}) {
     if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (cudaStream_t s : {down_, up_, scatter_}) {
+    if (s != nullptr) cudaStreamDestroy(s);
   }
   if (device_ != nullptr) cudaFree(device_);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
@@ -52,11 +61,20 @@ Result<std::unique_ptr<KvTransfer>> KvTransfer::create(const KvBlockPool& pool, 
   t->layout_.n_parts = 2 * l.n_layers;
   t->stream_ = stream;
   if (t->block_bytes_ <= 0) return make_error(ErrorCode::kInvalidArgument, "KV transfer: the pool's blocks have no bytes");
-  t->chunk_blocks_ = int32_t(std::clamp<int64_t>(staging_bytes / 2 / t->block_bytes_, 1, kKvTransferMaxBlocks));
+  t->chunk_blocks_ = int32_t(std::clamp<int64_t>(staging_bytes / 4 / t->block_bytes_, 1, kKvTransferMaxBlocks));
   const size_t bytes = size_t(2) * size_t(t->chunk_blocks_) * size_t(t->block_bytes_);
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&t->device_), bytes));
+  // One allocation: the pool stream's two halves, then the demotions' two.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&t->device_), 2 * bytes));
+  t->demote_device_ = t->device_ + bytes;
   STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&t->pinned_), bytes, cudaHostAllocDefault));
-  for (cudaEvent_t& e : t->done_) STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&t->done_[0], &t->done_[1], &t->copied_in_[0], &t->copied_in_[1], &t->scattered_[0],
+                         &t->scattered_[1], &t->mark_}) {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->down_, cudaStreamNonBlocking));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->up_, cudaStreamNonBlocking));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->scatter_, cudaStreamNonBlocking));
+  t->gather_seq_.assign(size_t(t->n_blocks_), 0);
   return t;
 }
 
@@ -167,23 +185,141 @@ Status KvTransfer::read_direct(std::span<const int32_t> blocks, std::span<uint8_
 Status KvTransfer::write_direct(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) {
   STRATA_RETURN_IF_ERROR(check_ids(blocks));
   if (ins.size() != blocks.size()) return make_error(ErrorCode::kInvalidArgument, "KV transfer: one place per block");
+  if (blocks.empty()) return Status();
   const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
   const size_t bb = size_t(block_bytes_);
-  // One stream: chunk c + 2's copies into half c % 2 wait for chunk c's scatter.
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_RETURN_IF_ERROR(retire(0, false));
+  // Chunk c: copied into half c % 2 on up_ (once scatter_ has scattered chunk c - 2 out of it),
+  // then scattered on scatter_ once its copy landed and the gathers of the old bytes of its
+  // blocks (demotions still in flight) are done. Neither stream waits for the pool's: the
+  // pool's stream waits for every gather when it is queued, and the blocks written here are
+  // held by no step (freshly allocated).
+  bool used[2] = {false, false};
   int h = 0;
   for (size_t begin = 0; begin < blocks.size(); begin += size_t(chunk_blocks_), h ^= 1) {
     KvBlockList list;
     list.n = int32_t(std::min(blocks.size() - begin, size_t(chunk_blocks_)));
     std::copy_n(blocks.begin() + begin, list.n, list.ids);
     uint8_t* dev = device_ + size_t(h) * half;
+    if (used[h]) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up_, scattered_[h], 0));
     STRATA_RETURN_IF_ERROR(for_each_run(ins, begin, list.n, bb, [&](const uint8_t* src, size_t k, size_t r) -> Status {
-      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + k * bb, src, r * bb, cudaMemcpyHostToDevice, stream_));
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + k * bb, src, r * bb, cudaMemcpyHostToDevice, up_));
       return Status();
     }));
-    launch_kv_scatter(layout_, list, dev, stream_);
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_in_[h], up_));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(scatter_, copied_in_[h], 0));
+    uint64_t newest = 0;
+    for (int32_t k = 0; k < list.n; ++k) newest = std::max(newest, gather_seq_[size_t(list.ids[k])]);
+    if (newest > scatter_seq_ && newest > landed_seq_) {
+      // Gathers run in order on down_: waiting for the newest covers the older ones.
+      STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(scatter_, gather_event(newest), 0));
+      scatter_seq_ = newest;
+    }
+    launch_kv_scatter(layout_, list, dev, scatter_);
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[h], scatter_));
+    used[h] = true;
   }
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  // Later work on the pool's stream reads the installed blocks; scatter_ waited for every copy
+  // in, so its end covers them (the places may be reused once this returns).
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(mark_, scatter_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, mark_, 0));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(scatter_));
   return Status();
+}
+
+Result<cudaEvent_t> KvTransfer::take_event() {
+  if (!spare_events_.empty()) {
+    cudaEvent_t e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+cudaEvent_t KvTransfer::gather_event(uint64_t seq) const {
+  if (demotions_.empty() || seq < demotions_.front().seq || seq > demotions_.back().seq) return nullptr;
+  return demotions_[size_t(seq - demotions_.front().seq)].gathered;
+}
+
+Status KvTransfer::retire(uint64_t upto, bool wait) {
+  while (!demotions_.empty()) {
+    Demotion& d = demotions_.front();
+    if (wait && d.seq <= upto) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(d.landed));
+    } else {
+      const cudaError_t e = cudaEventQuery(d.landed);
+      if (e == cudaErrorNotReady) break;
+      STRATA_CUDA_RETURN_IF_ERROR(e);
+    }
+    landed_seq_ = d.seq;
+    spare_events_.push_back(d.gathered);
+    spare_events_.push_back(d.landed);
+    demotions_.pop_front();
+  }
+  return Status();
+}
+
+Result<uint64_t> KvTransfer::read_direct_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  STRATA_RETURN_IF_ERROR(check_ids(blocks));
+  if (outs.size() != blocks.size()) return make_error(ErrorCode::kInvalidArgument, "KV transfer: one place per block");
+  if (blocks.empty()) return uint64_t(0);
+  const size_t half = size_t(chunk_blocks_) * size_t(block_bytes_);
+  const size_t bb = size_t(block_bytes_);
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_RETURN_IF_ERROR(retire(0, false));
+  // Gathers see every earlier write of the pool stream. On down_, in order: chunk c's gather
+  // into demotion half h waits for the copies out of the chunk before it in that half.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(mark_, stream_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(down_, mark_, 0));
+  uint64_t seq = 0;
+  for (size_t begin = 0; begin < blocks.size(); begin += size_t(chunk_blocks_)) {
+    KvBlockList list;
+    list.n = int32_t(std::min(blocks.size() - begin, size_t(chunk_blocks_)));
+    std::copy_n(blocks.begin() + begin, list.n, list.ids);
+    auto gathered = take_event();
+    if (!gathered.ok()) return gathered.error();
+    auto landed = take_event();
+    if (!landed.ok()) {
+      spare_events_.push_back(*gathered);
+      return landed.error();
+    }
+    Demotion d{next_seq_, *gathered, *landed};
+    uint8_t* dev = demote_device_ + size_t(demote_half_) * half;
+    launch_kv_gather(layout_, list, dev, down_);
+    Status st = [&]() -> Status {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(d.gathered, down_));
+      STRATA_RETURN_IF_ERROR(for_each_run(outs, begin, list.n, bb, [&](uint8_t* dst, size_t k, size_t r) -> Status {
+        STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, dev + k * bb, r * bb, cudaMemcpyDeviceToHost, down_));
+        return Status();
+      }));
+      STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(d.landed, down_));
+      return Status();
+    }();
+    if (!st.ok()) {
+      // Nothing of this call may land after it failed: earlier chunks finish first.
+      cudaStreamSynchronize(down_);
+      spare_events_.push_back(d.gathered);
+      spare_events_.push_back(d.landed);
+      return st.error();
+    }
+    for (int32_t k = 0; k < list.n; ++k) gather_seq_[size_t(list.ids[k])] = d.seq;
+    demotions_.push_back(d);
+    seq = next_seq_++;
+    demote_half_ ^= 1;
+  }
+  // Whatever the pool's stream runs next (a step writing into these blocks) waits for their
+  // gather, not for the copies out.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, demotions_.back().gathered, 0));
+  return seq;
+}
+
+Result<bool> KvTransfer::reads_done(uint64_t ticket, bool wait) {
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_RETURN_IF_ERROR(retire(ticket, wait));
+  return landed_seq_ >= ticket || demotions_.empty() || demotions_.front().seq > ticket;
 }
 
 }  // namespace strata::cuda
