@@ -25,9 +25,6 @@ constexpr char kMagic[8] = {'S', 'T', 'R', 'K', 'V', 'B', 'L', 'K'};
 constexpr const char* kExt = ".kvb";
 constexpr int64_t kDirectReadMin = int64_t(1) << 20;  // read_many ranges at least this long use O_DIRECT
 constexpr int64_t kReadPieceBytes = int64_t(16) << 20;  // read_many cuts longer runs into pieces this long
-// The writer waits this long for a group to fill before writing a short one: fewer, larger
-// files, which read back in fewer device requests.
-constexpr auto kGroupWait = std::chrono::milliseconds(10);
 
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -608,7 +605,7 @@ void DiskTier::writer_loop() {
       continue;
     }
     if (queue_.empty() && stop_) break;
-    cv_.wait_for(lock, kGroupWait, [&] { return stop_ || int32_t(queue_.size()) >= options_.max_group_blocks; });
+    cv_.wait_for(lock, std::chrono::duration<double>(options_.group_wait_s), [&] { return stop_ || int32_t(queue_.size()) >= options_.max_group_blocks; });
     // A file is pinned while any of its blocks is: session blocks go to files of their own, so
     // a pin never keeps other blocks past the budget.
     const double now = tier_clock_s();

@@ -53,6 +53,9 @@ struct DiskTierOptions {
   int64_t queue_bytes = int64_t(256) << 20;    // writer queue cap; past it demotions are dropped
   int64_t ref_queue_bytes = int64_t(2) << 30;  // the same for blocks queued by reference (enqueue_ref)
   int32_t max_group_blocks = 64;               // blocks per file at most
+  // The writer waits this long for a group to fill before writing a short one: fewer, larger
+  // files, which read back in fewer device requests.
+  double group_wait_s = 0.01;
   std::string identity;                        // must match for a file to be loaded
   std::vector<int64_t> tensor_bytes;           // one block's tensors, in order
   double read_delay_s = 0.0;                   // > 0: each read sleeps this long (a slow device, for tests)

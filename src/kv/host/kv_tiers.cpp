@@ -58,11 +58,15 @@ void KvTiers::queue_disk_from_host(std::span<const uint64_t> hashes, std::span<c
     bool by_ref = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      by_ref = host_->leased_slots() < host_->n_slots() / 4;
+      // The writer's own backlog counts, not a promotion's leases (short, and taken while
+      // the demotions that made room for it are queued here: a copy each would stall them).
+      by_ref = disk_ref_slots_ < host_->n_slots() / 4;
+      if (by_ref) ++disk_ref_slots_;
     }
     if (by_ref) {
       disk_->enqueue_ref(hashes[i], p, [this, p] {
         std::lock_guard<std::mutex> lock(mu_);
+        --disk_ref_slots_;
         host_->release(p);
       });
       continue;

@@ -111,9 +111,9 @@ class KvTiers {
  private:
   int64_t block_bytes_;
   // Queues host-memory blocks for disk from their leased slots: by reference (the lease ends
-  // once written) while fewer than a quarter of the host slots are leased (a leased slot whose
-  // block is evicted is not reused before the write: the writer's backlog must not take much
-  // of the host budget), past that as a copy (the lease ends at once). Unlocked.
+  // once written) while the writer holds fewer than a quarter of the host slots so (a leased
+  // slot whose block is evicted is not reused before the write: the writer's backlog must not
+  // take much of the host budget), past that as a copy (the lease ends at once). Unlocked.
   void queue_disk_from_host(std::span<const uint64_t> hashes, std::span<const uint8_t* const> leased);
 
   struct Deferred {
@@ -128,6 +128,7 @@ class KvTiers {
   std::unique_ptr<DiskTier> disk_;
   mutable std::mutex mu_;  // host_ and the counters; disk_ locks itself
   int64_t demoted_ = 0, demote_skipped_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0, pinned_ = 0;
+  int64_t disk_ref_slots_ = 0;  // host slots the disk writer reads by reference (its leases)
 };
 
 }  // namespace strata
