@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and measures everything: every packaged GPU test, the
 # Llama-8B-shaped decode/prefill/batch benchmark with transformers on the same shapes, the
-# KV-tier TTFT benchmark, the cost of --deterministic, the KV codec benchmark, and 256
+# KV-tier TTFT benchmark, the cost of --deterministic, the KV codec benchmarks (attention alone,
+# and full-model decode per codec), and 256
 # concurrent streams through `strata bench serve`. Each part logs under $OUT/<part>/; a
 # summary line per part goes to stdout.
 # Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries)
@@ -28,6 +29,10 @@ tail -20 "$root/deterministic/stdout.log"
 if [ -x "$bin/bench_kv_codec" ]; then
   part codec bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 300 $bin/bench_kv_codec"
   tail -25 "$root/codec/stdout.log"
+fi
+if [ -x "$bin/bench_kv_codec_decode" ]; then
+  part codec_decode bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 300 $bin/bench_kv_codec_decode"
+  tail -12 "$root/codec_decode/stdout.log"
 fi
 part serve env STRATA_PROFILE_STEPS=1 bash scripts/device/run_serve_bench.sh 256 1024 1024 256
 tail -30 "$root/serve/stdout.log"

@@ -269,9 +269,10 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
 }
 
 std::vector<int64_t> CudaExecutor::block_tensor_bytes() const {
-  const ModelConfig& c = decoder_->config();
-  const int64_t part = decoder_->kv_block_bytes() / (2 * int64_t(c.n_layers));
-  return std::vector<int64_t>(size_t(2 * c.n_layers), part);
+  const KvPoolLayout& l = decoder_->kv_pool().layout();
+  std::vector<int64_t> bytes;
+  for (int p = 0; p < 2 * l.n_layers; ++p) bytes.push_back(l.part_bytes(p));
+  return bytes;
 }
 
 void CudaExecutor::read_block(int32_t block, uint8_t* out) {
@@ -393,11 +394,34 @@ void CudaExecutor::unregister_host_memory(void* p) {
   }
 }
 
-KvCodecConfig cuda_kv_codecs() {
-  KvCodecConfig c;
-  c.default_spec.codec = KvCodec::kBf16;
+KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested) {
+  KvCodecConfig c = requested;
+  if (c.default_spec.codec == KvCodec::kAuto) c.default_spec.codec = KvCodec::kBf16;
+  for (auto& l : c.layers) {
+    if (l.spec.codec == KvCodec::kAuto) l.spec.codec = KvCodec::kBf16;
+  }
   return c;
 }
+
+namespace {
+
+// Per-layer specs of `codecs` (auto as bf16) for a model whose every layer owns its KV; empty
+// when every layer is bf16 (the plain pool, whatever the family).
+Result<std::vector<KvCodecSpec>> cuda_layer_codecs(const ModelConfig& cfg, const KvCodecConfig& codecs) {
+  KvCodecConfig c = cuda_kv_codecs(codecs);
+  const bool all_bf16 = c.default_spec.codec == KvCodec::kBf16 &&
+                        std::all_of(c.layers.begin(), c.layers.end(), [](const KvLayerCodec& l) { return l.spec.codec == KvCodec::kBf16; });
+  if (all_bf16) return std::vector<KvCodecSpec>{};
+  c.quant_start = 0;
+  std::vector<KvCodecLayerDims> dims(size_t(std::max(cfg.n_layers, 0)));
+  for (auto& d : dims) {
+    d.head_dim_k = cfg.head_dim;
+    d.head_dim_v = cfg.head_dim;
+  }
+  return resolve_kv_codecs(c, dims);
+}
+
+}  // namespace
 
 bool cuda_device_present() {
   int n = 0;
@@ -412,18 +436,16 @@ Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& co
   // attention), so ShapeModel reports no windows and every layer reads the sequence's table.
   auto family = family_flags(cfg);
   if (!family.ok()) return refuse(family.error().message + "; use --device cpu");
-  auto exact = [](const KvCodecSpec& s) { return s.codec == KvCodec::kAuto || s.codec == KvCodec::kBf16; };
-  if (!exact(codecs.default_spec)) {
-    return refuse(std::string("--kv-cache-dtype ") + kv_codec_name(codecs.default_spec.codec) +
-                  " is not supported on the GPU yet (auto or bf16)");
+  if (codecs.quant_start > 0) {
+    return refuse("--kv-quant-start is not supported on the GPU (the device pool keeps one codec per layer from the "
+                  "start; use --kv-cache-dtype or --kv-config alone)");
   }
-  for (const auto& l : codecs.layers) {
-    if (!exact(l.spec)) {
-      return refuse("--kv-config layer " + std::to_string(l.layer_idx) + " codec " + kv_codec_name(l.spec.codec) +
-                    " is not supported on the GPU yet (auto or bf16)");
-    }
+  auto specs = cuda_layer_codecs(cfg, codecs);
+  if (!specs.ok()) return refuse(specs.error().message);
+  if (KvCodecStep::any_codec(*specs)) {
+    const Status s = KvCodecStep::supported(cfg, *specs);
+    if (!s.ok()) return refuse(s.error().message + "; use --kv-cache-dtype bf16 or --device cpu");
   }
-  if (codecs.quant_start > 0) return refuse("--kv-quant-start is not supported on the GPU");
   return Status();
 }
 
@@ -431,7 +453,10 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   if (!cuda_device_present()) return make_error(ErrorCode::kUnsupported, "--device cuda: no CUDA device is present");
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
-  STRATA_RETURN_IF_ERROR(check_cuda_engine_support(*cfg, KvCodecConfig{}));
+  STRATA_RETURN_IF_ERROR(check_cuda_engine_support(*cfg, o.kv_codecs));
+  auto layer_codecs = cuda_layer_codecs(*cfg, o.kv_codecs);
+  if (!layer_codecs.ok()) return layer_codecs.error();
+  const bool codecs = KvCodecStep::any_codec(*layer_codecs);
   if (o.block_size < 1) return make_error(ErrorCode::kInvalidArgument, "block_size must be >= 1");
   const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : cfg->max_position;
   if (max_len <= 0) return make_error(ErrorCode::kInvalidArgument, "--max-model-len must be set: the config gives no maximum position");
@@ -443,6 +468,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
+  if (codecs) mo.kv_codecs = *layer_codecs;
   if (o.kv_cache_bytes > 0) {
     mo.kv_cache_bytes = o.kv_cache_bytes;
   } else {
@@ -457,7 +483,8 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     // The KV block staging and the device sampling scratch (CudaExecutor) are taken after the
     // pool.
     const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes +
-                            int64_t(sampling_scratch_bytes(mo, cfg->vocab_size));
+                            int64_t(sampling_scratch_bytes(mo, cfg->vocab_size)) +
+                            (codecs ? KvCodecStep::scratch_bytes(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, mo.max_tokens, mo.max_seqs) : 0);
     const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
                            CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
     if (budget <= 0) {
@@ -475,9 +502,9 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     e.message = "--device cuda: " + e.message;
     return e;
   }
-  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB){}", cfg->model_type,
+  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
-            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20,
+            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs)),
             o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
   CudaEngineParts parts;
   parts.shape = std::make_unique<ShapeModel>((*dec)->config());

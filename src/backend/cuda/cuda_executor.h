@@ -121,6 +121,7 @@ struct CudaEngineOptions {
   uint64_t seed = 1;
   float random_scale = 0.02f;
   bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
+  KvCodecConfig kv_codecs;          // --kv-cache-dtype / --kv-config (auto: bf16); no --kv-quant-start
 };
 
 struct CudaEngineParts {
@@ -129,15 +130,20 @@ struct CudaEngineParts {
 };
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
-// CudaDecoder lacks (cuda_family.h; recurrent state among them), a KV codec other than auto/bf16.
+// CudaDecoder lacks (cuda_family.h; recurrent state among them), KV codecs the device cannot
+// store for this model (KvCodecStep::supported: sliding-window or shared-KV families, head
+// dims the codec kernels lack), --kv-quant-start.
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
 
-// Loads (or draws) the model in `dir` on the current device and sizes its KV pool. The KV
-// codec the engine must then use is bf16 (cuda_kv_codecs()).
+// Loads (or draws) the model in `dir` on the current device and sizes its KV pool, in the
+// codecs of options.kv_codecs. The KV codec config the engine must then use is
+// cuda_kv_codecs(options.kv_codecs).
 Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const CudaEngineOptions& options);
 
-// The engine's KV codec config for the device pool: bf16 rows in every layer.
-KvCodecConfig cuda_kv_codecs();
+// The engine's KV codec config for the device pool: `requested` with auto as bf16 (the
+// device's exact rows), so the prefix-cache namespace and the tiers' block bytes name the
+// codecs the pool holds.
+KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested = KvCodecConfig{});
 
 // Whether a CUDA device is present.
 bool cuda_device_present();

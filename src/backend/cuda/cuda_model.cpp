@@ -61,6 +61,12 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   kl.n_kv_heads = int32_t(d.nkv);
   kl.head_dim = int32_t(d.hd);
   kl.block_size = opt_.block_size;
+  if (KvCodecStep::any_codec(opt_.kv_codecs)) {
+    auto c = KvCodecStep::create(cfg_, opt_.kv_codecs, opt_.max_tokens, opt_.max_seqs);
+    if (!c.ok()) return c.error();
+    codec_ = std::move(*c);
+    kl.row_bytes = codec_->row_bytes();
+  }
   auto kv = KvBlockPool::create(kl, opt_.kv_cache_bytes);
   if (!kv.ok()) return kv.error();
   kv_ = std::move(*kv);
@@ -411,6 +417,8 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   shape.tokens_per_tile = tpt;
   shape.n_splits = n_splits;
   shape.decode = decode_shape;
+  shape.n_seqs = n_seqs;
+  if (codec_) shape.codec_splits = codec_->splits_for(n, opt_.deterministic);
 
   if (opt_.cuda_graphs && decode_shape) {
     auto it = decode_graphs_.find(n_seqs);
@@ -586,7 +594,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   cudaStream_t st = stream_;
   STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
   if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
-  const bool fused = fused_ok_ && !opt_.deterministic && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
+  const bool fused = fused_ok_ && !codec_ && !opt_.deterministic && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
                      n_rows == n && shape.n_splits <= 32 && d.H % 8 == 0 && (d.nh * d.hd) % 8 == 0 && d.I % 8 == 0;
   if (fused) {
     launch_fused_decode(shape);
@@ -599,6 +607,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
   const WeightSplit* split = B.split.get();
   split_embed_lo(split, B.embed, B.dev<int32_t>(B.off_tokens), B.x, n, d.H, embed_scale_, st);
+  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
   const int32_t opw = one_plus_w_ ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -617,10 +626,15 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     gemm_->run(st, B.h, L.qkv, B.qkv, GemmOut::kF32, n, d.qkv_rows, d.H);
     QkvPostArgs qa = qkv_post_args(l);
     qa.n = int32_t(n);
-    launch_qkv_post(qa, st);
     const PagedAttentionArgs pa = attention_args(shape, l);
-    launch_paged_attention(pa, st);
-    launch_attention_combine(pa, st);
+    if (codec_) {
+      codec_->run_layer(int32_t(l), qa, pa, B.dev<int64_t>(B.off_slots), kv_->part(int(2 * l)), kv_->part(int(2 * l + 1)),
+                        shape.codec_splits, st);
+    } else {
+      launch_qkv_post(qa, st);
+      launch_paged_attention(pa, st);
+      launch_attention_combine(pa, st);
+    }
     gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, d.H, d.nh * d.hd);
     if (sandwich_) {
       launch_sandwich_add_norm({B.x, B.branch, L.o_bias, L.attn_out_norm, L.post_norm, B.h, int32_t(n), int32_t(d.H),
@@ -698,19 +712,12 @@ Status CudaDecoder::fetch_rows(int32_t* argmax, const int32_t* rows, int64_t n, 
 
 int64_t CudaDecoder::kv_block_bytes() const { return kv_->layout().bytes_per_block(); }
 
-namespace {
-// Bytes of one block of one layer's K (or V) region.
-size_t kv_part_bytes(const KvPoolLayout& l) { return size_t(l.block_size) * size_t(l.n_kv_heads) * size_t(l.head_dim) * 2; }
-}  // namespace
-
 Status CudaDecoder::read_kv_block(int32_t block, uint8_t* out) {
   if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
-  const size_t part = kv_part_bytes(kv_->layout());
-  const size_t elems = part / 2;
-  for (int l = 0; l < kv_->layout().n_layers; ++l) {
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->k(l) + size_t(block) * elems, part, cudaMemcpyDeviceToHost, stream_));
-    out += part;
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->v(l) + size_t(block) * elems, part, cudaMemcpyDeviceToHost, stream_));
+  const KvPoolLayout& kl = kv_->layout();
+  for (int p = 0; p < 2 * kl.n_layers; ++p) {
+    const size_t part = size_t(kl.part_bytes(p));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->part(p) + size_t(block) * part, part, cudaMemcpyDeviceToHost, stream_));
     out += part;
   }
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -719,12 +726,10 @@ Status CudaDecoder::read_kv_block(int32_t block, uint8_t* out) {
 
 Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
   if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
-  const size_t part = kv_part_bytes(kv_->layout());
-  const size_t elems = part / 2;
-  for (int l = 0; l < kv_->layout().n_layers; ++l) {
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->k(l) + size_t(block) * elems, in, part, cudaMemcpyHostToDevice, stream_));
-    in += part;
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->v(l) + size_t(block) * elems, in, part, cudaMemcpyHostToDevice, stream_));
+  const KvPoolLayout& kl = kv_->layout();
+  for (int p = 0; p < 2 * kl.n_layers; ++p) {
+    const size_t part = size_t(kl.part_bytes(p));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->part(p) + size_t(block) * part, in, part, cudaMemcpyHostToDevice, stream_));
     in += part;
   }
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

@@ -27,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_kv_codec_step.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/reference/kv_codec.h"
 #include "core/status.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -67,6 +69,11 @@ struct CudaModelOptions {
   // With split weights: the norm outputs and the gated MLP activation feeding the GEMMs are
   // split too (their lo recomputed in f32; a third GEMM adds x_lo . hi^T). false: weights only.
   bool split_inputs = true;
+  // KV codec of each layer (resolve_kv_codecs; kAuto is bf16). Empty or all bf16: the bf16 pool
+  // and kernels. Otherwise the pool holds each layer's codec rows and every step's attention
+  // runs through KvCodecStep (cuda_kv_codec_step.h); not with sliding-window layers or
+  // gemma4_text, and no fused decode.
+  std::vector<KvCodecSpec> kv_codecs;
 };
 
 class CudaDecoder {
@@ -117,7 +124,7 @@ class CudaDecoder {
   const CudaModelOptions& options() const { return opt_; }
 
   // Bytes of one KV block over every layer: per layer the K rows then the V rows,
-  // [block_size, n_kv_heads, head_dim] bf16 each.
+  // [block_size, n_kv_heads] rows each (bf16 [head_dim], or the layer's codec rows).
   int64_t kv_block_bytes() const;
   // Copies KV block `block` of every layer to / from host bytes laid out as kv_block_bytes()
   // says (waits for the stream).
@@ -140,6 +147,8 @@ class CudaDecoder {
     int64_t n_tokens = 0, n_tiles = 0, n_rows = 0;
     int32_t tokens_per_tile = 1, n_splits = 1;
     bool decode = false;  // every sequence one token with its logit row
+    int64_t n_seqs = 0;
+    int32_t codec_splits = 1;  // KV codecs: key splits of the codec attention
   };
   void launch_step(const StepShape& shape, bool record_copy);
   void launch_fused_decode(const StepShape& shape);
@@ -175,6 +184,7 @@ class CudaDecoder {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<KvBlockPool> kv_;
+  std::unique_ptr<KvCodecStep> codec_;  // null: bf16 KV
   std::unique_ptr<Gemm> gemm_;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;

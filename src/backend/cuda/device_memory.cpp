@@ -43,6 +43,10 @@ KvBlockPool::~KvBlockPool() {
 }
 
 Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& layout, int64_t bytes) {
+  if (!layout.row_bytes.empty() && layout.row_bytes.size() != size_t(2 * layout.n_layers)) {
+    return make_error(ErrorCode::kInvalidArgument, "KV pool layout: " + std::to_string(layout.row_bytes.size()) +
+                                                       " row sizes for " + std::to_string(layout.n_layers) + " layers");
+  }
   const int64_t per_block = layout.bytes_per_block();
   if (per_block <= 0) return make_error(ErrorCode::kInvalidArgument, "KV pool layout has no bytes per block");
   const int64_t n_blocks = bytes / per_block;
@@ -54,16 +58,19 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& lay
   auto pool = std::make_unique<KvBlockPool>();
   pool->layout_ = layout;
   pool->n_blocks_ = int32_t(n_blocks);
-  pool->layer_elems_ = size_t(n_blocks) * layout.block_size * layout.n_kv_heads * layout.head_dim;
+  size_t total = 0;
+  for (int part = 0; part < 2 * layout.n_layers; ++part) {
+    pool->part_offset_.push_back(total);
+    total += size_t(n_blocks) * size_t(layout.part_bytes(part));
+  }
   void* p = nullptr;
-  const size_t total = pool->layer_elems_ * 2 * size_t(layout.n_layers) * sizeof(uint16_t);
   const cudaError_t err = cudaMalloc(&p, total);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return make_error(ErrorCode::kResourceExhausted, "cannot allocate the KV block pool (" + std::to_string(total) +
                                                          " bytes): " + cudaGetErrorString(err));
   }
-  pool->base_ = static_cast<uint16_t*>(p);
+  pool->base_ = static_cast<uint8_t*>(p);
   return pool;
 }
 

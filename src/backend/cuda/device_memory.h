@@ -2,7 +2,8 @@
 //  - DeviceArena: one cudaMalloc carved by a bump pointer (weights, step scratch, the GEMM
 //    workspace). Pieces are never freed one by one; the arena frees all at destruction.
 //  - KvBlockPool: the paged KV cache, one allocation sized in bytes, split into blocks of
-//    `block_size` tokens; per layer a K and a V region [n_blocks, block_size, n_kv_heads, head_dim] bf16.
+//    `block_size` tokens; per layer a K and a V region [n_blocks, block_size, n_kv_heads] rows,
+//    bf16 [head_dim] rows or the rows of a KV codec (kv_codec.h; KvPoolLayout::row_bytes).
 #pragma once
 
 #include <cstddef>
@@ -48,8 +49,26 @@ struct KvPoolLayout {
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;  // tokens per block
-  // Bytes of one block over all layers (K and V, bf16).
-  int64_t bytes_per_block() const { return int64_t(n_layers) * 2 * block_size * n_kv_heads * head_dim * 2; }
+  // Bytes of one (token, KV head) row of each part (part 2 l: layer l's K, 2 l + 1: its V);
+  // empty: bf16 rows (head_dim * 2 bytes) in every part.
+  std::vector<int32_t> row_bytes = {};
+  // Bytes of one block of one part.
+  int64_t part_bytes(int part) const {
+    return int64_t(block_size) * n_kv_heads * (row_bytes.empty() ? int64_t(head_dim) * 2 : int64_t(row_bytes[size_t(part)]));
+  }
+  // Bytes of one block over all layers (K and V).
+  int64_t bytes_per_block() const {
+    int64_t b = 0;
+    for (int p = 0; p < 2 * n_layers; ++p) b += part_bytes(p);
+    return b;
+  }
+  // Every part's blocks have the same bytes (bf16, or one codec whose K and V rows match).
+  bool uniform_parts() const {
+    for (int p = 1; p < 2 * n_layers; ++p) {
+      if (part_bytes(p) != part_bytes(0)) return false;
+    }
+    return true;
+  }
 };
 
 class KvBlockPool {
@@ -64,15 +83,17 @@ class KvBlockPool {
 
   const KvPoolLayout& layout() const { return layout_; }
   int32_t n_blocks() const { return n_blocks_; }
-  // Layer `layer`'s pools, [n_blocks, block_size, n_kv_heads, head_dim] bf16 bits.
-  uint16_t* k(int layer) const { return base_ + size_t(layer) * 2 * layer_elems_; }
-  uint16_t* v(int layer) const { return base_ + (size_t(layer) * 2 + 1) * layer_elems_; }
+  // Layer `layer`'s pools, [n_blocks, block_size, n_kv_heads, head_dim] bf16 bits (bf16 rows).
+  uint16_t* k(int layer) const { return reinterpret_cast<uint16_t*>(part(2 * layer)); }
+  uint16_t* v(int layer) const { return reinterpret_cast<uint16_t*>(part(2 * layer + 1)); }
+  // Part p's region (2 l: layer l's K, 2 l + 1: its V), [n_blocks, block_size, n_kv_heads] rows.
+  uint8_t* part(int p) const { return base_ + part_offset_[size_t(p)]; }
 
  private:
   KvPoolLayout layout_;
   int32_t n_blocks_ = 0;
-  size_t layer_elems_ = 0;  // elements of one layer's K (or V) region
-  uint16_t* base_ = nullptr;
+  std::vector<size_t> part_offset_;  // bytes from base_ to each part's region
+  uint8_t* base_ = nullptr;
 };
 
 }  // namespace strata::cuda

@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention
   const int n_keys = a.context_lens[seq];
   const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
   const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
-  const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+  const int* table = a.block_tables + int64_t(a.query_seq != nullptr ? a.query_seq[seq] : seq) * a.max_blocks_per_seq;
   // The split's block-table entries, cached in shared memory when they fit (the step metadata
   // was copied before the step's first kernel: it may be read before the wait).
   __shared__ int s_table[kTableCache];
@@ -380,20 +380,24 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention
       const int kt = first_kt + i * kt_step;
       uint8_t* buf = stage0 + size_t(i % kS) * tile_keys * pair;
       const int n = min(tile_keys, k_end - kt);
-      // Lane j finds key j's slot; the loop below takes them by shuffle (no dependent loads).
-      int64_t my_slot = 0;
-      if (lane < n) {
-        const int p = kt + lane, b = p / a.block_size;
-        const int blk = cached ? s_table[b - first_b] : table[b];
-        my_slot = int64_t(blk) * a.block_size + (p - b * a.block_size);
-      }
-      for (int j = 0; j < n; ++j) {
-        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, j);
-        const uint8_t* kr = k_base + slot * k_stride;
-        const uint8_t* vr = v_base + slot * v_stride;
-        for (int c = lane; c < pieces; c += 32) {
-          const uint8_t* src = c < k_pieces ? kr + c * kPiece : vr + (c - k_pieces) * kPiece;
-          cp_async(buf + j * pair + c * kPiece, src, kPiece == 16);
+      // Lane j finds key j0 + j's slot; the loop below takes them by shuffle (no dependent
+      // loads). Tiles pass 32 keys at head dim 16 only.
+      for (int j0 = 0; j0 < n; j0 += 32) {
+        int64_t my_slot = 0;
+        if (j0 + lane < n) {
+          const int p = kt + j0 + lane, b = p / a.block_size;
+          const int blk = cached ? s_table[b - first_b] : table[b];
+          my_slot = int64_t(blk) * a.block_size + (p - b * a.block_size);
+        }
+        const int j1 = min(n, j0 + 32);
+        for (int j = j0; j < j1; ++j) {
+          const int64_t slot = __shfl_sync(0xffffffffu, my_slot, j - j0);
+          const uint8_t* kr = k_base + slot * k_stride;
+          const uint8_t* vr = v_base + slot * v_stride;
+          for (int c = lane; c < pieces; c += 32) {
+            const uint8_t* src = c < k_pieces ? kr + c * kPiece : vr + (c - k_pieces) * kPiece;
+            cp_async(buf + j * pair + c * kPiece, src, kPiece == 16);
+          }
         }
       }
     }
@@ -624,6 +628,23 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
   a.out[row * hd + d] = uint16_t(f32_to_bf16_bits(o));
 }
 
+// One thread per token: its key count and its sequence (binary search over the starts).
+__global__ void kv_codec_query_rows_kernel(KvCodecQueryRowsArgs a) {
+  const int t = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= a.n_tokens) return;
+  int lo = 0, hi = a.n_seqs - 1;  // the last s with seq_q_start[s] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.seq_q_start[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  a.context_lens[t] = a.positions[t] + 1;
+  a.query_seq[t] = lo;
+}
+
 int32_t g_min_blocks = 3;  // set_kv_codec_attention_min_blocks
 bool g_use_mma = true;      // set_kv_codec_attention_mma
 
@@ -664,7 +685,7 @@ void launch_pair(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStrea
   }
 }
 
-bool valid_dim(int32_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+bool valid_dim(int32_t d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
 
 }  // namespace
 
@@ -679,7 +700,7 @@ void set_kv_codec_attention_mma(bool on) { g_use_mma = on; }
 bool kv_codec_attention_mma() { return g_use_mma; }
 
 const char* kv_codec_write_problem(const KvRowLayout& f) {
-  if (!valid_dim(f.dim)) return "head dim must be 32, 64, 128 or 256";
+  if (!valid_dim(f.dim)) return "head dim must be 16, 32, 64, 128 or 256";
   if (f.bytes <= 0 || f.bytes % 4 != 0 || f.bytes > 4 * kMaxRowWords) return "row bytes must be a multiple of 4, at most 1024";
   if (f.kind == Kind::kAffine8 || f.kind == Kind::kAffine4) {
     if (f.group <= 0 || f.group % 16 != 0 || f.dim % f.group != 0) return "affine group must be a multiple of 16 dividing the head dim";
@@ -712,6 +733,12 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
   const TurboConsts tc = a.fmt.kind == Kind::kTurbo3 ? turbo_consts(a.seed_layer, a.n_kv_heads, a.fmt.dim) : TurboConsts{};
   launch_pdl(kv_codec_write_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps)), kEncWarps * 32, 0, stream, a,
              tc);
+}
+
+void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return;
+  kv_codec_query_rows_kernel<<<unsigned((a.n_tokens + 127) / 128), 128, 0, stream>>>(a);
+  STRATA_CUDA_CHECK_LAUNCH();
 }
 
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream) {

@@ -32,7 +32,7 @@ KvRowLayout kv_row_layout(const Format& f) {
 
 // Empty when the GPU kernels handle this key/value layout pair, else why not. Supported pairs:
 // bf16/bf16, fp8/fp8, affine8/affine8, affine4/affine4 and affine8/turbo3 (the turbo codec);
-// head dims 32, 64, 128 or 256 (keys and values alike); affine groups a multiple of 16 that
+// head dims 16, 32, 64, 128 or 256 (keys and values alike); affine groups a multiple of 16 that
 // divides the head dim; rows of at most 1,024 bytes.
 const char* kv_codec_gpu_problem(const KvRowLayout& k, const KvRowLayout& v);
 // Empty when launch_kv_codec_write can encode rows of this layout (the same head dims and
@@ -54,9 +54,11 @@ struct KvCodecWriteArgs {
 };
 void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 
-// Decode attention over codec pools: sequence s has one query token (its heads q[s]) that
-// sees the keys at positions [0, context_lens[s]) of its block table (its own key included:
-// write it first). GQA: query head h reads KV head h / (n_heads / n_kv_heads). The keys of a
+// Attention over codec pools, one query token per row: row s (its heads q[s]) sees the keys at
+// positions [0, context_lens[s]) of its block table (its own key included: write it first).
+// The table is row s's own (decode: one token per sequence) or, with query_seq, row
+// query_seq[s] of block_tables: several query rows of one sequence (a prefill chunk), each
+// with its own causal limit (position + 1; launch_kv_codec_query_rows makes both arrays). GQA: query head h reads KV head h / (n_heads / n_kv_heads). The keys of a
 // sequence are cut into n_splits chunks; each (KV head, split, sequence) block stages the
 // encoded rows in shared memory and dequantizes them in registers (no dequantized copy of the
 // cache), with f32 sums, and writes partial (out, max, sum);
@@ -72,6 +74,7 @@ struct KvCodecAttentionArgs {
   int32_t seed_layer;           // turbo3 values: KV head h uses kv_rotation_seed(seed_layer, h)
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]
   const int32_t* context_lens;  // [n_seqs] keys each query sees, >= 1
+  const int32_t* query_seq = nullptr;  // [n_seqs] block-table row of each query row, or null: row s
   float* partial_out;           // [n_splits, n_seqs, n_heads, v_fmt.dim] scratch
   float* partial_ml;            // [n_splits, n_seqs, n_heads, 2] scratch: max, sum of exp
   int32_t n_seqs;
@@ -85,6 +88,18 @@ struct KvCodecAttentionArgs {
 };
 // Both kernels (the split blocks, then the merge). Layouts must pass kv_codec_gpu_problem.
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream);
+
+// The per-query-row arrays of a packed step (tokens of sequence s at [seq_q_start[s],
+// seq_q_start[s + 1])): context_lens[t] = positions[t] + 1, query_seq[t] = s.
+struct KvCodecQueryRowsArgs {
+  const int32_t* positions;    // [n_tokens]
+  const int32_t* seq_q_start;  // [n_seqs + 1]
+  int32_t* context_lens;       // [n_tokens]
+  int32_t* query_seq;          // [n_tokens]
+  int32_t n_tokens;
+  int32_t n_seqs;
+};
+void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stream);
 // Occupancy of the split kernel, process-wide: registers capped for 3 blocks (12 warps) per
 // multiprocessor (default; group 4 spills a little) or 2 (no spills at group <= 4). For benchmarks.
 void set_kv_codec_attention_min_blocks(int32_t blocks);

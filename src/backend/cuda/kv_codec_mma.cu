@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) kv_codec_mma_kernel
   const int n_keys = a.context_lens[seq];
   const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
   const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
-  const int* table = a.block_tables + int64_t(seq) * a.max_blocks_per_seq;
+  const int* table = a.block_tables + int64_t(a.query_seq != nullptr ? a.query_seq[seq] : seq) * a.max_blocks_per_seq;
   const int bs = a.block_size;
   const int first_b = k_begin / bs;
   const int n_b = k_end > k_begin ? (k_end - 1) / bs - first_b + 1 : 0;

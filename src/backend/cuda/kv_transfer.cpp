@@ -56,7 +56,9 @@ Result<std::unique_ptr<KvTransfer>> KvTransfer::create(const KvBlockPool& pool, 
   t->n_blocks_ = pool.n_blocks();
   t->block_bytes_ = l.bytes_per_block();
   t->layout_.base = reinterpret_cast<uint8_t*>(pool.k(0));
-  t->layout_.part_bytes = int64_t(l.block_size) * l.n_kv_heads * l.head_dim * 2;
+  // One gather kernel moves parts of one size (bf16, or one codec with K and V rows alike).
+  if (!l.uniform_parts()) return make_error(ErrorCode::kUnsupported, "KV transfer: the pool's parts differ in size");
+  t->layout_.part_bytes = l.part_bytes(0);
   t->layout_.part_stride = int64_t(reinterpret_cast<uint8_t*>(pool.v(0)) - reinterpret_cast<uint8_t*>(pool.k(0)));
   t->layout_.n_parts = 2 * l.n_layers;
   t->stream_ = stream;

@@ -1,0 +1,177 @@
+#include "backend/cuda/cuda_kv_codec_step.h"
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int32_t kMaxCodecSplits = 32;
+// Split blocks (KV head x split x query row) a decode step aims for: a few waves of the
+// device's multiprocessors (measured at batch 64 x 8k, Llama-8B shape: 1024 beat 2048 and 4096
+// for every codec, bench_kv_codec_decode).
+int64_t g_target_blocks = 1024;
+
+size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+// kAuto stores bf16 rows on the GPU.
+KvCodecSpec gpu_spec(KvCodecSpec s) {
+  if (s.codec == KvCodec::kAuto) s.codec = KvCodec::kBf16;
+  return s;
+}
+
+int64_t partial_rows_for(int32_t max_tokens, int32_t max_seqs) {
+  return std::max<int64_t>(max_tokens, int64_t(max_seqs) * kMaxCodecSplits);
+}
+
+}  // namespace
+
+KvCodecStep::~KvCodecStep() {
+  if (mem_ != nullptr) cudaFree(mem_);
+}
+
+bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs) {
+  return std::any_of(specs.begin(), specs.end(), [](const KvCodecSpec& s) { return gpu_spec(s).codec != KvCodec::kBf16; });
+}
+
+int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs) {
+  const size_t T = size_t(max_tokens), P = size_t(partial_rows_for(max_tokens, max_seqs));
+  return int64_t(2 * align256(T * size_t(n_kv_heads) * size_t(head_dim) * 2) + align256(T * 8) + 2 * align256(T * 4) +
+                 align256(P * size_t(n_heads) * size_t(head_dim) * 4) + align256(P * size_t(n_heads) * 2 * 4));
+}
+
+Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs) {
+  auto refuse = [](const std::string& m) { return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: " + m); };
+  bool plain = cfg.model_type != "gemma4_text";
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const bool full = cfg.layer_types.empty() || cfg.layer_types[size_t(l)] == "full_attention";
+    plain = plain && full && !(cfg.sliding_window > 0 && cfg.is_sliding(l));
+  }
+  if (!plain) {
+    return refuse("model type '" + cfg.model_type + "' (sliding-window, shared-KV or linear-attention layers) keeps bf16 KV only");
+  }
+  if (int64_t(specs.size()) != int64_t(cfg.n_layers)) {
+    return refuse(std::to_string(specs.size()) + " layer codecs for " + std::to_string(cfg.n_layers) + " layers");
+  }
+  if (cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads != 0) {
+    return refuse("num_attention_heads must be a multiple of num_key_value_heads");
+  }
+  const int32_t group = cfg.n_heads / cfg.n_kv_heads;
+  if (group != 1 && group != 2 && group != 4 && group != 8) return refuse("GQA group " + std::to_string(group) + " (1, 2, 4 or 8)");
+  for (size_t l = 0; l < specs.size(); ++l) {
+    const KvCodecSpec spec = gpu_spec(specs[l]);
+    const std::string what = std::string(kv_codec_name(spec.codec)) + " of layer " + std::to_string(l) + " (head dim " +
+                             std::to_string(cfg.head_dim) + "): ";
+    const KvRowFormat kf = kv_key_format(spec, cfg.head_dim), vf = kv_value_format(spec, cfg.head_dim);
+    if (const char* p = kv_format_problem(kf); *p != '\0') return refuse(what + p);
+    if (const char* p = kv_format_problem(vf); *p != '\0') return refuse(what + p);
+    if (const char* p = kv_codec_gpu_problem(kv_row_layout(kf), kv_row_layout(vf)); *p != '\0') return refuse(what + p);
+  }
+  return Status();
+}
+
+Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
+                                                         int32_t max_tokens, int32_t max_seqs) {
+  STRATA_RETURN_IF_ERROR(supported(cfg, specs));
+  std::unique_ptr<KvCodecStep> s(new KvCodecStep());
+  const int32_t n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, head_dim = cfg.head_dim;
+  for (const KvCodecSpec& spec : specs) {
+    s->k_.push_back(kv_row_layout(kv_key_format(gpu_spec(spec), head_dim)));
+    s->v_.push_back(kv_row_layout(kv_value_format(gpu_spec(spec), head_dim)));
+  }
+  s->n_heads_ = n_heads;
+  s->n_kv_heads_ = n_kv_heads;
+  s->head_dim_ = head_dim;
+  s->max_tokens_ = max_tokens;
+  s->partial_rows_ = partial_rows_for(max_tokens, max_seqs);
+  const int64_t bytes = scratch_bytes(n_heads, n_kv_heads, head_dim, max_tokens, max_seqs);
+  const cudaError_t err = cudaMalloc(&s->mem_, size_t(bytes));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    s->mem_ = nullptr;
+    return make_error(ErrorCode::kResourceExhausted, "KV codec step scratch (" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(err));
+  }
+  char* p = static_cast<char*>(s->mem_);
+  auto take = [&](size_t b) {
+    char* at = p;
+    p += align256(b);
+    return at;
+  };
+  const size_t T = size_t(max_tokens), P = size_t(s->partial_rows_);
+  s->k_stage_ = reinterpret_cast<uint16_t*>(take(T * size_t(n_kv_heads) * size_t(head_dim) * 2));
+  s->v_stage_ = reinterpret_cast<uint16_t*>(take(T * size_t(n_kv_heads) * size_t(head_dim) * 2));
+  s->stage_slots_ = reinterpret_cast<int64_t*>(take(T * 8));
+  s->context_lens_ = reinterpret_cast<int32_t*>(take(T * 4));
+  s->query_seq_ = reinterpret_cast<int32_t*>(take(T * 4));
+  s->partial_out_ = reinterpret_cast<float*>(take(P * size_t(n_heads) * size_t(head_dim) * 4));
+  s->partial_ml_ = reinterpret_cast<float*>(take(P * size_t(n_heads) * 2 * 4));
+  std::vector<int64_t> ids(T);
+  for (size_t t = 0; t < T; ++t) ids[t] = int64_t(t);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s->stage_slots_, ids.data(), T * 8, cudaMemcpyHostToDevice));
+  return s;
+}
+
+std::vector<int32_t> KvCodecStep::row_bytes() const {
+  std::vector<int32_t> b;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    b.push_back(k_[l].bytes);
+    b.push_back(v_[l].bytes);
+  }
+  return b;
+}
+
+int32_t KvCodecStep::splits_for(int64_t n_tokens, bool deterministic) const {
+  if (deterministic || n_tokens <= 0) return 1;
+  const int64_t blocks = n_tokens * n_kv_heads_;
+  int64_t splits = std::clamp<int64_t>((g_target_blocks + blocks - 1) / blocks, 1, kMaxCodecSplits);
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, partial_rows_ / n_tokens));
+  return int32_t(splits);
+}
+
+void KvCodecStep::set_target_blocks(int64_t blocks) { g_target_blocks = std::max<int64_t>(1, blocks); }
+int64_t KvCodecStep::target_blocks() { return g_target_blocks; }
+
+void KvCodecStep::begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
+                             cudaStream_t stream) {
+  launch_kv_codec_query_rows({positions, seq_q_start, context_lens_, query_seq_, n_tokens, n_seqs}, stream);
+}
+
+void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
+                            uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream) {
+  const int32_t n = post.n;
+  // k and v of token t land in staging row t (bf16, after bias, k norm and RoPE).
+  post.k_pool = k_stage_;
+  post.v_pool = v_stage_;
+  post.slot_mapping = stage_slots_;
+  launch_qkv_post(post, stream);
+  const KvRowLayout& kf = k_[size_t(layer)];
+  const KvRowLayout& vf = v_[size_t(layer)];
+  launch_kv_codec_write({k_stage_, slot_mapping, k_pool, kf, n, n_kv_heads_, layer}, stream);
+  launch_kv_codec_write({v_stage_, slot_mapping, v_pool, vf, n, n_kv_heads_, layer}, stream);
+  KvCodecAttentionArgs a{};
+  a.q = attn.q;
+  a.out = attn.out;
+  a.k_pool = k_pool;
+  a.v_pool = v_pool;
+  a.k_fmt = kf;
+  a.v_fmt = vf;
+  a.seed_layer = layer;
+  a.block_tables = attn.block_tables;
+  a.context_lens = context_lens_;
+  a.query_seq = query_seq_;
+  a.partial_out = partial_out_;
+  a.partial_ml = partial_ml_;
+  a.n_seqs = n;
+  a.n_splits = n_splits;
+  a.max_blocks_per_seq = attn.max_blocks_per_seq;
+  a.block_size = attn.block_size;
+  a.n_heads = n_heads_;
+  a.n_kv_heads = n_kv_heads_;
+  a.scale = attn.scale;
+  a.softcap = attn.softcap;
+  launch_kv_codec_attention(a, stream);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,83 @@
+// The attention part of a CudaDecoder step when its KV pool holds KV codec rows (kv_codec.h):
+// per layer, the QKV post-processing writes the step's K/V as bf16 rows into a small staging
+// area, launch_kv_codec_write encodes them into the layer's pool rows (bytes as the CPU
+// codecs'), and launch_kv_codec_attention reads the codec rows directly (a tile at a time in
+// shared memory, never a dequantized copy of the cache) for every query token of the step:
+// one query row per token with its own causal limit, so decode, prefill and mixed steps take
+// the same kernels. The bf16 decoder (no codec) never comes here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_codec.h"
+#include "backend/reference/kv_codec.h"
+#include "core/status.h"
+#include "model/model_config.h"
+
+namespace strata::cuda {
+
+class KvCodecStep {
+ public:
+  ~KvCodecStep();
+  KvCodecStep(const KvCodecStep&) = delete;
+  KvCodecStep& operator=(const KvCodecStep&) = delete;
+
+  // Empty Status when the GPU takes these per-layer specs (resolved; kAuto is bf16) for cfg:
+  // every layer full attention with KV of its own (no sliding windows, shared KV or linear
+  // attention), rows the kernels handle (kv_codec_gpu_problem), GQA group 1, 2, 4 or 8; else
+  // kUnsupported naming the layer or model type.
+  static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs);
+  // supported(), then scratch for steps of up to max_tokens tokens and max_seqs sequences.
+  static Result<std::unique_ptr<KvCodecStep>> create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
+                                                     int32_t max_tokens, int32_t max_seqs);
+  // Device bytes create() takes for these sizes.
+  static int64_t scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs);
+  // Whether any spec stores rows other than bf16 (else the plain bf16 pool serves).
+  static bool any_codec(const std::vector<KvCodecSpec>& specs);
+
+  // Row bytes of each pool part (KvPoolLayout::row_bytes: layer l's K, then its V).
+  std::vector<int32_t> row_bytes() const;
+  const KvRowLayout& k_format(int layer) const { return k_[size_t(layer)]; }
+  const KvRowLayout& v_format(int layer) const { return v_[size_t(layer)]; }
+
+  // Key splits of a step of n_tokens query rows: enough blocks for the device at decode sizes,
+  // one for prefill-sized steps (whose query rows already fill it); 1 when deterministic (a
+  // row's key order must not depend on the batch). Depends on n_tokens only (decode graphs).
+  int32_t splits_for(int64_t n_tokens, bool deterministic) const;
+  // Split blocks (KV head x split x query row) a step aims for, process-wide (default 1024; for
+  // benchmarks: takes effect with the next decode graph capture, CudaDecoder::clear_cuda_graphs).
+  static void set_target_blocks(int64_t blocks);
+  static int64_t target_blocks();
+
+  // After the step's metadata copy: each token's key count and sequence (device arrays here).
+  void begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
+                  cudaStream_t stream);
+  // One layer: post (launch_qkv_post's arguments for the step: q to post.q_out; its k/v pools
+  // and slot mapping are replaced by the staging here), the encode of K and V into the pool
+  // parts, then attention of the step's n_tokens query rows over the layer's codec rows into
+  // out. attn supplies q, out, block_tables, the shapes, scale and softcap.
+  void run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
+                 uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream);
+
+ private:
+  KvCodecStep() = default;
+  std::vector<KvRowLayout> k_, v_;
+  int32_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;
+  int64_t partial_rows_ = 0;  // query rows x splits the partial buffers hold
+  void* mem_ = nullptr;       // one allocation for everything below
+  uint16_t* k_stage_ = nullptr;   // [max_tokens, n_kv_heads, head_dim] bf16
+  uint16_t* v_stage_ = nullptr;   // [max_tokens, n_kv_heads, head_dim] bf16
+  int64_t* stage_slots_ = nullptr;  // [max_tokens] 0, 1, 2, ...: token t's staging row
+  int32_t* context_lens_ = nullptr;  // [max_tokens]
+  int32_t* query_seq_ = nullptr;     // [max_tokens]
+  float* partial_out_ = nullptr;     // [partial_rows, n_heads, head_dim]
+  float* partial_ml_ = nullptr;      // [partial_rows, n_heads, 2]
+};
+
+}  // namespace strata::cuda

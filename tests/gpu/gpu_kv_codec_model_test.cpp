@@ -1,0 +1,504 @@
+// KV codecs in the CUDA decoder (CudaModelOptions::kv_codecs, cuda_kv_codec_step.h) on whole
+// models, against the CPU engine's forward with the same codec (the CPU codec attention is the
+// reference):
+//  - llama3-tiny (head dim 16) and qwen3-tiny (head dim 32, q/k norms) with fp8, int8, int4,
+//    turbo and a per-layer mix; both forwards read the same bf16-rounded weights; the prompt row
+//    and 8 greedy steps (teacher-forced on the CPU codec run's ids). Per row, with e = the
+//    codec's own error on the CPU (codec logits against exact-f32-KV logits on the same ids):
+//    GPU codec vs CPU codec within 2e-2 + e (printed too: the GPU codec against exact KV). The
+//    GPU encodes K/V rounded to bf16, the CPU from f32, so a value near a quantization boundary
+//    can land one level apart: the two codec runs differ by up to about the codec's own error,
+//    not by the bf16 floor alone. The greedy ids of all 9 rows are the CPU's where its top two
+//    are not a near tie within that tolerance (at least 10 compared over a model's codecs: the
+//    coarse codecs leave few rows of these tiny models outside their tolerance);
+//  - prefill against decode: a prompt prefilled in one step and the same prompt fed in a chunk
+//    and then one token per step, in steps shared with another sequence's prefill chunks
+//    (mixed steps): on the tiny models within 2e-2 (and the same argmax off near ties); on a
+//    random head-dim-128 model (the tensor-core codec kernel) within 2e-2 + its codec error
+//    (against the bf16 decoder of the same weights), and bit for bit with
+//    CudaModelOptions::deterministic (batch-invariant GEMMs and one key split: a row's
+//    attention does not depend on what else the step holds);
+//  - codec blocks copied through CudaExecutor (read_blocks / write_blocks and read_block /
+//    write_block) into other blocks give bit-identical logits when a sequence reads them.
+// Needs a GPU.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backend/cuda/cuda_executor.h"
+#include "backend/cuda/cuda_model.h"
+#include "engine/engine.h"
+#include "gpu_test_util.h"
+#include "kv/codec/kv_codec_config.h"
+#include "model/kv_storage.h"
+#include "model/registry.h"
+
+namespace strata::cuda {
+namespace {
+
+using namespace strata::gpu_test;
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string model_dir(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
+
+// dir's config files and model.safetensors with every F32 matrix rounded to bf16 (kept F32):
+// the CPU forward then reads the weights the GPU holds.
+void write_bf16_weights_copy(const std::filesystem::path& dir, const std::filesystem::path& out) {
+  std::filesystem::create_directories(out);
+  for (const char* f : {"config.json", "generation_config.json"}) {
+    if (std::filesystem::exists(dir / f)) std::filesystem::copy_file(dir / f, out / f, std::filesystem::copy_options::overwrite_existing);
+  }
+  std::ifstream in(dir / "model.safetensors", std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(std::string(bytes.data() + 8, size_t(header_len)));
+  char* data = bytes.data() + 8 + header_len;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__" || t["dtype"] != "F32" || t["shape"].size() < 2) continue;
+    const auto off = t["data_offsets"].get<std::vector<size_t>>();
+    for (size_t i = off[0]; i + 4 <= off[1]; i += 4) {
+      float v;
+      std::memcpy(&v, data + i, 4);
+      v = bf16_to_f32(f32_to_bf16(v));
+      std::memcpy(data + i, &v, 4);
+    }
+  }
+  std::ofstream(out / "model.safetensors", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+struct CodecCase {
+  const char* name;
+  KvCodecConfig config;
+};
+
+std::vector<CodecCase> codec_cases() {
+  std::vector<CodecCase> out;
+  for (KvCodec c : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
+    KvCodecConfig k;
+    k.default_spec.codec = c;
+    out.push_back({kv_codec_name(c), k});
+  }
+  // --kv-config: a different codec per layer (the tiny models have 3 layers).
+  KvCodecConfig mix;
+  mix.default_spec.codec = KvCodec::kInt8;
+  mix.layers = {{0, {KvCodec::kBf16, 0}}, {2, {KvCodec::kTurbo, 0}}};
+  out.push_back({"mixed bf16/int8/turbo", mix});
+  return out;
+}
+
+// Per-layer specs as the engine resolves them for a model whose layers all own their KV.
+std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCodecConfig& c) {
+  std::vector<KvCodecLayerDims> dims(size_t(cfg.n_layers));
+  for (auto& d : dims) d.head_dim_k = d.head_dim_v = cfg.head_dim;
+  auto r = resolve_kv_codecs(cuda_kv_codecs(c), dims);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
+  return r.ok() ? *r : std::vector<KvCodecSpec>{};
+}
+
+CudaModelOptions test_options(const std::vector<KvCodecSpec>& specs) {
+  CudaModelOptions o;
+  o.kv_cache_bytes = int64_t(16) << 20;
+  o.block_size = 16;
+  o.max_tokens = 256;
+  o.max_seqs = 8;
+  o.max_blocks_per_seq = 16;
+  o.max_logit_rows = 128;
+  o.kv_codecs = specs;
+  return o;
+}
+
+SeqSpan span_at(int32_t first_block, int32_t pos0, int32_t n_tokens, bool all) {
+  SeqSpan s;
+  for (int32_t b = 0; b < 16; ++b) s.block_table.push_back(first_block + b);
+  s.pos0 = pos0;
+  s.n_tokens = n_tokens;
+  s.logits_all = all;
+  s.logits_last = !all;
+  return s;
+}
+
+int32_t argmax_of(const float* row, int32_t vocab) { return int32_t(std::max_element(row, row + vocab) - row); }
+
+// Whether the top two of row are within tol * max|row| of each other (a near tie).
+bool near_tie(const float* row, int32_t vocab, double tol) {
+  float a = -INFINITY, b = -INFINITY, amax = 0.0f;
+  for (int32_t i = 0; i < vocab; ++i) {
+    amax = std::max(amax, std::fabs(row[i]));
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return double(a - b) <= tol * double(amax);
+}
+
+std::vector<int32_t> prompt_ids(int32_t vocab, int32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
+  return ids;
+}
+
+// CPU forward of one sequence (prefill of `prompt`, then `steps` greedy steps), exact or codec
+// KV: the last prompt logits and each step's logits, and the greedy ids.
+struct CpuRun {
+  std::vector<std::vector<float>> logits;  // [1 + steps][vocab]
+  std::vector<int32_t> ids;                // [1 + steps] argmax of each row
+};
+
+// forced: feed these ids after the prompt instead of the argmax of each row.
+CpuRun cpu_greedy(Model& m, const std::vector<KvCodecSpec>& specs, const std::vector<int32_t>& prompt, int32_t steps,
+                  const std::vector<int32_t>* forced = nullptr) {
+  std::vector<KvLayerSpec> layout = m.kv_layout();
+  for (size_t l = 0; l < layout.size() && l < specs.size(); ++l) layout[l].codec = specs[l];
+  KvStorage kv(layout, 16, 16);
+  const int32_t vocab = m.config().vocab_size;
+  CpuRun r;
+  StepBatch b;
+  b.tokens = prompt;
+  b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
+  for (int32_t s = 0; s <= steps; ++s) {
+    std::vector<float> row(static_cast<size_t>(vocab));
+    m.forward(b, kv, nullptr, row.data());
+    r.ids.push_back(argmax_of(row.data(), vocab));
+    r.logits.push_back(std::move(row));
+    b.seqs[0].pos0 += b.seqs[0].n_tokens;
+    b.seqs[0].n_tokens = 1;
+    b.tokens = {forced != nullptr ? (*forced)[size_t(s)] : r.ids.back()};
+  }
+  return r;
+}
+
+class GpuKvCodecModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string name = GetParam();
+  const std::filesystem::path copy =
+      std::filesystem::temp_directory_path() / ("strata_codec_bf16_" + name + "_" + std::to_string(::getpid()));
+  write_bf16_weights_copy(model_dir(name), copy);
+  ThreadPool pool(2);
+  auto cpu = load_model(copy.string(), pool);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+  const ModelConfig& cfg = (*cpu)->config();
+  const int32_t vocab = cfg.vocab_size;
+  constexpr int32_t kSteps = 8;
+  const std::vector<int32_t> prompt = prompt_ids(vocab, 37, 1234);
+  int32_t compared_ids = 0;
+  for (const CodecCase& cc : codec_cases()) {
+    SCOPED_TRACE(cc.name);
+    const std::vector<KvCodecSpec> specs = layer_specs(cfg, cc.config);
+    const CpuRun ref = cpu_greedy(**cpu, specs, prompt, kSteps);
+    const CpuRun exact = cpu_greedy(**cpu, {}, prompt, kSteps, &ref.ids);
+    auto gpu = CudaDecoder::load(model_dir(name), test_options(specs));
+    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    CudaDecoder& m = **gpu;
+    EXPECT_LT(m.kv_block_bytes(), int64_t(cfg.n_layers) * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 2 + 1)
+        << "codec blocks are no larger than bf16 blocks";
+    StepBatch b;
+    b.tokens = prompt;
+    b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
+    std::vector<float> got(static_cast<size_t>(vocab));
+    int32_t am = -1;
+    double worst = 0.0, worst_exact = 0.0, worst_codec = 0.0, worst_ratio = 0.0;
+    int32_t same_ids = 0, counted = 0;
+    for (int32_t s = 0; s <= kSteps; ++s) {
+      ASSERT_TRUE(m.forward(b, &am, got.data()).ok());
+      const double e = max_norm_rel(ref.logits[size_t(s)], exact.logits[size_t(s)]);
+      const double err = max_norm_rel(got, ref.logits[size_t(s)]);
+      const double err_exact = max_norm_rel(got, exact.logits[size_t(s)]);
+      worst = std::max(worst, err);
+      worst_exact = std::max(worst_exact, err_exact);
+      worst_codec = std::max(worst_codec, e);
+      worst_ratio = std::max(worst_ratio, err / std::max(e, 1e-9));
+      const double tol = 2e-2 + e;
+      EXPECT_LE(err, tol) << "step " << s << " (codec error on the CPU " << e << ")";
+      EXPECT_EQ(am, argmax_of(got.data(), vocab));
+      if (!near_tie(ref.logits[size_t(s)].data(), vocab, tol)) {
+        ++counted;
+        same_ids += am == ref.ids[size_t(s)] ? 1 : 0;
+        EXPECT_EQ(am, ref.ids[size_t(s)]) << "greedy id at step " << s;
+      }
+      // Teacher-forced on the CPU's ids, so later rows stay comparable.
+      b.seqs[0].pos0 += b.seqs[0].n_tokens;
+      b.seqs[0].n_tokens = 1;
+      b.tokens = {ref.ids[size_t(s)]};
+    }
+    std::printf("%s %-22s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e (largest ratio "
+                "to the row's codec error %.2f), vs exact %.3e; greedy ids: %d of %d compared equal (%d near ties)\n",
+                name.c_str(), cc.name, worst_codec, worst, worst_ratio, worst_exact, same_ids, counted, kSteps + 1 - counted);
+    compared_ids += counted;
+  }
+  EXPECT_GE(compared_ids, 10) << "too many near ties: the test compared too few greedy ids";
+  std::filesystem::remove_all(copy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuKvCodecModel, ::testing::Values("llama3-tiny", "qwen3-tiny"));
+
+// Seq A: the prompt in one step, every position's logits. Seq B: the same prompt as a 5-token
+// chunk, then one token per step; seq C (another prompt) is prefilled in 6-token chunks in
+// the same steps. B's rows must match A's.
+constexpr int32_t kPrefillLen = 40;
+
+// Seq A's logits: the test prompt prefilled in one step (blocks 0..).
+std::vector<float> prefill_rows(CudaDecoder& m, std::vector<int32_t>* am = nullptr) {
+  const int32_t vocab = m.config().vocab_size;
+  std::vector<float> ref(size_t(kPrefillLen) * size_t(vocab));
+  std::vector<int32_t> ids(static_cast<size_t>(kPrefillLen));
+  StepBatch a;
+  a.tokens = prompt_ids(vocab, kPrefillLen, 77);
+  a.seqs = {span_at(0, 0, kPrefillLen, true)};
+  EXPECT_TRUE(m.forward(a, ids.data(), ref.data()).ok());
+  if (am != nullptr) *am = ids;
+  return ref;
+}
+
+// tol: per position, or bitwise equality when negative.
+void check_prefill_matches_decode(CudaDecoder& m, const std::string& what, const std::vector<double>& tol) {
+  const int32_t vocab = m.config().vocab_size;
+  constexpr int32_t kLen = kPrefillLen;
+  const std::vector<int32_t> prompt = prompt_ids(vocab, kLen, 77), other = prompt_ids(vocab, 70, 78);
+  std::vector<int32_t> am;
+  const std::vector<float> ref = prefill_rows(m, &am);
+  double worst = 0.0;
+  int32_t off_argmax = 0;
+  int32_t pos = 0, other_pos = 0;
+  std::vector<float> got(size_t(kLen + 6) * size_t(vocab));
+  std::vector<int32_t> got_am(static_cast<size_t>(kLen + 6));
+  while (pos < kLen) {
+    StepBatch b;
+    const int32_t n = pos == 0 ? 5 : 1;
+    b.tokens.assign(prompt.begin() + pos, prompt.begin() + pos + n);
+    b.seqs.push_back(span_at(16, pos, n, true));
+    if (other_pos < int32_t(other.size())) {
+      const int32_t k = std::min<int32_t>(6, int32_t(other.size()) - other_pos);
+      b.tokens.insert(b.tokens.end(), other.begin() + other_pos, other.begin() + other_pos + k);
+      b.seqs.push_back(span_at(32, other_pos, k, false));
+      other_pos += k;
+    }
+    ASSERT_TRUE(m.forward(b, got_am.data(), got.data()).ok());
+    for (int32_t i = 0; i < n; ++i) {
+      const std::vector<float> row(got.begin() + size_t(i) * vocab, got.begin() + size_t(i + 1) * vocab);
+      const std::vector<float> want(ref.begin() + size_t(pos + i) * vocab, ref.begin() + size_t(pos + i + 1) * vocab);
+      const double err = max_norm_rel(row, want);
+      worst = std::max(worst, err);
+      const double t = tol[size_t(pos + i)];
+      if (t < 0) {
+        EXPECT_EQ(std::memcmp(row.data(), want.data(), row.size() * 4), 0) << what << " position " << pos + i << ": max-norm rel " << err;
+      } else {
+        EXPECT_LE(err, t) << what << " position " << pos + i;
+      }
+      if (!near_tie(want.data(), vocab, std::max(t, 0.0)) && got_am[size_t(i)] != am[size_t(pos + i)]) ++off_argmax;
+    }
+    pos += n;
+  }
+  EXPECT_EQ(off_argmax, 0) << what;
+  std::printf("%-34s prefill vs chunk + decode in mixed steps: worst max-norm rel %.3e over %d positions\n", what.c_str(), worst,
+              kLen);
+}
+
+TEST(GpuKvCodecModelSteps, PrefillMatchesDecodeInMixedSteps) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"llama3-tiny", "qwen3-tiny"}) {
+    auto cfg = load_model_config(model_dir(name));
+    ASSERT_TRUE(cfg.ok());
+    for (const CodecCase& cc : codec_cases()) {
+      auto m = CudaDecoder::load(model_dir(name), test_options(layer_specs(*cfg, cc.config)));
+      ASSERT_TRUE(m.ok()) << m.error().to_string();
+      check_prefill_matches_decode(**m, std::string(name) + " " + cc.name, std::vector<double>(40, 2e-2));
+    }
+    auto bf16 = CudaDecoder::load(model_dir(name), test_options({}));
+    ASSERT_TRUE(bf16.ok());
+    check_prefill_matches_decode(**bf16, std::string(name) + " bf16 decoder", std::vector<double>(40, 2e-2));
+  }
+  // Head dim 128, GQA group 4: the tensor-core codec kernel.
+  ModelConfig cfg;
+  cfg.model_type = "llama";
+  cfg.hidden = 512;
+  cfg.n_layers = 2;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.intermediate = 1024;
+  cfg.vocab_size = 1024;
+  cfg.max_position = 4096;
+  cfg.rms_eps = 1e-5f;
+  cfg.hidden_act = "silu";
+  std::vector<float> bf16_ref;
+  {
+    auto m = CudaDecoder::random(cfg, test_options({}), 5, 0.05f);
+    ASSERT_TRUE(m.ok()) << m.error().to_string();
+    bf16_ref = prefill_rows(**m);
+    check_prefill_matches_decode(**m, "random hd128 bf16 decoder", std::vector<double>(40, 2e-2));
+  }
+  const int32_t vocab = cfg.vocab_size;
+  for (const CodecCase& cc : codec_cases()) {
+    if (std::string(cc.name).find("mixed") != std::string::npos) continue;  // 2 layers
+    auto m = CudaDecoder::random(cfg, test_options(layer_specs(cfg, cc.config)), 5, 0.05f);
+    ASSERT_TRUE(m.ok()) << m.error().to_string();
+    // Per position: 2e-2 + the codec's own error (its prefill rows against the bf16 decoder's).
+    const std::vector<float> codec_ref = prefill_rows(**m);
+    std::vector<double> tol(40);
+    for (size_t p = 0; p < tol.size(); ++p) {
+      const std::vector<float> a(codec_ref.begin() + p * vocab, codec_ref.begin() + (p + 1) * vocab);
+      const std::vector<float> b(bf16_ref.begin() + p * vocab, bf16_ref.begin() + (p + 1) * vocab);
+      tol[p] = 2e-2 + max_norm_rel(a, b);
+    }
+    check_prefill_matches_decode(**m, std::string("random hd128 ") + cc.name, tol);
+    CudaModelOptions det = test_options(layer_specs(cfg, cc.config));
+    det.deterministic = true;
+    auto m3 = CudaDecoder::random(cfg, det, 5, 0.05f);
+    ASSERT_TRUE(m3.ok());
+    check_prefill_matches_decode(**m3, std::string("random hd128 deterministic ") + cc.name, std::vector<double>(40, -1.0));
+  }
+}
+
+TEST(GpuKvCodecModelSteps, CodecBlocksCopiedThroughTheExecutorReadTheSame) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const CodecCase& cc : codec_cases()) {
+    SCOPED_TRACE(cc.name);
+    auto cfg = load_model_config(model_dir("qwen3-tiny"));
+    ASSERT_TRUE(cfg.ok());
+    auto dec = CudaDecoder::load(model_dir("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
+    ASSERT_TRUE(dec.ok()) << dec.error().to_string();
+    CudaExecutor ex(std::move(dec).value());
+    CudaDecoder& m = ex.decoder();
+    const std::vector<int64_t> parts = ex.block_tensor_bytes();
+    int64_t sum = 0;
+    for (int64_t p : parts) sum += p;
+    EXPECT_EQ(sum, m.kv_block_bytes());
+    ASSERT_EQ(parts.size(), size_t(2 * cfg->n_layers));
+    const int32_t vocab = cfg->vocab_size;
+    const std::vector<int32_t> prompt = prompt_ids(vocab, 40, 9);  // blocks 0..2
+    StepBatch b;
+    b.tokens = prompt;
+    b.seqs = {span_at(0, 0, 40, false)};
+    int32_t am = 0;
+    std::vector<float> first(static_cast<size_t>(vocab)), second(static_cast<size_t>(vocab));
+    ASSERT_TRUE(m.forward(b, &am).ok());
+    // Blocks 0..2 to 16..18 in one batched copy each way, and block 2 again one at a time to 17.
+    std::vector<uint8_t> bytes(size_t(3 * sum));
+    const std::vector<int32_t> from = {0, 1, 2}, to = {16, 17, 18};
+    ex.read_blocks(from, bytes.data());
+    ex.write_blocks(to, bytes.data());
+    std::vector<uint8_t> one(static_cast<size_t>(sum));
+    ex.read_block(1, one.data());
+    EXPECT_EQ(std::memcmp(one.data(), bytes.data() + sum, size_t(sum)), 0) << "read_block and read_blocks agree";
+    ex.write_block(17, one.data());
+    StepBatch d;
+    d.tokens = {prompt.back()};
+    d.seqs = {span_at(0, 40, 1, false)};
+    ASSERT_TRUE(m.forward(d, &am, first.data()).ok());
+    d.seqs = {span_at(16, 40, 1, false)};
+    ASSERT_TRUE(m.forward(d, &am, second.data()).ok());
+    EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * 4), 0) << "logits from the copied blocks";
+  }
+}
+
+// The Engine over CudaExecutor with a codec pool (make_cuda_engine_parts with kv_codecs): a
+// greedy request's tokens are the CudaDecoder's own greedy run with that codec, and the same
+// prompt again (a prefix-cache hit on codec blocks) gives them again.
+TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto cfg = load_model_config(model_dir("qwen3-tiny"));
+  ASSERT_TRUE(cfg.ok());
+  constexpr int32_t kTokens = 8;
+  for (const CodecCase& cc : codec_cases()) {
+    SCOPED_TRACE(cc.name);
+    const std::vector<int32_t> prompt = prompt_ids(cfg->vocab_size, 37, 4321);
+    std::vector<int32_t> want;
+    {
+      auto dec = CudaDecoder::load(model_dir("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
+      ASSERT_TRUE(dec.ok()) << dec.error().to_string();
+      StepBatch b;
+      b.tokens = prompt;
+      b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
+      for (int32_t i = 0; i < kTokens; ++i) {
+        int32_t am = -1;
+        ASSERT_TRUE((*dec)->forward(b, &am).ok());
+        want.push_back(am);
+        b.seqs[0].pos0 += b.seqs[0].n_tokens;
+        b.seqs[0].n_tokens = 1;
+        b.tokens = {am};
+      }
+    }
+    CudaEngineOptions co;
+    co.kv_cache_bytes = int64_t(16) << 20;
+    co.block_size = 16;
+    co.max_batch_tokens = 64;
+    co.max_num_seqs = 8;
+    co.max_model_len = 256;
+    co.kv_codecs = cc.config;
+    auto parts = make_cuda_engine_parts(model_dir("qwen3-tiny"), co);
+    ASSERT_TRUE(parts.ok()) << parts.error().to_string();
+    EngineOptions eo;
+    eo.block_size = 16;
+    eo.max_batch_tokens = 64;  // the 37-token prompt in one chunk, decodes after it
+    eo.max_num_seqs = 8;
+    eo.max_model_len = 256;
+    eo.kv_codecs = cuda_kv_codecs(cc.config);
+    eo.model_identity = "qwen3-tiny";
+    auto engine = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
+    ASSERT_TRUE(engine.ok()) << engine.error().to_string();
+    (*engine)->start();
+    for (int rep = 0; rep < 2; ++rep) {
+      GenerationRequest r;
+      r.id = std::string("codec-") + std::to_string(rep);
+      r.prompt = prompt;
+      r.max_tokens = kTokens;
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      auto st = (*engine)->submit(r);
+      ASSERT_TRUE(st.ok()) << st.error().to_string();
+      std::vector<int32_t> got;
+      for (;;) {
+        auto e = (*st)->next(std::chrono::seconds(60));
+        ASSERT_TRUE(e.has_value()) << "request timed out";
+        got.insert(got.end(), e->tokens.begin(), e->tokens.end());
+        if (e->final) break;
+      }
+      EXPECT_EQ(got, want) << "run " << rep << (rep == 1 ? " (prefix-cache hit)" : "");
+    }
+    (*engine)->shutdown();
+  }
+}
+
+TEST(GpuKvCodecModelSteps, EngineSupportAcceptsCodecsAndNamesRefusals) {
+  auto llama = load_model_config(model_dir("llama3-tiny"));
+  ASSERT_TRUE(llama.ok());
+  for (const CodecCase& cc : codec_cases()) EXPECT_TRUE(check_cuda_engine_support(*llama, cc.config).ok()) << cc.name;
+  KvCodecConfig quant;
+  quant.default_spec.codec = KvCodec::kInt8;
+  quant.quant_start = 64;
+  const Status q = check_cuda_engine_support(*llama, quant);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.error().message.find("--kv-quant-start"), std::string::npos) << q.error().message;
+  ModelConfig odd = *llama;
+  odd.head_dim = 24;  // no codec kernel for it
+  KvCodecConfig int8;
+  int8.default_spec.codec = KvCodec::kInt8;
+  int8.default_spec.group_size = 8;
+  const Status s = check_cuda_engine_support(odd, int8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("head dim"), std::string::npos) << s.error().message;
+  // The namespace names the codecs the pool holds (auto is the device's bf16).
+  EXPECT_NE(codec_namespace(cuda_kv_codecs(KvCodecConfig{})), codec_namespace(cuda_kv_codecs(int8)));
+}
+
+}  // namespace
+}  // namespace strata::cuda
