@@ -7,6 +7,7 @@
 # Usage: bash scripts/device/run_serve_bench.sh [num_prompts] [input_len] [output_len] [concurrency]
 #   STRATA_DEVICE_BIN  the packaged binaries (default .device/bin)
 #   STRATA_SKIP_TESTS=1 skips gpu_engine_test; STRATA_PROFILE_STEPS=1 logs where step time goes
+#   STRATA_SERVE_ARGS  extra `strata serve` flags (e.g. --no-async-scheduling)
 #   STRATA_TEST_TIMEOUT, STRATA_BENCH_TIMEOUT  seconds for the test and the main bench (180, 420)
 set -u
 out=${OUT:-/tmp/strata-serve-bench}
@@ -46,7 +47,7 @@ healthy() {
 max_len=$((in_len + out_len + 64))
 $bin/strata serve --model "$model" --device cuda --load-format dummy --gpu-memory-fraction 0.85 \
   --max-num-seqs "$conc" --max-batch-tokens 4096 --max-model-len "$max_len" --max-queued 4096 \
-  --port $port --served-model-name llama8b-dummy >"$out/serve.log" 2>&1 &
+  --port $port --served-model-name llama8b-dummy ${STRATA_SERVE_ARGS:-} >"$out/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 120); do
   healthy && break

@@ -30,6 +30,9 @@ void add_device_flags(CLI::App* cmd, DeviceArgs& a) {
                 "Batch-invariant kernels: a request's logits do not depend, bit for bit, on the other requests sharing "
                 "its steps (--device cuda: fixed GEMM algorithms without split-K, no GEMV or fused decode, unsplit "
                 "attention; slower). The cpu engine is batch-invariant always: there the flag changes nothing");
+  cmd->add_flag("--no-async-scheduling", a.no_async_scheduling,
+                "--device cuda: run steps one at a time instead of planning the next step while the GPU runs the "
+                "current one (same tokens either way; for comparison and debugging)");
 }
 
 namespace {
@@ -56,6 +59,7 @@ Result<std::string> resolve_device(const DeviceArgs& d) {
 Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& dir, ThreadPool& pool, EngineOptions* eo) {
   auto device = resolve_device(d);
   if (!device.ok()) return device.error();
+  eo->async_scheduling = !d.no_async_scheduling;
   EngineModel out;
   out.device = *device;
   if (out.device == "cpu") {

@@ -21,6 +21,7 @@ struct DeviceArgs {
   std::optional<double> gpu_memory_fraction;  // of total device memory for weights + scratch + KV
   std::string load_format = "auto";         // auto (the checkpoint) or dummy (random weights)
   bool deterministic = false;               // batch-invariant kernels (cuda; the cpu engine always is)
+  bool no_async_scheduling = false;         // steps one at a time (EngineOptions::async_scheduling off)
   const CLI::App* cmd = nullptr;            // to tell an explicit --kv-cache-bytes from its default
 };
 

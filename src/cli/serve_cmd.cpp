@@ -197,6 +197,7 @@ int run_serve(ServeArgs a) {
   eo.state_snapshot_interval = a.state_snapshot_interval;
   eo.kv_codecs = device_eo.kv_codecs;  // bf16 on cuda
   eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
+  eo.async_scheduling = device_eo.async_scheduling;
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
   const int32_t max_len_guess = a.max_model_len > 0 ? a.max_model_len : cfg.max_position;

@@ -111,9 +111,10 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
     log::warn("device sampling scratch ({} bytes) not allocated, sampled rows copy their logits to the host: {}", bytes,
               st.error().to_string());
   }
+  setup_overlap();
 }
 
-void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples) {
+void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned) {
   Sampling& s = *sampling_;
   s.h_rows.clear();
   s.h_row_index.clear();
@@ -135,13 +136,18 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples) {
       s.h_bias_values.push_back(v);
     }
     row.bias_count = int32_t(s.h_bias_ids.size()) - row.bias_begin;
+    // The penalty lists only where their penalty is on (the sampler reads them only then).
     row.seen_begin = int32_t(s.h_seen.size());
-    for (int32_t id : sampler->seen_ids()) s.h_seen.push_back(id);
+    if (p.repetition_penalty != 1.0f) {
+      for (int32_t id : sampler->seen_ids()) s.h_seen.push_back(id);
+    }
     row.seen_count = int32_t(s.h_seen.size()) - row.seen_begin;
     row.counts_begin = int32_t(s.h_count_ids.size());
-    for (const auto& [id, n] : sampler->token_counts()) {
-      s.h_count_ids.push_back(id);
-      s.h_count_values.push_back(n);
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+      for (const auto& [id, n] : sampler->token_counts()) {
+        s.h_count_ids.push_back(id);
+        s.h_count_values.push_back(n);
+      }
     }
     row.counts_count = int32_t(s.h_count_ids.size()) - row.counts_begin;
     s.h_rows.push_back(row);
@@ -158,8 +164,18 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples) {
   // that each sampled row's logits stay where the step wrote them (stride = vocab, base at
   // the row), one launch per run of consecutive rows.
   const cudaStream_t stream = decoder_->stream();
+  // Staged through pinned memory (overlapped steps), a copy never waits for the device.
+  if (pinned != nullptr && (!s.h_seen.empty() || !s.h_count_ids.empty())) {
+    throw std::runtime_error("device sampling: penalty rows in an overlapped step");
+  }
+  size_t staged = 0;
   auto up = [&](void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
+    if (pinned != nullptr) {
+      std::memcpy(pinned + staged, src, bytes);
+      src = pinned + staged;
+      staged += (bytes + 255) / 256 * 256;
+    }
     if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) {
       throw std::runtime_error("device sampling: upload failed");
     }
@@ -192,16 +208,14 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples) {
     launch_sampling(b, stream);
     i = j;
   }
+  if (pinned != nullptr) return;  // the tokens stay on the device (CudaExecutor::enqueue)
   s.h_tokens.resize(s.h_rows.size());
   if (cudaMemcpyAsync(s.h_tokens.data(), s.tokens, s.h_rows.size() * 4, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
     throw std::runtime_error("device sampling: token copy failed");
   }
 }
 
-const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
-                                  std::span<const RowSample> samples) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point t0 = profile_ ? Clock::now() : Clock::time_point{};
+void CudaExecutor::pack(const StepPlan& plan) {
   batch_.tokens.clear();
   batch_.seqs.resize(plan.spans.size());
   for (size_t i = 0; i < plan.spans.size(); ++i) {
@@ -218,6 +232,15 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
   }
+}
+
+const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                                  std::span<const RowSample> samples) {
+  using Clock = std::chrono::steady_clock;
+  STRATA_CHECK(overlap_queued() == 0, "run() with overlapped steps still queued");
+  overlap_interrupted();
+  const Clock::time_point t0 = profile_ ? Clock::now() : Clock::time_point{};
+  pack(plan);
   const int64_t n_rows = batch_.n_logit_rows();
   STRATA_CHECK(int64_t(want_logits.size()) == n_rows, "want_logits has one entry per logit row");
   host_rows_.clear();

@@ -24,15 +24,28 @@
 
 namespace strata::cuda {
 
+struct CudaExecutorOverlap;  // cuda_executor_async.cpp
+struct CudaExecutorOverlapFree {
+  void operator()(CudaExecutorOverlap* o) const;  // frees its device and pinned buffers
+};
+
 class CudaExecutor final : public StepExecutor {
  public:
   // kv_staging_bytes: device and pinned host staging of read_blocks / write_blocks (taken
   // here, once; without it those fall back to one block at a time).
   explicit CudaExecutor(std::unique_ptr<CudaDecoder> decoder,
                         int64_t kv_staging_bytes = KvTransfer::kDefaultStagingBytes);
+  ~CudaExecutor() override;
 
   const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
                       std::span<const RowSample> samples) override;
+  // Overlapped steps (cuda_executor_async.cpp): a step's tokens (argmax or device-sampled)
+  // are gathered on the device, fed to the next step's decodes there (CudaDecoder::
+  // set_token_feed) and copied back to pinned memory; collect() waits for that copy only.
+  bool supports_overlap() const override { return overlap_ != nullptr; }
+  void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want_logits, std::span<const RowSample> samples,
+               std::span<const TokenFeed> feed) override;
+  const StepRows& collect() override;
   int32_t vocab() const override { return decoder_->config().vocab_size; }
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
   bool device_argmax() const override { return true; }
@@ -96,11 +109,22 @@ class CudaExecutor final : public StepExecutor {
   };
   std::unique_ptr<Sampling> sampling_;  // null: device sampling off
   bool sampling_on_ = true;
-  // Uploads the step's sampled rows and launches the sampler over the device logits.
-  void launch_device_sampling(std::span<const RowSample> samples);
+  // Uploads the step's sampled rows and launches the sampler over the device logits. pinned:
+  // null, the uploads read the host lists and the tokens come back to Sampling::h_tokens;
+  // else the uploads are staged there (no penalty lists) and the tokens stay on the device.
+  void launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned = nullptr);
+  // Packs the plan's spans into batch_ (token ids from each sequence's tokens).
+  void pack(const StepPlan& plan);
+  // Overlapped steps: device and pinned buffers, the queue of at most two steps (null: off).
+  std::unique_ptr<CudaExecutorOverlap, CudaExecutorOverlapFree> overlap_;
+  void setup_overlap();
+  int32_t overlap_queued() const;
+  void overlap_interrupted();  // a run() step: the next overlapped step feeds nothing
   // STRATA_PROFILE_STEPS=1: where the step time goes, logged every 256 steps: the engine's
   // host work between steps (planning, commit, streaming), packing the batch here, and the
-  // device step (enqueue to the end of the copies back).
+  // device step (enqueue to the end of the copies back). Overlapped steps log their own line
+  // (cuda_executor_async.cpp): the device's idle time between steps, event-timed, and the host's
+  // split of a step's wall time.
   bool profile_ = false;
   int64_t prof_steps_ = 0;
   double prof_gap_ms_ = 0, prof_pack_ms_ = 0, prof_device_ms_ = 0;

@@ -10,6 +10,7 @@
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/token_feed.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 #include "model/rope.h"
@@ -435,9 +436,8 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
       it = decode_graphs_.emplace(n_seqs, exec).first;
     }
     if (it != decode_graphs_.end()) {
+      // The graph records meta_copied right after its copy node (launch_step).
       STRATA_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
-      // The graph's copy node reads the pinned block: it is free once the step is done.
-      STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, stream_));
       B.meta_pending = true;
       return Status();
     }
@@ -593,7 +593,13 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   const int64_t n = shape.n_tokens, n_rows = shape.n_rows;
   cudaStream_t st = stream_;
   STRATA_CUDA_CHECK(cudaMemcpyAsync(B.meta_dev, B.meta_host, B.meta_bytes, cudaMemcpyHostToDevice, st));
-  if (record_copy) STRATA_CUDA_CHECK(cudaEventRecord(B.meta_copied, st));
+  // Captured into a decode graph as an event node: the pinned block is free for the next
+  // step's packing as soon as it is copied, not when the step ends.
+  STRATA_CUDA_CHECK(record_copy ? cudaEventRecord(B.meta_copied, st)
+                                : cudaEventRecordWithFlags(B.meta_copied, st, cudaEventRecordExternal));
+  if (feed_desc_ != nullptr) {
+    launch_feed_tokens({feed_desc_, feed_prev_, B.dev<int32_t>(B.off_tokens), opt_.max_seqs, int32_t(d.V)}, st);
+  }
   const bool fused = fused_ok_ && !codec_ && !opt_.deterministic && shape.decode && n <= std::min<int64_t>(launch_tuning().fuse_decode_rows, kGemvMaxRows) &&
                      n_rows == n && shape.n_splits <= 32 && d.H % 8 == 0 && (d.nh * d.hd) % 8 == 0 && d.I % 8 == 0;
   if (fused) {
@@ -690,6 +696,14 @@ Status CudaDecoder::forward_rows(const StepBatch& batch, int32_t* argmax, const 
 }
 
 const float* CudaDecoder::device_logits() const { return buf_->logits; }
+
+const int32_t* CudaDecoder::device_argmax() const { return buf_->argmax; }
+
+void CudaDecoder::set_token_feed(int32_t* desc, const int32_t* prev) {
+  feed_desc_ = desc;
+  feed_prev_ = prev;
+  clear_cuda_graphs();  // graphs captured without the feed would skip it
+}
 
 Status CudaDecoder::fetch_rows(int32_t* argmax, const int32_t* rows, int64_t n, float* logits) {
   const int64_t n_rows = n_logit_rows_;

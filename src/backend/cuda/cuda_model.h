@@ -120,6 +120,13 @@ class CudaDecoder {
   // The last enqueued step's logits on the device, [n_logit_rows(), vocab] f32; valid until
   // the next step is enqueued.
   const float* device_logits() const;
+  // The last enqueued step's greedy token of each logit row on the device, [n_logit_rows()].
+  const int32_t* device_argmax() const;
+  // Overlapped steps (CudaExecutor): every later step, right after its metadata upload (inside
+  // the decode graphs too), writes prev[src[i]] into its token ids at dst[i] for i < n, with
+  // desc = [n, src[max_seqs], dst[max_seqs]] in device memory, and sets n to 0 (the caller
+  // uploads a feed before the step that takes it). Drops the graphs captured so far.
+  void set_token_feed(int32_t* desc, const int32_t* prev);
   int64_t n_logit_rows() const { return n_logit_rows_; }
   const CudaModelOptions& options() const { return opt_; }
 
@@ -189,6 +196,8 @@ class CudaDecoder {
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;
   int64_t n_logit_rows_ = 0;  // of the last enqueued step
+  int32_t* feed_desc_ = nullptr;  // set_token_feed (null: no feed)
+  const int32_t* feed_prev_ = nullptr;
   int32_t max_splits_ = 32;
   // The M at which the batch-invariant GEMM algorithm of each shape is ranked (deterministic).
   static constexpr int64_t kInvariantGemmRows = 256;

@@ -1,0 +1,259 @@
+// CudaExecutor's overlapped steps (StepExecutor::enqueue / collect). Per step, in stream order:
+// the feed descriptor's upload (the decodes whose input is the previous step's token), the
+// decoder's step (its metadata upload, then the feed kernel, then the layers: a decode graph
+// replays both), the device sampler, the merge of every row's token into one buffer, and that
+// buffer's copy into the step's pinned slot. collect() waits for the copy; the next step's feed
+// kernel reads the same buffer on the device before the next merge overwrites it. Two slots of
+// pinned memory: a step's slot is reused two steps later, after it was collected.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "backend/cuda/cuda_executor.h"
+#include "backend/cuda/token_feed.h"
+#include "core/check.h"
+#include "core/log.h"
+
+namespace strata::cuda {
+
+using Clock = std::chrono::steady_clock;
+
+struct CudaExecutorOverlap {
+  int32_t max_seqs = 0, max_rows = 0;
+  int32_t* d_desc = nullptr;    // [1 + 2 * max_seqs] feed descriptor (CudaDecoder::set_token_feed)
+  int32_t* d_tokens = nullptr;  // [max_rows] the last merged step's token of each row
+  struct Slot {
+    int32_t* h_desc = nullptr;        // pinned [1 + 2 * max_seqs]
+    int32_t* h_row_sample = nullptr;  // pinned [max_rows]: sampled-token index of each row, -1: argmax
+    int32_t* h_tokens = nullptr;      // pinned [max_rows]: the step's tokens, copied back
+    uint8_t* h_stage = nullptr;       // pinned: device sampler uploads (rows, logit bias)
+    int32_t* d_row_sample = nullptr;  // [max_rows]
+    cudaEvent_t done = nullptr;       // after the tokens' copy
+    int64_t number = 0;               // the step's place among overlapped steps (profiling)
+    int32_t n_rows = 0;
+    int64_t n_tokens = 0;
+    double enqueue_ms = 0;
+  };
+  Slot slot[2];
+  size_t stage_bytes = 0;
+  int32_t head = 0, queued = 0;
+  int32_t last_rows = -1;  // rows of the last enqueued step (-1: none, or a run() since)
+  // STRATA_PROFILE_STEPS: timed events before and after each step's work, a ring indexed by
+  // the step's number (an event is recorded again four steps on, after both its readers), and
+  // sums over the steps since the last log line.
+  static constexpr int kRing = 4;
+  cudaEvent_t begin[kRing] = {}, end[kRing] = {};
+  int64_t n_enqueued = 0;
+  int64_t chain_from = 0;  // first step after the last run(): idle is measured from the next one
+  int64_t prof_steps = 0, prof_tokens = 0;
+  double prof_idle_ms = 0, prof_busy_ms = 0, prof_enqueue_ms = 0, prof_wait_ms = 0, prof_wall_ms = 0;
+  Clock::time_point prof_last_collect{};
+  bool prof_have_last = false;
+};
+
+namespace {
+
+void free_overlap(CudaExecutorOverlap& o) {
+  for (auto& sl : o.slot) {
+    cudaFreeHost(sl.h_desc);
+    cudaFreeHost(sl.h_stage);
+    cudaFree(sl.d_row_sample);
+    if (sl.done) cudaEventDestroy(sl.done);
+  }
+  for (int i = 0; i < CudaExecutorOverlap::kRing; ++i) {
+    if (o.begin[i]) cudaEventDestroy(o.begin[i]);
+    if (o.end[i]) cudaEventDestroy(o.end[i]);
+  }
+  cudaFree(o.d_desc);
+  cudaFree(o.d_tokens);
+}
+
+}  // namespace
+
+void CudaExecutorOverlapFree::operator()(CudaExecutorOverlap* o) const {
+  free_overlap(*o);
+  delete o;
+}
+
+CudaExecutor::~CudaExecutor() {
+  // Copies into the pinned slots may be in flight.
+  if (overlap_) cudaStreamSynchronize(decoder_->stream());
+}
+
+int32_t CudaExecutor::overlap_queued() const { return overlap_ ? overlap_->queued : 0; }
+
+void CudaExecutor::overlap_interrupted() {
+  if (!overlap_) return;
+  overlap_->last_rows = -1;  // the merged tokens are no longer the previous step's
+  overlap_->chain_from = overlap_->n_enqueued + 1;
+  overlap_->prof_have_last = false;
+}
+
+void CudaExecutor::setup_overlap() {
+  auto o = std::make_unique<CudaExecutorOverlap>();
+  const CudaModelOptions& mo = decoder_->options();
+  o->max_seqs = mo.max_seqs;
+  o->max_rows = int32_t(mo.max_logit_rows);
+  // Sampler uploads: a SamplingRow per row and up to 1024 logit_bias entries per row (the
+  // scratch's capacity, sampling_bias_capacity), each piece aligned to 256 bytes.
+  o->stage_bytes = size_t(o->max_rows) * (sizeof(SamplingRow) + 1024 * 8) + 8 * 256;
+  const size_t desc = size_t(1 + 2 * o->max_seqs) * 4;
+  const size_t rows = size_t(o->max_rows) * 4;
+  bool ok = cudaMalloc(reinterpret_cast<void**>(&o->d_desc), desc) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void**>(&o->d_tokens), rows) == cudaSuccess &&
+            cudaMemset(o->d_desc, 0, desc) == cudaSuccess && cudaMemset(o->d_tokens, 0, rows) == cudaSuccess;
+  for (auto& sl : o->slot) {
+    void* h = nullptr;
+    ok = ok && cudaMallocHost(&h, desc + 2 * rows) == cudaSuccess;
+    if (ok) {
+      sl.h_desc = static_cast<int32_t*>(h);
+      sl.h_row_sample = sl.h_desc + (1 + 2 * o->max_seqs);
+      sl.h_tokens = sl.h_row_sample + o->max_rows;
+    }
+    void* st = nullptr;
+    ok = ok && cudaMallocHost(&st, o->stage_bytes) == cudaSuccess;
+    if (ok) sl.h_stage = static_cast<uint8_t*>(st);
+    ok = ok && cudaMalloc(reinterpret_cast<void**>(&sl.d_row_sample), rows) == cudaSuccess;
+    ok = ok && cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming) == cudaSuccess;
+  }
+  for (int i = 0; i < CudaExecutorOverlap::kRing; ++i) {
+    ok = ok && cudaEventCreate(&o->begin[i]) == cudaSuccess && cudaEventCreate(&o->end[i]) == cudaSuccess;
+  }
+  ok = ok && cudaDeviceSynchronize() == cudaSuccess;
+  if (!ok) {
+    cudaGetLastError();  // not sticky: later calls must not see it
+    log::warn("overlapped steps off: their device and pinned buffers could not be allocated");
+    free_overlap(*o);
+    return;
+  }
+  overlap_.reset(o.release());
+  decoder_->set_token_feed(overlap_->d_desc, overlap_->d_tokens);
+}
+
+void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
+                           std::span<const RowSample> samples, std::span<const TokenFeed> feed) {
+  STRATA_CHECK(overlap_ != nullptr, "enqueue() without overlapped steps");
+  CudaExecutorOverlap& o = *overlap_;
+  if (o.queued >= 2) throw std::logic_error("CUDA step: two overlapped steps are queued already");
+  const Clock::time_point t0 = Clock::now();
+  CudaExecutorOverlap::Slot& sl = o.slot[(o.head + o.queued) % 2];
+  const cudaStream_t stream = decoder_->stream();
+  pack(plan);
+  const int64_t n_rows = batch_.n_logit_rows();
+  if (int64_t(want_logits.size()) != n_rows || std::any_of(want_logits.begin(), want_logits.end(), [](uint8_t w) { return w != 0; })) {
+    throw std::invalid_argument("CUDA step: an overlapped step has no host logit rows");
+  }
+  if (!samples.empty() && int64_t(samples.size()) != n_rows) throw std::invalid_argument("CUDA step: samples has one entry per logit row");
+  if (n_rows > o.max_rows || int64_t(feed.size()) > o.max_seqs) throw std::invalid_argument("CUDA step: too many rows or fed spans");
+  // Feed: the index of each fed span's token in the step's token ids.
+  sl.h_desc[0] = int32_t(feed.size());
+  if (!feed.empty()) {
+    if (o.last_rows < 0) throw std::logic_error("CUDA step: a feed without a previous overlapped step");
+    std::vector<int32_t> first(plan.spans.size() + 1, 0);
+    for (size_t i = 0; i < plan.spans.size(); ++i) first[i + 1] = first[i] + plan.spans[i].n_tokens;
+    for (size_t k = 0; k < feed.size(); ++k) {
+      const TokenFeed& f = feed[k];
+      if (f.span < 0 || size_t(f.span) >= plan.spans.size() || plan.spans[size_t(f.span)].n_tokens != 1 || f.prev_row < 0 ||
+          f.prev_row >= o.last_rows) {
+        throw std::invalid_argument("CUDA step: feed " + std::to_string(k) + " (span " + std::to_string(f.span) + ", row " +
+                                    std::to_string(f.prev_row) + ") does not name a one-token span and a previous row");
+      }
+      sl.h_desc[1 + k] = f.prev_row;
+      sl.h_desc[1 + o.max_seqs + k] = first[size_t(f.span)];
+    }
+  }
+  int32_t n_sampled = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const bool dev = !samples.empty() && samples[size_t(r)].sampler != nullptr;
+    sl.h_row_sample[r] = dev ? n_sampled++ : -1;
+  }
+  if (n_sampled > 0 && sampling_ == nullptr) throw std::logic_error("CUDA step: rows handed for device sampling without its scratch");
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA step: ") + what + ": " + cudaGetErrorString(e));
+  };
+  const int64_t number = o.n_enqueued;
+  if (profile_) check(cudaEventRecord(o.begin[number % CudaExecutorOverlap::kRing], stream), "event");
+  const size_t desc_bytes = size_t(1 + 2 * o.max_seqs) * 4;
+  if (!feed.empty()) check(cudaMemcpyAsync(o.d_desc, sl.h_desc, desc_bytes, cudaMemcpyHostToDevice, stream), "feed upload");
+  Status st = decoder_->enqueue(batch_);
+  if (!st.ok()) {
+    cudaMemsetAsync(o.d_desc, 0, 4, stream);  // no later step may take this feed
+    throw std::runtime_error("CUDA step: " + st.error().to_string());
+  }
+  if (n_sampled > 0 && batch_.n_tokens() > 0) launch_device_sampling(samples, sl.h_stage);
+  if (n_rows > 0) {
+    check(cudaMemcpyAsync(sl.d_row_sample, sl.h_row_sample, size_t(n_rows) * 4, cudaMemcpyHostToDevice, stream), "row upload");
+    MergeTokensArgs m;
+    m.argmax = decoder_->device_argmax();
+    m.sampled = sampling_ ? sampling_->tokens : nullptr;
+    m.row_sample = sl.d_row_sample;
+    m.tokens = o.d_tokens;
+    m.n_rows = int32_t(n_rows);
+    launch_merge_tokens(m, stream);
+    check(cudaMemcpyAsync(sl.h_tokens, o.d_tokens, size_t(n_rows) * 4, cudaMemcpyDeviceToHost, stream), "token copy");
+  }
+  if (profile_) check(cudaEventRecord(o.end[number % CudaExecutorOverlap::kRing], stream), "event");
+  check(cudaEventRecord(sl.done, stream), "event");
+  sl.number = number;
+  ++o.n_enqueued;
+  sl.n_rows = int32_t(n_rows);
+  sl.n_tokens = batch_.n_tokens();
+  sl.enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  o.last_rows = int32_t(n_rows);
+  ++o.queued;
+}
+
+const StepRows& CudaExecutor::collect() {
+  STRATA_CHECK(overlap_ != nullptr && overlap_->queued > 0, "collect() with no overlapped step queued");
+  CudaExecutorOverlap& o = *overlap_;
+  CudaExecutorOverlap::Slot& sl = o.slot[o.head];
+  o.head = (o.head + 1) % 2;
+  --o.queued;
+  const Clock::time_point t0 = Clock::now();
+  const cudaError_t e = cudaEventSynchronize(sl.done);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA step: ") + cudaGetErrorString(e));
+  const Clock::time_point t1 = Clock::now();
+  const size_t n = size_t(sl.n_rows);
+  rows_.logits = nullptr;
+  rows_.host_row.assign(n, -1);
+  rows_.argmax.assign(sl.h_tokens, sl.h_tokens + n);
+  rows_.sampled.assign(n, StepRows::kNotSampled);
+  for (size_t r = 0; r < n; ++r) {
+    if (sl.h_row_sample[r] >= 0) rows_.sampled[r] = sl.h_tokens[r];
+  }
+  if (profile_) {
+    auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    const int64_t k = sl.number;
+    float busy = 0, idle = 0;
+    cudaEventElapsedTime(&busy, o.begin[k % CudaExecutorOverlap::kRing], o.end[k % CudaExecutorOverlap::kRing]);
+    // From the previous step's end to this one's begin: 0 when this step was queued before the
+    // previous one ended.
+    if (k > o.chain_from) cudaEventElapsedTime(&idle, o.end[(k - 1) % CudaExecutorOverlap::kRing], o.begin[k % CudaExecutorOverlap::kRing]);
+    cudaGetLastError();
+    o.prof_busy_ms += busy;
+    o.prof_idle_ms += std::max(idle, 0.0f);
+    o.prof_enqueue_ms += sl.enqueue_ms;
+    o.prof_wait_ms += ms(t0, t1);
+    if (o.prof_have_last) o.prof_wall_ms += ms(o.prof_last_collect, t1);
+    o.prof_last_collect = t1;
+    o.prof_have_last = true;
+    o.prof_tokens += sl.n_tokens;
+    if (++o.prof_steps % 256 == 0) {
+      const double m = 256.0;
+      log::info("CUDA overlapped steps {}: per step {:.3f} ms device idle between steps and {:.3f} ms device step "
+                "(event-timed); host {:.3f} ms per step between collects, of which {:.3f} ms packing and queueing "
+                "the next step, {:.3f} ms waiting for this step's tokens, the rest engine work (planning, commit, "
+                "streaming) done while the device runs; {:.1f} tokens per step",
+                o.prof_steps, o.prof_idle_ms / m, o.prof_busy_ms / m, o.prof_wall_ms / m, o.prof_enqueue_ms / m,
+                o.prof_wait_ms / m, double(o.prof_tokens) / m);
+      o.prof_idle_ms = o.prof_busy_ms = o.prof_enqueue_ms = o.prof_wait_ms = o.prof_wall_ms = 0;
+      o.prof_tokens = 0;
+    }
+  }
+  return rows_;
+}
+
+}  // namespace strata::cuda

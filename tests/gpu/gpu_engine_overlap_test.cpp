@@ -1,0 +1,277 @@
+// Overlapped ("async") scheduling on the GPU (EngineOptions::async_scheduling, CudaExecutor::
+// enqueue / collect) against one step at a time: the same workload on two engines, tokens
+// compared request by request. The workload mixes greedy, seeded sampling and device-sampled
+// greedy rows (logit bias), many requests at once in a small KV pool (preemptions), shared
+// prompt prefixes (prefix-cache hits), varied max_tokens, and, with batch-invariant kernels
+// (--deterministic, so a request's logits do not depend on the step's other rows), stop ids
+// and EOS that end requests mid-pipeline, a cancellation, and host-bound requests (logprobs,
+// a repetition penalty) that make the engine fall back to single steps while they live. With
+// the default kernels only max_tokens ends requests: overlapped scheduling then plans the very
+// same steps, so even batch-dependent kernels give the same bits. Needs a GPU.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "backend/cuda/cuda_executor.h"
+#include "engine/engine.h"
+#include "gpu_test_util.h"
+#include "model/model_config.h"
+
+namespace strata::cuda {
+namespace {
+
+using namespace strata::gpu_test;
+
+bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
+
+constexpr int32_t kMaxSeqs = 16;
+constexpr int32_t kBatchTokens = 96;
+constexpr int32_t kMaxLen = 256;
+constexpr int32_t kPoolBlocks = 40;  // 640 tokens for up to 16 sequences of up to 256: preemptions
+
+std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic) {
+  auto cfg = load_model_config(model_path(name));
+  EXPECT_TRUE(cfg.ok());
+  if (!cfg.ok()) return nullptr;
+  CudaEngineOptions o;
+  // bf16 K and V rows of every layer, 16 tokens a block.
+  o.kv_cache_bytes = int64_t(kPoolBlocks) * 2 * cfg->n_layers * 16 * cfg->n_kv_heads * cfg->head_dim * 2;
+  o.block_size = 16;
+  o.max_batch_tokens = kBatchTokens;
+  o.max_num_seqs = kMaxSeqs;
+  o.max_model_len = kMaxLen;
+  o.deterministic = deterministic;
+  auto parts = make_cuda_engine_parts(model_path(name), o);
+  EXPECT_TRUE(parts.ok()) << (parts.ok() ? "" : parts.error().to_string());
+  if (!parts.ok()) return nullptr;
+  EXPECT_TRUE(parts->executor->supports_overlap());
+  EngineOptions eo;
+  eo.block_size = 16;
+  eo.max_batch_tokens = kBatchTokens;
+  eo.max_num_seqs = kMaxSeqs;
+  eo.max_model_len = kMaxLen;
+  eo.max_queued = 1024;
+  eo.kv_codecs = cuda_kv_codecs();
+  eo.model_identity = name;
+  eo.async_scheduling = overlap;
+  auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  if (!e.ok()) return nullptr;
+  return std::move(e).value();
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> logprob_ids;  // the chosen id of each logprobs entry
+  FinishReason reason = FinishReason::kError;
+  std::string message;
+};
+
+Outcome drain(RequestStream& s, int32_t cancel_after, Engine* engine) {
+  Outcome o;
+  bool cancelled = false;
+  for (;;) {
+    auto e = s.next(std::chrono::seconds(120));
+    if (!e) {
+      ADD_FAILURE() << "request " << s.id() << " timed out";
+      return o;
+    }
+    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
+    for (const auto& lp : e->logprobs) o.logprob_ids.push_back(lp.chosen.token);
+    if (e->final) {
+      o.reason = e->finish_reason;
+      o.message = e->message;
+      return o;
+    }
+    if (cancel_after > 0 && !cancelled && int32_t(o.tokens.size()) >= cancel_after) {
+      engine->cancel(s.id());
+      cancelled = true;
+    }
+  }
+}
+
+struct RunResult {
+  std::map<std::string, Outcome> out;
+  EngineStats stats;
+};
+
+// Queues every request before the engine starts (both engines see the same arrivals), then
+// reads the streams; `cancel_id` is read first and cancelled after 3 tokens.
+RunResult run_workload(Engine& engine, const std::vector<GenerationRequest>& reqs, const std::string& cancel_id) {
+  RunResult r;
+  std::map<std::string, std::shared_ptr<RequestStream>> streams;
+  for (const auto& q : reqs) {
+    auto s = engine.submit(q);
+    EXPECT_TRUE(s.ok()) << q.id << ": " << (s.ok() ? "" : s.error().to_string());
+    if (s.ok()) streams[q.id] = *s;
+  }
+  engine.start();
+  if (!cancel_id.empty() && streams.count(cancel_id)) r.out[cancel_id] = drain(*streams[cancel_id], 3, &engine);
+  for (auto& [id, s] : streams) {
+    if (id != cancel_id) r.out[id] = drain(*s, 0, nullptr);
+  }
+  for (int i = 0; i < 100; ++i) {  // stats are published by the engine loop
+    r.stats = engine.stats();
+    if (r.stats.running == 0 && r.stats.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  engine.shutdown();
+  return r;
+}
+
+// 48 requests: three shared 40-token prefixes (every fourth prompt has none), random suffixes,
+// max_tokens 1..48; greedy, seeded top-k, seeded top-p/min-p, and greedy with a logit bias.
+std::vector<GenerationRequest> base_workload(uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto ids = [&](size_t n) {
+    std::vector<int32_t> v(n);
+    for (auto& t : v) t = 3 + int32_t(rng() % 500);  // the tiny models have 512 ids
+    return v;
+  };
+  const std::vector<std::vector<int32_t>> prefixes = {ids(40), ids(40), ids(40)};
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 48; ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    if (i % 4 != 3) r.prompt = prefixes[size_t(i) % 3];
+    const auto suffix = ids(5 + rng() % 60);
+    r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
+    r.max_tokens = 1 + int32_t(rng() % 48);
+    r.ignore_eos = true;
+    r.sampling.seed = 1000 + uint64_t(i);
+    r.sampling.has_seed = true;
+    switch (i % 4) {
+      case 0: r.sampling.temperature = 0.0f; break;
+      case 1:
+        r.sampling.temperature = 0.9f;
+        r.sampling.top_k = 50;
+        break;
+      case 2:
+        r.sampling.temperature = 0.7f;
+        r.sampling.top_p = 0.9f;
+        r.sampling.min_p = 0.02f;
+        break;
+      default:
+        r.sampling.temperature = 0.0f;
+        r.sampling.logit_bias = {{int32_t(3 + rng() % 500), 2.0f}};
+        break;
+    }
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+void expect_same(const RunResult& on, const RunResult& off, const std::string& cancel_id, const std::string& what) {
+  ASSERT_EQ(on.out.size(), off.out.size());
+  for (const auto& [id, a] : off.out) {
+    const Outcome& b = on.out.at(id);
+    if (id == cancel_id) {
+      // Cancelled at a moment the two runs do not share: one stream is a prefix of the other.
+      const size_t n = std::min(a.tokens.size(), b.tokens.size());
+      EXPECT_TRUE(std::equal(a.tokens.begin(), a.tokens.begin() + long(n), b.tokens.begin())) << what << " " << id;
+      EXPECT_GE(n, 3u) << what << " " << id;
+      continue;
+    }
+    EXPECT_EQ(b.reason, a.reason) << what << " " << id << ": " << b.message << " / " << a.message;
+    EXPECT_EQ(b.tokens, a.tokens) << what << " " << id << ": overlapped and single steps differ";
+    EXPECT_EQ(b.logprob_ids, a.logprob_ids) << what << " " << id;
+  }
+}
+
+class GpuEngineOverlap : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
+  const std::string name = GetParam();
+  std::vector<GenerationRequest> reqs = base_workload(11);
+  // A first single-step run picks stop ids the requests really meet: for every fifth request,
+  // the token it generates halfway (so it stops there, mid-pipeline when overlapped).
+  auto pilot_engine = make_engine(name, false, true);
+  ASSERT_NE(pilot_engine, nullptr);
+  const RunResult pilot = run_workload(*pilot_engine, reqs, "");
+  for (size_t i = 0; i < reqs.size(); i += 5) {
+    const auto& t = pilot.out.at(reqs[i].id).tokens;
+    if (t.size() >= 4) reqs[i].stop_ids = {t[t.size() / 2]};
+  }
+  for (size_t i = 2; i < reqs.size(); i += 6) reqs[i].ignore_eos = false;  // EOS (id 2) may end these
+  // Host-bound requests in the middle of the queue: single steps while they live.
+  GenerationRequest lp = reqs[20];
+  lp.id = "logprobs";
+  lp.sampling = SamplingParams{};
+  lp.sampling.temperature = 0.0f;
+  lp.logprobs = 2;
+  lp.max_tokens = 6;
+  GenerationRequest pen = reqs[30];
+  pen.id = "penalty";
+  pen.sampling.temperature = 0.8f;
+  pen.sampling.repetition_penalty = 1.2f;
+  pen.sampling.seed = 77;
+  pen.sampling.has_seed = true;
+  pen.max_tokens = 8;
+  reqs.insert(reqs.begin() + 20, lp);
+  reqs.insert(reqs.begin() + 31, pen);
+  // Cancelled after its third token: a long greedy request early in the queue.
+  reqs[5].max_tokens = 48;
+  reqs[5].stop_ids.clear();
+  reqs[5].ignore_eos = true;
+  const std::string cancel_id = reqs[5].id;
+
+  auto off_engine = make_engine(name, false, true);
+  auto on_engine = make_engine(name, true, true);
+  ASSERT_NE(off_engine, nullptr);
+  ASSERT_NE(on_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, cancel_id);
+  const RunResult on = run_workload(*on_engine, reqs, cancel_id);
+  expect_same(on, off, cancel_id, name);
+  EXPECT_EQ(off.stats.overlapped_steps, 0);
+  // Host-bound requests are live (queued or running) for part of the run: steps overlap only
+  // once they have ended.
+  EXPECT_GT(on.stats.overlapped_steps, 0) << on.stats.steps << " steps";
+  EXPECT_LT(on.stats.overlapped_steps, on.stats.steps) << "the host-bound requests ran in single steps";
+  EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
+  EXPECT_GT(on.stats.prefix_hit_tokens, 0) << "shared prefixes hit the cache";
+  EXPECT_GT(on.stats.finished[int(FinishReason::kStop)], 0) << "stop ids end requests";
+  EXPECT_EQ(on.out.at(cancel_id).reason, FinishReason::kCancelled);
+  EXPECT_EQ(on.out.at("logprobs").logprob_ids.size(), on.out.at("logprobs").tokens.size());
+}
+
+TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
+  const std::string name = GetParam();
+  const std::vector<GenerationRequest> reqs = base_workload(23);
+  auto off_engine = make_engine(name, false, false);
+  auto on_engine = make_engine(name, true, false);
+  ASSERT_NE(off_engine, nullptr);
+  ASSERT_NE(on_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, "");
+  const RunResult on = run_workload(*on_engine, reqs, "");
+  expect_same(on, off, "", name);
+  EXPECT_EQ(on.stats.steps, off.stats.steps) << "the same plans";
+  EXPECT_EQ(on.stats.preemptions, off.stats.preemptions);
+  EXPECT_GT(on.stats.preemptions, 0);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
+  for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuEngineOverlap, ::testing::Values("llama3-tiny", "qwen3-tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace strata::cuda
