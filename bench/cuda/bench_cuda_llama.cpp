@@ -8,7 +8,8 @@
 // Then the serving shape: decode of 256 sequences at 1-2k tokens (GEMMs alone, attention alone,
 // whole steps).
 // Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only |
-//        deterministic: only the cost of CudaModelOptions::deterministic, see deterministic_cost]
+//        deterministic: only the cost of CudaModelOptions::deterministic, see deterministic_cost |
+//        decode1: batch-1 decode under the GEMV and merge settings, with the GEMVs and attention alone]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -71,6 +72,11 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
     tunings.front().pdl = false;
     tunings.push_back(tunings.front());
     tunings.back().pdl = true;
+    // 16 and 8 loads without the first step's weights loaded before the wait.
+    tunings.push_back(tunings[2]);
+    tunings.back().gemv_preload = false;
+    tunings.push_back(tunings[1]);
+    tunings.back().gemv_preload = false;
   }
   for (const LaunchTuning& tune : tunings) {
     set_launch_tuning(tune);
@@ -82,10 +88,11 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
       }
     });
     const double ms = median(t);
-    std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B, unroll %d: %.3f ms -> %.1f%% "
-                "of copy bandwidth\n",
+    std::printf("decode GEMMs only, %s (m=1, %zu launches, %.3f GB), pdl %d, prefetch %d B, unroll %d, preload %d: %.3f ms "
+                "-> %.1f%% of copy bandwidth\n",
                 gemv_rows > 0 ? "weight-stream GEMV" : "cuBLASLt", shapes.size(), double(elems) * 2e-9, int(tune.pdl),
-                int(tune.gemv_prefetch_bytes), int(tune.gemv_unroll), ms, 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
+                int(tune.gemv_prefetch_bytes), int(tune.gemv_unroll), int(tune.gemv_preload), ms,
+                100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
   }
   set_launch_tuning(saved);
   g->reset();
@@ -228,6 +235,8 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.scale = 0.0883883f;
+  uint64_t* trace = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&trace), size_t(6) * layers * 8));
   for (const int32_t variant : {0, 1, 2, 3}) {  // unfused 32 splits; fused 32, 16, 8 splits
     const bool fused = variant > 0;
     PagedAttentionArgs f = a;
@@ -239,14 +248,33 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
     const std::vector<double> t = time_runs(st, 3, 10, [&] {
       for (int l = 0; l < layers; ++l) {
         if (!fused) launch_qkv_post(post, st);
-        launch_paged_attention(f, st);
-        launch_attention_combine(f, st);
+        PagedAttentionArgs fl = f;
+        if (variant == 1) fl.trace = trace + 6 * l;
+        launch_paged_attention(fl, st);
+        launch_attention_combine(fl, st);
       }
     });
     std::printf("decode attention alone, %s, ctx %d, %d splits, x32 layers: %.3f ms (%.2f us per layer)\n",
                 fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, int(f.n_splits), median(t),
                 1000.0 * median(t) / layers);
+    if (variant == 1) {
+      // The merging block of KV head 0 in the last run, layers 1..31 (layer 0 follows a sync).
+      std::vector<uint64_t> h(size_t(6) * layers);
+      STRATA_CUDA_CHECK(cudaMemcpy(h.data(), trace, h.size() * 8, cudaMemcpyDeviceToHost));
+      double ph[6] = {};
+      for (int l = 1; l < layers; ++l) {
+        const uint64_t* c = h.data() + 6 * l;
+        const uint64_t* p = c - 6;
+        ph[0] += double(c[1]) - double(p[5]);  // previous merge's end -> this wait's release
+        for (int i = 1; i < 6; ++i) ph[i] += double(c[i]) - double(c[i - 1]);
+      }
+      for (double& x : ph) x /= 1000.0 * (layers - 1);
+      std::printf("  fused 32 splits, merging block of KV head 0, mean us: previous end -> wait released %.2f; start -> "
+                  "wait released %.2f; q rows %.2f; key tiles and partials %.2f; fence and counter %.2f; merge %.2f\n",
+                  ph[0], ph[1], ph[2], ph[3], ph[4], ph[5]);
+    }
   }
+  cudaFree(trace);
   for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(qkv), static_cast<void*>(po), static_cast<void*>(pml), static_cast<void*>(freq),
                   static_cast<void*>(meta), static_cast<void*>(slot)})
@@ -592,6 +620,8 @@ int main(int argc, char** argv) {
   const int prefill_reps = argc > 2 ? std::atoi(argv[2]) : 3;
   // "batch": only the copy bandwidth, the GEMM rate and the big-batch decode sections.
   const bool batch_only = argc > 3 && std::string(argv[3]) == "batch";
+  // "decode1": only the copy bandwidth, the GEMVs and the attention alone, and batch-1 decode.
+  const bool decode1_only = argc > 3 && std::string(argv[3]) == "decode1";
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
@@ -603,16 +633,18 @@ int main(int argc, char** argv) {
   const ModelConfig cfg = llama8b();
   // The serving shape: 256 sequences decoding together at 1-2k tokens (how a step splits
   // between the GEMMs and the attention, then whole steps).
-  batch_gemms_only(st, bw, gemm, 256);
-  for (const int32_t ctx : {1024, 1536, 2048}) batch_decode_attention_only(st, bw, 256, ctx);
-  if (int rc = batch_decode_steps(cfg, bw, 256, {1024, 2048}, 12); rc != 0) return rc;
+  if (!decode1_only) {
+    batch_gemms_only(st, bw, gemm, 256);
+    for (const int32_t ctx : {1024, 1536, 2048}) batch_decode_attention_only(st, bw, 256, ctx);
+    if (int rc = batch_decode_steps(cfg, bw, 256, {1024, 2048}, 12); rc != 0) return rc;
+  }
   if (batch_only) {
     std::printf("SUMMARY bw_GBps=%.1f gemm_TFLOPs=%.1f\n", bw * 1e-9, gemm * 1e-12);
     return 0;
   }
-  gemm_only_decode(st, bw, 0);
+  if (!decode1_only) gemm_only_decode(st, bw, 0);
   gemm_only_decode(st, bw, 1);
-  prefill_attention_only(st);
+  if (!decode1_only) prefill_attention_only(st);
   decode_attention_only(st, 512);
   decode_attention_only(st, 2048);
 
@@ -649,13 +681,30 @@ int main(int argc, char** argv) {
   // phase starts from its own prompts, so settings are compared at the same context; some
   // repeat earlier phases to show the spread.
   {
-    struct Phase { bool graphs; int32_t fuse_rows; int32_t prompt; int32_t batch; int32_t unroll; };
+    struct Phase {
+      bool graphs;
+      int32_t fuse_rows;
+      int32_t prompt;
+      int32_t batch;
+      int32_t unroll;
+      bool preload = true;
+      bool merge_all = true;
+    };
     const LaunchTuning saved = launch_tuning();
-    // Unfused with 4 loads in flight is the step before the fused layer; fused with 16 the default.
-    const std::vector<Phase> phases = {
-        {true, 0, 512, 1, 4},  {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16}, {false, 2, 512, 1, 16},
-        {true, 0, 2048, 1, 4}, {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16}, {true, 0, 512, 2, 4},
-        {true, 2, 512, 2, 8},  {true, 0, 512, 4, 8},  {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16}};
+    // Unfused with 4 loads in flight is the step before the fused layer; fused with 16 loads and
+    // no preload the default before the GEMV's preload; fused with 8 loads and the preload the
+    // default now (last).
+    const std::vector<Phase> all_phases = {
+        {true, 0, 512, 1, 4},         {true, 2, 512, 1, 16},  {true, 2, 512, 1, 16, false}, {false, 2, 512, 1, 8},
+        {true, 0, 2048, 1, 4},        {true, 2, 2048, 1, 16}, {true, 2, 2048, 1, 16, false}, {true, 2, 2048, 1, 8},
+        {true, 0, 512, 2, 4},         {true, 2, 512, 2, 8},   {true, 0, 512, 4, 8},          {true, 2, 512, 1, 8, false},
+        {true, 2, 512, 1, 8, true, false}, {true, 2, 512, 1, 8}};
+    // decode1: the fused step at batch 1 under the GEMV and merge settings only.
+    const std::vector<Phase> decode1_phases = {
+        {true, 2, 512, 1, 16},        {true, 2, 512, 1, 8},   {true, 2, 512, 1, 16, false}, {true, 2, 512, 1, 8, false},
+        {true, 2, 512, 1, 8, true, false}, {true, 2, 512, 1, 16, true, false}, {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16},
+        {true, 2, 512, 2, 8},         {true, 2, 512, 1, 8}};
+    const std::vector<Phase>& phases = decode1_only ? decode1_phases : all_phases;
     const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
       StepBatch b;
@@ -669,6 +718,8 @@ int main(int argc, char** argv) {
       LaunchTuning tune = saved;
       tune.fuse_decode_rows = phase.fuse_rows;
       tune.gemv_unroll = phase.unroll;
+      tune.gemv_preload = phase.preload;
+      tune.merge_all_splits = phase.merge_all;
       set_launch_tuning(tune);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(phase.graphs);
@@ -706,10 +757,11 @@ int main(int argc, char** argv) {
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_step;  // steps per second
-      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d: median step %.3f ms, mean %.3f ms "
-                  "(%zu steps) -> %.1f tok/s (median)\n",
+      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d, merge all %d: "
+                  "median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
                   phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
-                  int(phase.fuse_rows), int(phase.unroll), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
+                  int(phase.fuse_rows), int(phase.unroll), int(phase.preload), int(phase.merge_all), ms, mean, step_ms.size(),
+                  1000.0 * phase.batch / ms);
       std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
                   ceiling, (1000.0 / ms) / ceiling);
     }
@@ -717,7 +769,7 @@ int main(int argc, char** argv) {
   }
 
   // Prefill: one fresh 4096-token prompt (logits of the last token only).
-  {
+  if (!decode1_only) {
     const int32_t n = 4096;
     StepBatch b;
     SeqSpan sp;

@@ -87,10 +87,12 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
     for (const int one_plus_w : {0, 1}) {
       // Every load depth of the weight stream (LaunchTuning::gemv_unroll), in turn.
       LaunchTuning tune;
-      tune.gemv_unroll = one_plus_w ? 16 : (s.n % 2 == 0 ? 4 : 8);  // 16 takes effect at one activation row
+      tune.gemv_unroll = one_plus_w ? 16 : (s.n % 2 == 0 ? 8 : 4);  // 16 takes effect at one activation row
+      tune.gemv_preload = s.m != 2;  // the first step's weights loaded before the wait, or not
       set_launch_tuning(tune);
       const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " one_plus_w " +
-                               std::to_string(one_plus_w) + " unroll " + std::to_string(tune.gemv_unroll);
+                               std::to_string(one_plus_w) + " unroll " + std::to_string(tune.gemv_unroll) + " preload " +
+                               std::to_string(tune.gemv_preload);
       // Norm-scaled input: u rows, norm weight; the host splits each row's sum of squares into
       // 3 uneven parts.
       const auto u = random_f32(rng_, size_t(s.m * s.k), -2.0f, 2.0f);

@@ -50,14 +50,18 @@ __device__ __forceinline__ float act_fn(float x, Act act) {
 
 // One step of a lane over U chunks (c, c + 32, ...): S weight rows per warp (1, or 2 for gate
 // and up), M activation rows; all U * S weight loads are issued before the first use.
-template <int M, int S, int U>
-__device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t c,
-                                         float (&acc)[S][M]) {
-  uint4 wv[S][U];
+template <int S, int U>
+__device__ __forceinline__ void load_step(const uint4* const (&wr)[S], int64_t c, uint4 (&wv)[S][U]) {
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int u = 0; u < U; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
+}
+
+// The arithmetic of one step on weights already loaded (wv from load_step at chunk c).
+template <int M, int S, int U>
+__device__ __forceinline__ void use_step(const uint4 (&wv)[S][U], const uint4* xr, int64_t chunks, int64_t c,
+                                         float (&acc)[S][M]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
@@ -69,6 +73,14 @@ __device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint
   }
 }
 
+template <int M, int S, int U>
+__device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t c,
+                                         float (&acc)[S][M]) {
+  uint4 wv[S][U];
+  load_step<S, U>(wr, c, wv);
+  use_step<M, S, U>(wv, xr, chunks, c, acc);
+}
+
 // Steps of U chunks while they fit, then halving steps for the tail (no single-load loop over
 // a long remainder).
 template <int M, int S, int U>
@@ -78,15 +90,21 @@ __device__ __forceinline__ void dot_span(const uint4* const (&wr)[S], const uint
   if constexpr (U > 1) dot_span<M, S, U / 2>(wr, xr, chunks, c, acc);
 }
 
-// The warp's S dot products for M activation rows over the whole of k, reduced across lanes.
+// The warp's S dot products for M activation rows over the whole of k, reduced across lanes;
+// with `first` the weights of the step at chunk `lane` are already in registers (loaded before
+// the wait).
 template <int M, int S, int U>
 __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int lane,
-                                         float (&acc)[S][M]) {
+                                         const uint4 (&first_w)[S][U], bool first, float (&acc)[S][M]) {
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
+  if (first) {
+    use_step<M, S, U>(first_w, xr, chunks, c, acc);
+    c += 32 * U;
+  }
   dot_span<M, S, U>(wr, xr, chunks, c, acc);
 #pragma unroll
   for (int s = 0; s < S; ++s)
@@ -95,7 +113,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
 }
 
 template <int M, int kIn, int kOut, int U>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes, int32_t preload) {
   constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -125,10 +143,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
       }
     }
   }
+  // The first step's weights (the whole row when k <= 256 U) go into registers before the
+  // wait: a block that became resident under the previous kernel's tail has its stream in
+  // flight by the time x is ready (LaunchTuning::gemv_preload).
+  uint4 first_w[S][U];
+  const bool first = preload != 0 && active && lane + 32 * (U - 1) < chunks;
+  if (first) load_step<S, U>(wr, lane, first_w);
   pdl_wait();
   pdl_launch_dependents();
   float acc[S][M];
-  if (active) dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, acc);
+  if (active) dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, first_w, first, acc);
   if (kIn == int(GemvIn::kNormScaled)) {
     // Every warp sums the partial sums of squares in the same order: the scale is identical
     // across warps and blocks, and across runs.
@@ -183,20 +207,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   }
 }
 
+template <int M, int kIn, int kOut, int U>
+void launch_unrolled(const GemvArgs& a, const LaunchTuning& t, cudaStream_t stream) {
+  const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  launch_pdl(gemv_kernel<M, kIn, kOut, U>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
+             int32_t(t.gemv_preload));
+}
+
 template <int M, int kIn, int kOut>
 void launch_mode(const GemvArgs& a, cudaStream_t stream) {
-  const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const LaunchTuning t = launch_tuning();
   if constexpr (M == 1) {
     if (t.gemv_unroll >= 16) {
-      launch_pdl(gemv_kernel<M, kIn, kOut, 16>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+      launch_unrolled<M, kIn, kOut, 16>(a, t, stream);
       return;
     }
   }
   if (t.gemv_unroll >= 8) {
-    launch_pdl(gemv_kernel<M, kIn, kOut, 8>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+    launch_unrolled<M, kIn, kOut, 8>(a, t, stream);
   } else {
-    launch_pdl(gemv_kernel<M, kIn, kOut, 4>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes);
+    launch_unrolled<M, kIn, kOut, 4>(a, t, stream);
   }
 }
 
