@@ -166,8 +166,9 @@ Status load_experts(const WeightLoader& w, const std::string& p, int64_t hidden,
   return Status();
 }
 
-// Older qwen3_next configs carry full_attention_interval instead of layer_types.
-Status resolve_layer_types(ModelConfig* cfg) {
+}  // namespace
+
+Status resolve_hybrid_layer_types(ModelConfig* cfg) {
   const nlohmann::json& j = *cfg->text_json;
   if (j.contains("layer_types")) return Status();
   int64_t interval = 4;
@@ -183,13 +184,11 @@ Status resolve_layer_types(ModelConfig* cfg) {
   return Status();
 }
 
-}  // namespace
-
 Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& config, const WeightLoader& w, ThreadPool& pool,
                                                       HybridFamily family) {
   ModelConfig cfg = config;
   if (!cfg.text_json) return make_error(ErrorCode::kInvalidArgument, cfg.model_type + ": no config object");
-  STRATA_RETURN_IF_ERROR(resolve_layer_types(&cfg));
+  STRATA_RETURN_IF_ERROR(resolve_hybrid_layer_types(&cfg));
   auto dims = parse_delta_net_dims(cfg, "config.json");
   if (!dims.ok()) return dims.error();
   auto act = activation_from_name(cfg.hidden_act);

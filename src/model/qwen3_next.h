@@ -23,6 +23,10 @@ namespace strata {
 
 enum class HybridFamily { kQwen3Next, kQwen35, kQwen35Moe };
 
+// Sets cfg->layer_types from full_attention_interval (default 4: every fourth layer full
+// attention) when the config lists none, as older qwen3_next configs do; errors name the key.
+Status resolve_hybrid_layer_types(ModelConfig* cfg);
+
 // `weights` is prefixed with the config's weight prefix (e.g. "model.").
 Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& cfg, const WeightLoader& weights,
                                                       ThreadPool& pool, HybridFamily family);

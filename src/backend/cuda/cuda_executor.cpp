@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/cuda_hybrid.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -17,24 +18,21 @@ namespace strata::cuda {
 
 namespace {
 
-// The Engine's view of a model whose forward runs on the device: shapes only.
+// The Engine's view of a model whose forward runs on the device: shapes only (the decoder's
+// layouts: no KV and recurrent state in the hybrids' linear-attention layers).
 class ShapeModel final : public Model {
  public:
-  explicit ShapeModel(ModelConfig cfg) : Model(std::move(cfg), pool()) {}
-  std::vector<KvLayerSpec> kv_layout() const override {
-    std::vector<KvLayerSpec> v(size_t(config_.n_layers));
-    for (auto& s : v) {
-      s.n_kv_heads = config_.n_kv_heads;
-      s.head_dim_k = config_.head_dim;
-      s.head_dim_v = config_.head_dim;
-    }
-    return v;
-  }
+  explicit ShapeModel(const CudaDecoder& d)
+      : Model(d.config(), pool()), kv_(d.kv_layout()), state_(d.state_layout()) {}
+  std::vector<KvLayerSpec> kv_layout() const override { return kv_; }
+  std::vector<StateLayerSpec> state_layout() const override { return state_; }
   void forward(const StepBatch&, KvStorage&, StateStorage*, float*) override {
     throw std::logic_error("the device model's forward runs in CudaExecutor");
   }
 
  private:
+  std::vector<KvLayerSpec> kv_;
+  std::vector<StateLayerSpec> state_;
   static ThreadPool& pool() {
     static ThreadPool p(1);
     return p;
@@ -228,7 +226,7 @@ void CudaExecutor::pack(const StepPlan& plan) {
     s.pos0 = span.pos0;
     s.block_table.assign(seq.blocks.begin(), seq.blocks.end());
     s.window_block_table.clear();
-    s.state_slot = -1;
+    s.state_slot = seq.state_slot;
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
   }
@@ -296,6 +294,16 @@ std::vector<int64_t> CudaExecutor::block_tensor_bytes() const {
   std::vector<int64_t> bytes;
   for (int p = 0; p < 2 * l.n_layers; ++p) bytes.push_back(l.part_bytes(p));
   return bytes;
+}
+
+void CudaExecutor::save_state(int32_t slot, float* dst) {
+  Status st = decoder_->save_state(slot, dst);
+  if (!st.ok()) throw std::runtime_error("recurrent state copy to the host: " + st.error().to_string());
+}
+
+void CudaExecutor::load_state(int32_t slot, const float* src) {
+  Status st = decoder_->load_state(slot, src);
+  if (!st.ok()) throw std::runtime_error("recurrent state copy to the device: " + st.error().to_string());
 }
 
 void CudaExecutor::read_block(int32_t block, uint8_t* out) {
@@ -485,7 +493,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   if (max_len <= 0) return make_error(ErrorCode::kInvalidArgument, "--max-model-len must be set: the config gives no maximum position");
   CudaModelOptions mo;
   mo.block_size = o.block_size;
-  mo.max_tokens = o.max_batch_tokens;
+  mo.max_tokens = o.max_batch_tokens + step_token_slack(*cfg);
   mo.max_seqs = o.max_num_seqs;
   mo.deterministic = o.deterministic;
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
@@ -530,7 +538,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
             (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs)),
             o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
   CudaEngineParts parts;
-  parts.shape = std::make_unique<ShapeModel>((*dec)->config());
+  parts.shape = std::make_unique<ShapeModel>(**dec);
   parts.executor = std::make_unique<CudaExecutor>(std::move(dec).value());
   return parts;
 }

@@ -54,10 +54,10 @@ class CudaExecutor final : public StepExecutor {
   bool device_sampling() const override { return sampling_ != nullptr && sampling_on_; }
   // Off: sampled rows copy their logits to the host sampler instead (tests compare the two).
   void set_device_sampling(bool on) { sampling_on_ = on; }
-  // The CUDA forward has no recurrent-state families.
-  int64_t state_floats() const override { return 0; }
-  void save_state(int32_t, float*) override {}
-  void load_state(int32_t, const float*) override {}
+  // The hybrid families' recurrent state slots on the device (CudaDecoder::save_state).
+  int64_t state_floats() const override { return decoder_->state_floats(); }
+  void save_state(int32_t slot, float* dst) override;
+  void load_state(int32_t slot, const float* src) override;
   std::vector<int64_t> block_tensor_bytes() const override;
   void read_block(int32_t block, uint8_t* out) override;
   void write_block(int32_t block, const uint8_t* in) override;

@@ -58,9 +58,27 @@ Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
     f.attn_scale = 1.0f;  // the q and k norms set the scale
     f.final_softcap = cfg.final_softcap;
     f.moe = g4->moe;
+  } else if (cfg.model_type == "qwen3_next" || cfg.model_type == "qwen3_5_text" || cfg.model_type == "qwen3_5_moe_text") {
+    f.hybrid = true;
+    f.qk_norm = true;
+    f.one_plus_w = true;
+    f.moe = cfg.model_type == "qwen3_5_moe_text" || (cfg.model_type == "qwen3_next" && cfg.n_experts > 0);
+    if (cfg.attention_bias) return make_error(ErrorCode::kUnsupported, cfg.model_type + ": attention_bias true is not supported by the CUDA forward");
+    if (f.moe) {
+      if (cfg.n_experts <= 0) return make_error(ErrorCode::kInvalidArgument, cfg.model_type + " config needs num_experts > 0");
+      if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts || cfg.n_experts_per_tok > 64) {
+        return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(cfg.n_experts_per_tok) +
+                                                           " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
+      }
+      if (cfg.n_experts > 4096) return make_error(ErrorCode::kUnsupported, "num_experts " + std::to_string(cfg.n_experts) + " (the CUDA routing takes at most 4096)");
+      if (cfg.moe_intermediate <= 0 || cfg.shared_expert_intermediate <= 0) {
+        return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size and shared_expert_intermediate_size must be positive");
+      }
+    }
   } else {
     return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type +
-                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text)");
+                                                   "' has no CUDA forward yet (llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, gemma3_text, gemma4_text, "
+                                                   "qwen3_next, qwen3_5_text, qwen3_5_moe_text)");
   }
   if (cfg.mlp_bias) return make_error(ErrorCode::kUnsupported, "mlp_bias is not supported by the CUDA forward");
   return f;

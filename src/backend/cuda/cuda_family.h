@@ -16,6 +16,7 @@ struct FamilyFlags {
   bool sandwich = false;    // norms on the attention and FFN outputs too (Gemma 2/3)
   bool moe = false;         // sparse layers per layer_sparse
   bool gemma4 = false;      // Gemma 4's layer (CudaDecoder::launch_gemma4_step); moe: its MoE block
+  bool hybrid = false;      // gated-DeltaNet hybrid (cuda_hybrid.h); moe: routed + shared experts
   float embed_scale = 1.0f;
   float attn_scale = 0.0f;  // 0: head_dim^-0.5
   float attn_softcap = 0.0f, final_softcap = 0.0f;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_family.h"
+#include "backend/cuda/cuda_hybrid.h"
 #include "backend/cuda/cuda_model_parts.h"
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
@@ -30,6 +31,8 @@ void CudaDecoder::clear_cuda_graphs() {
   decode_graphs_.clear();
   decode_seen_.clear();
 }
+
+CudaDecoder::CudaDecoder() = default;
 
 CudaDecoder::~CudaDecoder() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -58,7 +61,7 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   buf_ = std::make_unique<Buffers>();
   KvPoolLayout kl;
-  kl.n_layers = int32_t(d.L);
+  kl.n_layers = kv_layers_ > 0 ? kv_layers_ : int32_t(d.L);
   kl.n_kv_heads = int32_t(d.nkv);
   kl.head_dim = int32_t(d.hd);
   kl.block_size = opt_.block_size;
@@ -83,6 +86,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   if (!archive.ok()) return archive.error();
   STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
   if (flags->gemma4) return load_gemma4(*cfg, *archive, options);
+  if (flags->hybrid) return load_hybrid(*cfg, *archive, options);
   auto act = activation_from_name(cfg->hidden_act);
   if (!act.ok()) return act.error();
 
@@ -233,7 +237,9 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
                                                          uint64_t seed, float scale) {
   auto flags = family_flags(cfg);
   if (!flags.ok()) return flags.error();
-  if (flags->gemma4) return make_error(ErrorCode::kUnsupported, "random weights for gemma4_text are not supported on the GPU");
+  if (flags->gemma4 || flags->hybrid) {
+    return make_error(ErrorCode::kUnsupported, "random weights for " + cfg.model_type + " are not supported on the GPU");
+  }
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
@@ -410,6 +416,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
   }
   if (t != n) return make_error(ErrorCode::kInvalidArgument, "spans cover " + std::to_string(t) + " tokens of " + std::to_string(n));
   q_start[n_seqs] = int32_t(t);
+  if (hybrid_) STRATA_RETURN_IF_ERROR(fill_hybrid_meta(batch));
   n_logit_rows_ = n_rows;
   StepShape shape;
   shape.n_tokens = n;
@@ -525,8 +532,9 @@ QkvPostArgs CudaDecoder::qkv_post_args(size_t l) const {
   qa.inv_freq = B.rope_inv_freq[size_t(L.rope)];
   qa.slot_mapping = B.dev<int64_t>(B.off_slots);
   qa.q_out = B.q;
-  qa.k_pool = kv_->k(int(l));
-  qa.v_pool = kv_->v(int(l));
+  const int kvl = L.kv_layer >= 0 ? L.kv_layer : int(l);  // the pool layer (hybrids, Gemma 4)
+  qa.k_pool = kv_->k(kvl);
+  qa.v_pool = kv_->v(kvl);
   qa.n_heads = int32_t(d.nh);
   qa.n_kv_heads = int32_t(d.nkv);
   qa.head_dim = int32_t(d.hd);
@@ -544,8 +552,9 @@ PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l)
   PagedAttentionArgs pa{};
   pa.q = B.q;
   pa.out = B.attn;
-  pa.k_pool = kv_->k(int(l));
-  pa.v_pool = kv_->v(int(l));
+  const int kvl = L.kv_layer >= 0 ? L.kv_layer : int(l);
+  pa.k_pool = kv_->k(kvl);
+  pa.v_pool = kv_->v(kvl);
   pa.block_tables = B.dev<int32_t>(B.off_tables);
   pa.seq_q_start = B.dev<int32_t>(B.off_q_start);
   pa.seq_pos0 = B.dev<int32_t>(B.off_pos0);
@@ -608,6 +617,10 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   }
   if (gemma4_) {
     launch_gemma4_step(shape);
+    return;
+  }
+  if (hybrid_) {
+    launch_hybrid_step(shape, record_copy);
     return;
   }
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
@@ -751,6 +764,10 @@ Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
 }
 
 int64_t CudaDecoder::arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options) {
+  if (is_hybrid_type(cfg.model_type)) {
+    auto b = hybrid_arena_bytes(cfg, options);
+    return b.ok() ? int64_t(*b) : 0;  // load() reports the config error
+  }
   if (cfg.model_type == "gemma4_text") {
     ModelConfig shaped = cfg;
     auto extra = gemma4_extra_bytes(cfg, options);

@@ -15,8 +15,11 @@
 // MoE layers (qwen3_moe, moe.h): router GEMM, device top-k routing, experts as grouped GEMMs
 // over the tokens sorted by expert. Gemma 4 (gemma4_text, cuda_gemma4.cpp): per-layer head
 // dims, value norm, partial ('proportional') RoPE on full layers, per-layer input embeddings,
-// KV shared by the last layers, an MoE block beside the dense MLP, layer scalars. Only the
-// plain families take the fused decode path.
+// KV shared by the last layers, an MoE block beside the dense MLP, layer scalars. The
+// gated-DeltaNet hybrids (qwen3_next, qwen3_5_text, qwen3_5_moe_text; cuda_hybrid.h): linear-
+// attention layers with per-sequence state slots, gated full attention, shared-expert MoE; the
+// KV pool holds their full-attention layers only. Only the plain families take the fused
+// decode path.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,6 +36,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/reference/kv_codec.h"
 #include "core/status.h"
+#include "model/kv_storage.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "model/step_batch.h"
@@ -142,11 +146,23 @@ class CudaDecoder {
   // Device bytes the weights and step scratch of this shape take (the KV pool aside).
   static int64_t arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options);
 
+  // Recurrent state (the hybrid families; cuda_hybrid.h): floats of one slot over every layer
+  // (0: none), and one slot copied to / from host floats in the engine's layout (per layer with
+  // state its conv floats, then its recurrent floats); both wait for the stream. Slots are
+  // 0 .. max_seqs - 1; SeqSpan::state_slot picks a span's.
+  int64_t state_floats() const;
+  Status save_state(int32_t slot, float* dst);
+  Status load_state(int32_t slot, const float* src);
+  // The engine's per-layer KV and recurrent-state layouts of this model.
+  std::vector<KvLayerSpec> kv_layout() const;
+  std::vector<StateLayerSpec> state_layout() const;
+
   struct Layer;
   struct Buffers;
+  struct Hybrid;
 
  private:
-  CudaDecoder() = default;
+  CudaDecoder();  // out of line: members hold types complete in cuda_model.cpp only
   Status init_common(const CudaModelOptions& options);
   // Launches of one step whose metadata is already in the pinned host block; record_copy
   // records Buffers::meta_copied after the metadata copy (not while capturing a graph).
@@ -166,6 +182,13 @@ class CudaDecoder {
                                                           const CudaModelOptions& options);
   void launch_gemma4_step(const StepShape& shape);
   void launch_gemma4_moe(const Layer& layer, int64_t n, cudaStream_t stream);
+  // The hybrids (cuda_hybrid.cpp): the loader, the step's state-slot metadata (after the
+  // batch checks of enqueue) and the step after the metadata copy.
+  static Result<std::unique_ptr<CudaDecoder>> load_hybrid(const ModelConfig& cfg, std::shared_ptr<const SafetensorsArchive> archive,
+                                                          const CudaModelOptions& options);
+  Status fill_hybrid_meta(const StepBatch& batch);
+  void launch_hybrid_step(const StepShape& shape, bool record_copy);
+  void launch_hybrid_ffn(size_t layer, int64_t n, cudaStream_t stream);
   QkvPostArgs qkv_post_args(size_t layer) const;
   PagedAttentionArgs attention_args(const StepShape& shape, size_t layer) const;
 
@@ -185,6 +208,8 @@ class CudaDecoder {
   bool moe_ = false;
   bool fused_ok_ = true;  // the fused decode path computes this family
   bool gemma4_ = false;   // launch_gemma4_step computes the layers
+  std::unique_ptr<Hybrid> hybrid_;  // the hybrid families' layers, state and step metadata
+  int32_t kv_layers_ = 0;           // layers of the KV pool (0: every layer)
   int32_t ple_dim_ = 0;   // Gemma 4 per-layer input width (0: none)
   float ple_embed_scale_ = 1.0f;
   int64_t weight_bytes_ = 0;

@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kCols * kRowGroups) delta_recurrent_kernel(Del
   const int j = blockIdx.x * kCols + tx;
   const bool col = j < a.d_v;
   const int dk = a.d_k, dv = a.d_v, kh = h / (a.n_v_heads / a.n_k_heads);
-  const int r0 = a.seq_start[s], n = a.seq_start[s + 1] - r0;
+  const int r0 = a.seq_start[s], n = (a.seq_end != nullptr ? a.seq_end[s] : a.seq_start[s + 1]) - r0;
+  if (n <= 0) return;
   float* S = a.state + (int64_t(a.seq_slot[s]) * a.n_v_heads + h) * dk * dv;
   float st[kMaxRowsPerThread];
 #pragma unroll
@@ -197,7 +198,9 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunked_kernel(DeltaRuleA
   const int tid = threadIdx.x;
   const int h = blockIdx.y, s = blockIdx.z, col0 = blockIdx.x * kCols;
   const int kh = h / (a.n_v_heads / a.n_k_heads);
-  const int r0 = a.seq_start[s], n = a.seq_start[s + 1] - r0, pos0 = a.seq_pos0[s];
+  const int r0 = a.seq_start[s], n = (a.seq_end != nullptr ? a.seq_end[s] : a.seq_start[s + 1]) - r0;
+  const int pos0 = a.seq_pos0[s];
+  if (n <= 0) return;
   float* S = a.state + (int64_t(a.seq_slot[s]) * a.n_v_heads + h) * dk * dv;
 
   for (int e = tid; e < dk * kCols; e += kChunkThreads) {

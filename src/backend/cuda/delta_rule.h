@@ -57,6 +57,11 @@ struct DeltaRuleArgs {
   int32_t d_v;
   float scale;
   int32_t in_bf16 = 0;
+  // [n_seqs] device, or null: one past the last row of each sequence (null: seq_start[s + 1]).
+  // With it the sequences need not tile the rows: a decoder runs the pieces of its spans that
+  // take one form in one launch and leaves the others out. A sequence with no rows is skipped
+  // (its slot untouched), so a list padded with empty entries keeps its launch shape.
+  const int32_t* seq_end = nullptr;
 };
 
 // Row by row (decode; also any span). One block per (sequence, value head, 32 columns of d_v):
