@@ -590,12 +590,14 @@ void Engine::step() {
     }
     // Rows whose token is the plain argmax need no logits on the host when the executor
     // hands back its greedy tokens (a GPU: no [rows, vocab] transfer).
-    // An executor that samples on its device takes the other sampled rows (no logprobs) as
-    // RowSamples: the engine draws each row's random value from the request's sampler here,
-    // the one draw sample() would have consumed, so seeds and checkpoints stay on the host.
+    // An executor that samples on its device takes the other sampled rows as RowSamples (rows
+    // with logprobs only when it computes those too): the engine draws each row's random
+    // value from the request's sampler here, the one draw sample() would have consumed, so
+    // seeds and checkpoints stay on the host.
     std::vector<uint8_t>& want = core_->want_logits;
     std::vector<RowSample>& samples = core_->row_samples;
     const bool device_sampling = core_->runner.device_sampling();
+    const bool device_logprobs = device_sampling && core_->runner.device_logprobs();
     want.clear();
     samples.clear();
     for (const auto& span : plan.spans) {
@@ -606,9 +608,10 @@ void Engine::step() {
         Active& a = *core_->active.at(span.seq->id);
         const bool argmax = argmax_only(a.req, a.sampler, core_->runner.vocab());
         RowSample rs;
-        if (device_sampling && !argmax && a.req.logprobs < 0) {
+        if (device_sampling && !argmax && (a.req.logprobs < 0 || device_logprobs)) {
           rs.sampler = &a.sampler;
           rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
+          rs.top_logprobs = a.req.logprobs;
         }
         want.push_back(argmax || rs.sampler != nullptr ? 0 : 1);
         if (device_sampling) samples.push_back(rs);
@@ -678,11 +681,11 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
                           : device_token != StepRows::kNotSampled ? device_token
                                                                   : rows.argmax.at(last_row);
     seq.tokens.push_back(token);
-    emit_token(a, token, last);
+    emit_token(a, token, last, last == nullptr ? &rows : nullptr, last_row);
   }
 }
 
-void Engine::emit_token(Active& a, int32_t token, const float* last) {
+void Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row) {
   a.sampler.accept(token);
   ++a.n_generated;
   ++core_->stats.generated_tokens;
@@ -703,7 +706,11 @@ void Engine::emit_token(Active& a, int32_t token, const float* last) {
   e.tokens.push_back(token);
   if (a.req.logprobs >= 0) {
     TokenLogprobs lp;
-    STRATA_CHECK(a.sampler.logprobs(last, core_->runner.vocab(), token, a.req.logprobs, &lp).ok(), "logprobs of a sampled token");
+    if (last != nullptr) {
+      STRATA_CHECK(a.sampler.logprobs(last, core_->runner.vocab(), token, a.req.logprobs, &lp).ok(), "logprobs of a sampled token");
+    } else {
+      STRATA_CHECK(rows != nullptr && rows->logprobs(row, token, &lp), "the executor's logprobs of a device row");
+    }
     e.logprobs.push_back(std::move(lp));
   }
   a.channel->push(std::move(e));

@@ -71,8 +71,9 @@ struct EngineOptions {
   // Overlapped ("async") scheduling on executors that support it (a GPU): while step n runs,
   // the host commits it with placeholder tokens, plans step n+1 and queues it with n's tokens
   // fed on the device, then reads n's tokens. Only steps whose every request takes its tokens
-  // from the device overlap (no logprobs, prompt logprobs, penalties, checkpoints, KV tiers,
-  // recurrent state or --kv-quant-start); the rest run one step at a time. Same tokens either way.
+  // from the device overlap (no prompt logprobs, penalties, checkpoints, KV tiers, recurrent
+  // state or --kv-quant-start, and logprobs only where the executor computes them); the rest
+  // run one step at a time. Same tokens either way.
   bool async_scheduling = true;
 };
 
@@ -148,9 +149,10 @@ class Engine {
   void admit_new(std::vector<PendingRequest> incoming);
   void step();
   void commit(const struct StepPlan& plan, const struct StepRows& rows);
-  // Streams one generated token of `a` (logits: its host row, for logprobs; else null) and
-  // finishes it on a stop token or at max_tokens.
-  void emit_token(Active& a, int32_t token, const float* logits);
+  // Streams one generated token of `a` (logits: its host row, for logprobs; else null, and
+  // the logprobs are row `row` of `rows`, computed by the executor) and finishes it on a stop
+  // token or at max_tokens.
+  void emit_token(Active& a, int32_t token, const float* logits, const struct StepRows* rows = nullptr, size_t row = 0);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
   // Overlapped steps (engine_async.cpp).
   void setup_overlap();

@@ -16,9 +16,10 @@
 //   runs steps in queue order, so a later step reusing them writes after n+1 has read them.
 // - Device sampling draws come from each request's own RNG in its own order (a dropped
 //   token's draw belongs to a request that has ended).
-// Requests that need the newest token on the host before the next step (logprobs, prompt
-// logprobs, penalties, checkpoints) are host-bound: while one is live, steps run one at a time
-// (step() collects the step in flight before planning).
+// Requests that need the newest token on the host before the next step (prompt logprobs,
+// penalties, checkpoints, and logprobs unless the executor computes them with the token:
+// device_logprobs()) are host-bound: while one is live, steps run one at a time (step()
+// collects the step in flight before planning).
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ void Engine::admit_overlap(Active& a) {
   const SamplingParams& p = a.sampler.params();
   const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   const bool on_device = argmax_only(a.req, a.sampler, core_->runner.vocab()) || core_->runner.device_sampling();
-  a.device_only = core_->overlap && on_device && !penalties && a.req.logprobs < 0 && !a.req.prompt_logprobs &&
+  const bool logprobs_on_device = a.req.logprobs < 0 || (core_->runner.device_sampling() && core_->runner.device_logprobs());
+  a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && !a.req.prompt_logprobs &&
                   a.ckpt_key.empty();
   if (!a.device_only) ++core_->n_host_bound;
 }
@@ -78,6 +80,7 @@ void Engine::step_overlapped(const StepPlan& plan) {
       STRATA_CHECK(device_sampling, "a device-only request without argmax needs device sampling");
       rs.sampler = &a.sampler;
       rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
+      rs.top_logprobs = a.req.logprobs;
     }
     want.push_back(0);
     if (device_sampling) samples.push_back(rs);
@@ -161,7 +164,7 @@ void Engine::drain_pipeline() {
     } else {
       a.seq.tokens.push_back(token);
     }
-    emit_token(a, token, nullptr);
+    emit_token(a, token, nullptr, rows, size_t(s.row));
   }
 }
 

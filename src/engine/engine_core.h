@@ -40,9 +40,9 @@ struct Engine::Active {
   uint64_t ckpt_run = 0;       // CheckpointStore run id
   int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
   // Overlapped steps (engine_async.cpp). device_only: every token of the request comes from the
-  // executor's device (no logprobs, prompt logprobs, penalties or checkpoints). pending_index:
-  // the position in seq.tokens of a placeholder whose token is still on the device, produced by
-  // row pending_row of the step in flight (-1: none).
+  // executor's device (no prompt logprobs, penalties, checkpoints, or logprobs the executor does
+  // not compute). pending_index: the position in seq.tokens of a placeholder whose token is
+  // still on the device, produced by row pending_row of the step in flight (-1: none).
   bool device_only = false;
   int32_t pending_index = -1;
   int32_t pending_row = -1;

@@ -28,6 +28,25 @@ struct StepRows {
                                     // handed it (RowSample), kNotSampled elsewhere; -1: every
                                     // logit of the row was -inf or NaN
   static constexpr int32_t kNotSampled = -2;
+  // Raw logprobs (sampling/logprobs.h) of the rows handed as RowSamples with top_logprobs >= 0
+  // (device_logprobs()); empty, or sized for the step's rows:
+  std::vector<int32_t> top_n;         // [n_rows] entries in the top list; -1: the row has none
+  std::vector<float> chosen_logprob;  // [n_rows] of the row's token (sampled or argmax)
+  std::vector<int32_t> top_ids;       // [n_rows, kMaxTopLogprobs] logprob descending, then id
+  std::vector<float> top_logprobs;    //   ascending; ids past the row's vocabulary are -1
+
+  // Row r's logprobs as Sampler::logprobs gives them, for its token; false: none on the device.
+  bool logprobs(size_t r, int32_t token, TokenLogprobs* out) const {
+    if (r >= top_n.size() || top_n[r] < 0) return false;
+    out->chosen = {token, chosen_logprob[r]};
+    out->top.clear();
+    for (int32_t j = 0; j < top_n[r]; ++j) {
+      const size_t k = r * size_t(kMaxTopLogprobs) + size_t(j);
+      if (top_ids[k] < 0) break;  // a vocabulary smaller than top_logprobs
+      out->top.push_back({top_ids[k], top_logprobs[k]});
+    }
+    return true;
+  }
 };
 
 // A logit row the executor samples itself (device_sampling()): the request's sampler, read for
@@ -36,6 +55,9 @@ struct StepRows {
 struct RowSample {
   const Sampler* sampler = nullptr;  // null: the row is not sampled by the executor
   uint64_t draw = 0;
+  // -1: no logprobs; 0..kMaxTopLogprobs: the row's raw logprobs come back in StepRows (the
+  // chosen token's and that many alternatives'); only when device_logprobs().
+  int32_t top_logprobs = -1;
 };
 
 // A decode span whose input token the previous queued step produces on the device (overlapped
@@ -64,10 +86,14 @@ class StepExecutor {
   virtual bool device_argmax() const = 0;
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).
   virtual bool device_sampling() const { return false; }
+  // True when RowSamples may ask for logprobs (RowSample::top_logprobs): the executor computes
+  // them with the token and hands them back in StepRows (no logits transfer for those rows).
+  // Implies device_sampling().
+  virtual bool device_logprobs() const { return false; }
 
   // Overlapped steps (supports_overlap()): enqueue() queues a step and returns without waiting
   // for the device; collect() waits for the oldest queued step and hands its rows (argmax and
-  // sampled tokens only, no host logits; valid until the next collect() or run()). At most two
+  // sampled tokens and device logprobs, no host logits; valid until the next collect() or run()). At most two
   // steps are queued; run() is called only with none queued. Every row of an enqueued step has
   // want_logits 0 and is answered by the device (argmax or a RowSample); `feed` names the spans
   // whose input token the previous enqueued step produces (their token in seq->tokens is a

@@ -5,7 +5,9 @@
 // every later token. Many greedy requests in a small pool (preemptions), shared prefixes
 // (prefix hits), varied max_tokens, stop ids and EOS that end requests with a step in flight, a
 // cancellation, and host-bound requests (logprobs) that make the engine fall back to single
-// steps: the tokens equal those of single steps, request by request.
+// steps: the tokens equal those of single steps, request by request. An executor that computes
+// logprobs with the token (device_logprobs()) takes requests with logprobs off the host: they
+// overlap, with the host path's logprobs.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -15,6 +17,7 @@
 #include "../support/engine_test_support.h"
 #include "core/check.h"
 #include "engine/engine.h"
+#include "sampling/logprobs.h"
 #include "engine/model_runner.h"
 
 namespace strata {
@@ -78,22 +81,37 @@ class HashModel final : public Model {
 // A host ModelRunner behind the overlapped interface: enqueue() runs the step at once (with the
 // fed inputs taken from the previous step's argmax) and queues its argmax; collect() hands the
 // oldest. The placeholders in the sequences are put back after the step, as a device leaves them.
+// With device_logprobs, it also takes greedy RowSamples and answers them like a device sampler:
+// the argmax and, when asked, the row's logprobs (compute_logprobs), with no host logits.
 class QueuedHostExecutor final : public StepExecutor {
  public:
-  QueuedHostExecutor(Model& model, const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size)
-      : inner_(model, layout, n_blocks, block_size) {}
+  QueuedHostExecutor(Model& model, const std::vector<KvLayerSpec>& layout, int32_t n_blocks, int32_t block_size,
+                     bool device_logprobs)
+      : inner_(model, layout, n_blocks, block_size), device_logprobs_(device_logprobs) {}
 
   const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample> samples) override {
     EXPECT_TRUE(queue_.empty()) << "run() with steps queued";
-    const StepRows& r = inner_.run(plan, want, samples);
-    rows_ = r;
-    rows_.argmax = argmax(r.logits, r.host_row.size());
+    if (!device_logprobs_) {
+      const StepRows& r = inner_.run(plan, want, samples);
+      rows_ = r;
+      rows_.argmax = argmax(r.logits, r.host_row.size());
+    } else {
+      const float* logits = inner_.run(plan);
+      rows_ = StepRows{};
+      rows_.logits = logits;  // row r at r: the host rows are those of want
+      rows_.argmax = argmax(logits, want.size());
+      rows_.host_row.assign(want.size(), -1);
+      for (size_t r = 0; r < want.size(); ++r) rows_.host_row[r] = want[r] != 0 ? int32_t(r) : -1;
+      answer_samples(logits, samples, rows_);
+    }
     last_.clear();  // a later feed may not name this step's rows
     ++plain_steps;
     return rows_;
   }
+  bool device_sampling() const override { return device_logprobs_; }
+  bool device_logprobs() const override { return device_logprobs_; }
   bool supports_overlap() const override { return true; }
-  void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample>,
+  void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample> samples,
                std::span<const TokenFeed> feed) override {
     STRATA_CHECK(queue_.size() < 2, "two steps queued");
     for (uint8_t w : want) STRATA_CHECK(w == 0, "an overlapped step has no host rows");
@@ -110,14 +128,16 @@ class QueuedHostExecutor final : public StepExecutor {
     size_t n_rows = 0;
     for (const auto& span : plan.spans) n_rows += span.sample ? 1 : 0;
     last_ = argmax(logits, n_rows);
-    queue_.push_back(last_);
+    StepRows q;
+    q.argmax = last_;
+    q.host_row.assign(n_rows, -1);
+    if (device_logprobs_) answer_samples(logits, samples, q);
+    queue_.push_back(std::move(q));
   }
   const StepRows& collect() override {
     STRATA_CHECK(!queue_.empty(), "nothing queued");
-    rows_ = StepRows{};
-    rows_.argmax = std::move(queue_.front());
+    rows_ = std::move(queue_.front());
     queue_.pop_front();
-    rows_.host_row.assign(rows_.argmax.size(), -1);
     return rows_;
   }
   int32_t vocab() const override { return inner_.vocab(); }
@@ -130,8 +150,33 @@ class QueuedHostExecutor final : public StepExecutor {
   void read_block(int32_t b, uint8_t* out) override { inner_.read_block(b, out); }
   void write_block(int32_t b, const uint8_t* in) override { inner_.write_block(b, in); }
   int64_t plain_steps = 0;
+  int64_t logprob_rows = 0;  // rows answered with their logprobs
 
  private:
+  void answer_samples(const float* logits, std::span<const RowSample> samples, StepRows& out) {
+    const size_t n = out.argmax.size();
+    out.sampled.assign(n, StepRows::kNotSampled);
+    out.top_n.assign(n, -1);
+    out.chosen_logprob.assign(n, 0.0f);
+    out.top_ids.assign(n * size_t(kMaxTopLogprobs), -1);
+    out.top_logprobs.assign(n * size_t(kMaxTopLogprobs), 0.0f);
+    for (size_t r = 0; r < samples.size() && r < n; ++r) {
+      if (samples[r].sampler == nullptr) continue;
+      STRATA_CHECK(samples[r].sampler->params().greedy(), "the test executor samples greedy rows only");
+      out.sampled[r] = out.argmax[r];
+      if (samples[r].top_logprobs < 0) continue;
+      TokenLogprobs lp;
+      STRATA_CHECK(compute_logprobs(logits + r * size_t(kVocab), kVocab, out.argmax[r], samples[r].top_logprobs, &lp).ok(),
+                   "logprobs of a row");
+      out.top_n[r] = int32_t(lp.top.size());
+      out.chosen_logprob[r] = lp.chosen.logprob;
+      for (size_t j = 0; j < lp.top.size(); ++j) {
+        out.top_ids[r * size_t(kMaxTopLogprobs) + j] = lp.top[j].token;
+        out.top_logprobs[r * size_t(kMaxTopLogprobs) + j] = lp.top[j].logprob;
+      }
+      ++logprob_rows;
+    }
+  }
   std::vector<int32_t> argmax(const float* logits, size_t n_rows) const {
     std::vector<int32_t> out(n_rows);
     for (size_t r = 0; r < n_rows; ++r) {
@@ -142,19 +187,21 @@ class QueuedHostExecutor final : public StepExecutor {
   }
   ModelRunner inner_;
   StepRows rows_;
+  bool device_logprobs_ = false;
   std::vector<int32_t> last_;  // the last enqueued step's argmax
-  std::deque<std::vector<int32_t>> queue_;
+  std::deque<StepRows> queue_;
 };
 
 struct Result {
   std::map<std::string, test::Outcome> out;
   EngineStats stats;
+  int64_t logprob_rows = 0;  // answered by the executor
 };
 
 // Every request queued before the first step; `cancel_id` is read first and cancelled after
 // three tokens.
 Result run_workload(ThreadPool& pool, bool overlap, const std::vector<GenerationRequest>& reqs,
-                    const std::string& cancel_id = "") {
+                    const std::string& cancel_id = "", bool device_logprobs = false) {
   auto model = std::make_unique<HashModel>(pool);
   EngineOptions o;
   o.block_size = 4;
@@ -165,7 +212,8 @@ Result run_workload(ThreadPool& pool, bool overlap, const std::vector<Generation
   o.model_identity = "hash";
   auto layout = resolve_kv_layout(*model, KvCodecConfig{});
   EXPECT_TRUE(layout.ok());
-  auto exec = std::make_unique<QueuedHostExecutor>(*model, *layout, o.kv_blocks, o.block_size);
+  auto exec = std::make_unique<QueuedHostExecutor>(*model, *layout, o.kv_blocks, o.block_size, device_logprobs);
+  const QueuedHostExecutor* executor = exec.get();
   auto e = Engine::create(std::move(model), o, std::move(exec));
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   Result r;
@@ -201,6 +249,7 @@ Result run_workload(ThreadPool& pool, bool overlap, const std::vector<Generation
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   engine.shutdown();
+  r.logprob_rows = executor->logprob_rows;
   return r;
 }
 
@@ -283,6 +332,55 @@ TEST(EngineAsync, LengthOnlyWorkloadPlansTheSameSteps) {
   EXPECT_EQ(on.stats.preemptions, off.stats.preemptions);
   EXPECT_GT(on.stats.preemptions, 0);
   EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
+}
+
+// Every request asks for logprobs (top_logprobs 0, 3, 20). On an executor that computes them
+// with the token they are not host-bound: overlapped steps plan the same steps as single ones
+// (max_tokens alone ends requests) and give the host path's tokens and logprobs (the same
+// compute_logprobs over the same logits), one step at a time (run()) and overlapped (collect()).
+TEST(EngineAsync, DeviceLogprobsOverlapWithTheHostPathsValues) {
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs = workload();
+  const int32_t top_ns[3] = {0, 3, 20};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].ignore_eos = true;
+    reqs[i].logprobs = top_ns[i % 3];
+  }
+  const Result host = run_workload(pool, true, reqs, "", false);
+  const Result single = run_workload(pool, false, reqs, "", true);
+  const Result overlap = run_workload(pool, true, reqs, "", true);
+  EXPECT_EQ(host.stats.overlapped_steps, 0) << "logprobs from host logits are host-bound";
+  EXPECT_EQ(host.logprob_rows, 0);
+  EXPECT_EQ(single.stats.overlapped_steps, 0);
+  EXPECT_GT(single.logprob_rows, 0);
+  EXPECT_GT(overlap.stats.overlapped_steps, overlap.stats.steps / 2);
+  EXPECT_GT(overlap.logprob_rows, 0);
+  EXPECT_EQ(overlap.stats.steps, host.stats.steps) << "the same plans";
+  EXPECT_EQ(single.stats.steps, host.stats.steps) << "the same plans";
+  for (const auto& q : reqs) {
+    const test::Outcome& h = host.out.at(q.id);
+    ASSERT_EQ(h.tokens.size(), size_t(q.max_tokens)) << q.id << ": " << h.final.message;
+    ASSERT_EQ(h.logprobs.size(), h.tokens.size()) << q.id;
+    for (const Result* d : {&single, &overlap}) {
+      const test::Outcome& o = d->out.at(q.id);
+      const std::string what = q.id + (d == &single ? " (single steps)" : " (overlapped)");
+      EXPECT_EQ(o.tokens, h.tokens) << what;
+      EXPECT_EQ(o.final.finish_reason, FinishReason::kLength) << what << ": " << o.final.message;
+      ASSERT_EQ(o.logprobs.size(), h.logprobs.size()) << what;
+      for (size_t t = 0; t < h.logprobs.size(); ++t) {
+        const TokenLogprobs& a = h.logprobs[t];
+        const TokenLogprobs& b = o.logprobs[t];
+        EXPECT_EQ(b.chosen.token, a.chosen.token) << what << " token " << t;
+        EXPECT_EQ(b.chosen.logprob, a.chosen.logprob) << what << " token " << t;
+        ASSERT_EQ(b.top.size(), size_t(q.logprobs)) << what << " token " << t;
+        ASSERT_EQ(a.top.size(), b.top.size()) << what << " token " << t;
+        for (size_t j = 0; j < a.top.size(); ++j) {
+          EXPECT_EQ(b.top[j].token, a.top[j].token) << what << " token " << t << " top " << j;
+          EXPECT_EQ(b.top[j].logprob, a.top[j].logprob) << what << " token " << t << " top " << j;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
