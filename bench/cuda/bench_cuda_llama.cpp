@@ -9,7 +9,7 @@
 // whole steps).
 // Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only |
 //        deterministic: only the cost of CudaModelOptions::deterministic, see deterministic_cost |
-//        decode1: batch-1 decode under the GEMV and merge settings, with the GEMVs and attention alone]
+//        decode1: batch-1 decode under the GEMV settings, with the GEMVs and attention alone]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -235,8 +235,6 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.scale = 0.0883883f;
-  uint64_t* trace = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&trace), size_t(6) * layers * 8));
   for (const int32_t variant : {0, 1, 2, 3}) {  // unfused 32 splits; fused 32, 16, 8 splits
     const bool fused = variant > 0;
     PagedAttentionArgs f = a;
@@ -248,33 +246,14 @@ void decode_attention_only(cudaStream_t st, int32_t ctx) {
     const std::vector<double> t = time_runs(st, 3, 10, [&] {
       for (int l = 0; l < layers; ++l) {
         if (!fused) launch_qkv_post(post, st);
-        PagedAttentionArgs fl = f;
-        if (variant == 1) fl.trace = trace + 6 * l;
-        launch_paged_attention(fl, st);
-        launch_attention_combine(fl, st);
+        launch_paged_attention(f, st);
+        launch_attention_combine(f, st);
       }
     });
     std::printf("decode attention alone, %s, ctx %d, %d splits, x32 layers: %.3f ms (%.2f us per layer)\n",
                 fused ? "fused (1 launch)" : "unfused (qkv post + attention + combine)", ctx, int(f.n_splits), median(t),
                 1000.0 * median(t) / layers);
-    if (variant == 1) {
-      // The merging block of KV head 0 in the last run, layers 1..31 (layer 0 follows a sync).
-      std::vector<uint64_t> h(size_t(6) * layers);
-      STRATA_CUDA_CHECK(cudaMemcpy(h.data(), trace, h.size() * 8, cudaMemcpyDeviceToHost));
-      double ph[6] = {};
-      for (int l = 1; l < layers; ++l) {
-        const uint64_t* c = h.data() + 6 * l;
-        const uint64_t* p = c - 6;
-        ph[0] += double(c[1]) - double(p[5]);  // previous merge's end -> this wait's release
-        for (int i = 1; i < 6; ++i) ph[i] += double(c[i]) - double(c[i - 1]);
-      }
-      for (double& x : ph) x /= 1000.0 * (layers - 1);
-      std::printf("  fused 32 splits, merging block of KV head 0, mean us: previous end -> wait released %.2f; start -> "
-                  "wait released %.2f; q rows %.2f; key tiles and partials %.2f; fence and counter %.2f; merge %.2f\n",
-                  ph[0], ph[1], ph[2], ph[3], ph[4], ph[5]);
-    }
   }
-  cudaFree(trace);
   for (void* p : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(qkv), static_cast<void*>(po), static_cast<void*>(pml), static_cast<void*>(freq),
                   static_cast<void*>(meta), static_cast<void*>(slot)})
@@ -688,7 +667,6 @@ int main(int argc, char** argv) {
       int32_t batch;
       int32_t unroll;
       bool preload = true;
-      bool merge_all = true;
     };
     const LaunchTuning saved = launch_tuning();
     // Unfused with 4 loads in flight is the step before the fused layer; fused with 16 loads and
@@ -698,12 +676,11 @@ int main(int argc, char** argv) {
         {true, 0, 512, 1, 4},         {true, 2, 512, 1, 16},  {true, 2, 512, 1, 16, false}, {false, 2, 512, 1, 8},
         {true, 0, 2048, 1, 4},        {true, 2, 2048, 1, 16}, {true, 2, 2048, 1, 16, false}, {true, 2, 2048, 1, 8},
         {true, 0, 512, 2, 4},         {true, 2, 512, 2, 8},   {true, 0, 512, 4, 8},          {true, 2, 512, 1, 8, false},
-        {true, 2, 512, 1, 8, true, false}, {true, 2, 512, 1, 8}};
-    // decode1: the fused step at batch 1 under the GEMV and merge settings only.
+        {true, 2, 512, 1, 8}};
+    // decode1: the fused step at batch 1 under the GEMV settings only.
     const std::vector<Phase> decode1_phases = {
-        {true, 2, 512, 1, 16},        {true, 2, 512, 1, 8},   {true, 2, 512, 1, 16, false}, {true, 2, 512, 1, 8, false},
-        {true, 2, 512, 1, 8, true, false}, {true, 2, 512, 1, 16, true, false}, {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16},
-        {true, 2, 512, 2, 8},         {true, 2, 512, 1, 8}};
+        {true, 2, 512, 1, 16}, {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16, false}, {true, 2, 512, 1, 8, false},
+        {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16}, {true, 2, 512, 2, 8},         {true, 2, 512, 1, 8}};
     const std::vector<Phase>& phases = decode1_only ? decode1_phases : all_phases;
     const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
@@ -719,7 +696,6 @@ int main(int argc, char** argv) {
       tune.fuse_decode_rows = phase.fuse_rows;
       tune.gemv_unroll = phase.unroll;
       tune.gemv_preload = phase.preload;
-      tune.merge_all_splits = phase.merge_all;
       set_launch_tuning(tune);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(phase.graphs);
@@ -757,10 +733,10 @@ int main(int argc, char** argv) {
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_step;  // steps per second
-      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d, merge all %d: "
-                  "median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
+      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d: median step %.3f ms, "
+                  "mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
                   phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
-                  int(phase.fuse_rows), int(phase.unroll), int(phase.preload), int(phase.merge_all), ms, mean, step_ms.size(),
+                  int(phase.fuse_rows), int(phase.unroll), int(phase.preload), ms, mean, step_ms.size(),
                   1000.0 * phase.batch / ms);
       std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
                   ceiling, (1000.0 / ms) / ceiling);

@@ -29,12 +29,6 @@ constexpr int kKeysPerTile = 32;
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -71,37 +65,9 @@ __device__ __forceinline__ void head_load(const QkvPostArgs& p, int t, int h, in
   }
 }
 
-// RoPE coefficients of one position for the pairs (i, i + rot_dim / 2), i = lane + 32 j: cos
-// and sin with attn_factor applied. They depend on the step's metadata and the model only, so
-// the fused decode kernel makes them before its wait.
 template <int DPL>
-struct RopeCoef {
-  static constexpr int kPairs = (DPL + 1) / 2;  // rot_dim / 2 <= 16 DPL
-  float c[kPairs], s[kPairs];
-};
-
-template <int DPL>
-__device__ __forceinline__ void rope_coef(const QkvPostArgs& p, int pos, int lane, RopeCoef<DPL>& rc) {
-  const int half = p.rot_dim / 2;
-#pragma unroll
-  for (int j = 0; j < RopeCoef<DPL>::kPairs; ++j) {
-    const int i = lane + 32 * j;
-    float sn = 0.0f, cs = 0.0f;
-    if (i < half) {
-      sincosf(float(pos) * p.inv_freq[i], &sn, &cs);
-      cs *= p.attn_factor;
-      sn *= p.attn_factor;
-    }
-    rc.c[j] = cs;
-    rc.s[j] = sn;
-  }
-}
-
-// The optional RMSNorm of a loaded head into buf [head_dim] (shared memory), then RoPE with
-// the given coefficients when `rope`.
-template <int DPL>
-__device__ __forceinline__ void head_apply(const QkvPostArgs& p, bool rope, const RopeCoef<DPL>& rc, const float* norm_w,
-                                           const float (&v)[DPL], float* buf, int lane) {
+__device__ void head_finish(const QkvPostArgs& p, int t, bool rope, const float* norm_w, const float (&v)[DPL], float* buf,
+                            int lane) {
   const int hd = p.head_dim;
   float ss = 0.0f;
 #pragma unroll
@@ -115,24 +81,19 @@ __device__ __forceinline__ void head_apply(const QkvPostArgs& p, bool rope, cons
   __syncwarp();
   if (rope && p.rot_dim > 0) {
     const int half = p.rot_dim / 2;
-#pragma unroll
-    for (int j = 0; j < RopeCoef<DPL>::kPairs; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= half) continue;
+    const int pos = p.positions[t];
+    for (int i = lane; i < half; i += 32) {
+      const float theta = float(pos) * p.inv_freq[i];
+      float s, c;
+      sincosf(theta, &s, &c);
+      c *= p.attn_factor;
+      s *= p.attn_factor;
       const float x0 = buf[i], x1 = buf[i + half];
-      buf[i] = x0 * rc.c[j] - x1 * rc.s[j];
-      buf[i + half] = x1 * rc.c[j] + x0 * rc.s[j];
+      buf[i] = x0 * c - x1 * s;
+      buf[i + half] = x1 * c + x0 * s;
     }
     __syncwarp();
   }
-}
-
-template <int DPL>
-__device__ void head_finish(const QkvPostArgs& p, int t, bool rope, const float* norm_w, const float (&v)[DPL], float* buf,
-                            int lane) {
-  RopeCoef<DPL> rc;
-  if (rope && p.rot_dim > 0) rope_coef<DPL>(p, p.positions[t], lane, rc);
-  head_apply<DPL>(p, rope, rc, norm_w, v, buf, lane);
 }
 
 template <int DPL>
@@ -166,9 +127,6 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
 
   // The step metadata was copied before the step's first kernel: it may be read before the wait.
   const int tile = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  const bool tracing = a.trace != nullptr && tile == 0 && kvh == 0 && threadIdx.x == 0;
-  uint64_t trace_ns[5] = {};
-  if (tracing) trace_ns[0] = global_ns();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seq = a.tile_seq[tile];
   const int q0 = a.tile_q0[tile];
@@ -222,26 +180,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   // first tile's loads of them start before the wait, under the previous kernel's tail.
   const bool fused = a.post.qkv != nullptr;
   if (fused && k_begin < k_end) load_tile(k_begin, k_begin, first_pos);
-  // Decode fusion: the warp's first q row and its k or v task (see below) need a position's
-  // RoPE coefficients and the task token's slot, all from the step's metadata: made before the
-  // wait too, so that after it only the QKV projection's load stands before the arithmetic.
-  const bool own_kv = 2 * n_tok <= kWarps;
-  const int ti = warp >> 1;
-  const bool is_k = (warp & 1) == 0;
-  const bool has_task =
-      fused && own_kv && warp < 2 * n_tok && first_pos + ti >= k_begin && first_pos + ti < k_end;
-  const bool has_row = fused && warp < n_rows;
-  const int t_task = tok_begin + q0 + ti, t_row = tok_begin + q0 + warp / group;
-  RopeCoef<DPL> rc_row, rc_task;
-  int64_t task_slot = -1;
-  if (has_row) rope_coef<DPL>(a.post, a.post.positions[t_row], lane, rc_row);
-  if (has_task) {
-    if (is_k && t_task != t_row) rope_coef<DPL>(a.post, a.post.positions[t_task], lane, rc_task);
-    task_slot = a.post.slot_mapping ? a.post.slot_mapping[t_task] : -1;
-  }
   pdl_wait();
   pdl_launch_dependents();
-  if (tracing) trace_ns[1] = global_ns();
   // With the in-kernel combine a split without keys has nothing to add (the token's own
   // position lies in a split with keys, whose block writes its k and v): it leaves at once, and
   // the merge counts and reads the n_active splits only.
@@ -260,18 +200,25 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     // (one token per sequence: no other block reads that position). With at most kWarps / 2
     // tokens, warp 2i makes token i's k and warp 2i + 1 its v, in the same round as the warp's
     // first q row (both loads in flight), and the heads stay in sm.head for the first tile.
+    const bool own_kv = 2 * n_tok <= kWarps;
+    const int ti = warp >> 1;
+    const bool is_k = (warp & 1) == 0;
+    const bool has_task = own_kv && warp < 2 * n_tok && first_pos + ti >= k_begin && first_pos + ti < k_end;
+    const bool has_row = warp < n_rows;
+    const int t_task = tok_begin + q0 + ti, t_row = tok_begin + q0 + warp / group;
     float kv[DPL], qv[DPL];
     if (has_task) head_load<DPL>(p, t_task, a.n_heads + (is_k ? 0 : a.n_kv_heads) + kvh, lane, kv);
     if (has_row) head_load<DPL>(p, t_row, kvh * group + warp % group, lane, qv);
     if (has_task) {
       float* buf = sm.head + warp * hd;
-      head_apply<DPL>(p, is_k, t_task == t_row ? rc_row : rc_task, is_k ? p.k_norm : nullptr, kv, buf, lane);
-      if (task_slot >= 0) {
-        uint16_t* dst = (is_k ? p.k_pool : p.v_pool) + (task_slot * a.n_kv_heads + kvh) * hd;
+      head_finish<DPL>(p, t_task, is_k, is_k ? p.k_norm : nullptr, kv, buf, lane);
+      const int64_t slot = p.slot_mapping ? p.slot_mapping[t_task] : -1;
+      if (slot >= 0) {
+        uint16_t* dst = (is_k ? p.k_pool : p.v_pool) + (slot * a.n_kv_heads + kvh) * hd;
         for (int d = lane; d < hd; d += 32) dst[d] = __bfloat16_as_ushort(__float2bfloat16_rn(buf[d]));
       }
     }
-    if (has_row) head_apply<DPL>(p, true, rc_row, p.q_norm, qv, sm.q + warp * hd, lane);
+    if (has_row) head_finish<DPL>(p, t_row, true, p.q_norm, qv, sm.q + warp * hd, lane);
     for (int r = warp + kWarps; r < n_rows; r += kWarps) {
       head_post<DPL>(p, tok_begin + q0 + r / group, kvh * group + r % group, true, p.q_norm, sm.q + r * hd, lane);
     }
@@ -290,7 +237,6 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   }
   // The first tile's rows of this step's own keys come from sm.head (no reload from the pools).
   const bool new_from_smem = fused && 2 * n_tok <= kWarps;
-  if (tracing) trace_ns[2] = global_ns();
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
 #pragma unroll
@@ -403,35 +349,17 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
 
   // The last split block of this (tile, KV head) to finish merges every split's rows.
   __shared__ int last;
-  if (tracing) trace_ns[3] = global_ns();
+  __shared__ float split_w[kWarps][32];
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(a.split_counters + tile * a.n_kv_heads + kvh, 1) == n_active - 1;
   __syncthreads();
   if (!last) return;
-  if (tracing) trace_ns[4] = global_ns();
   __threadfence();
   const int64_t stride = int64_t(a.n_tokens) * a.n_heads;
-  // The splits' partial rows come into shared memory by cp.async (the tiles' space is free
-  // now), every split of a batch in flight together and the first batch together with the
-  // (max, sum) loads: up to `cap` splits cost one L2 round trip and no registers. The launch
-  // sizes shared memory for all splits of the warp's row when it can (merge_smem_bytes).
-  uint32_t dyn_smem;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-  const int cap = min(32, int(dyn_smem / (kWarps * hd * sizeof(float))));
-  float* land = reinterpret_cast<float*>(smem_raw) + warp * cap * hd;
-  const int n_pieces = hd / 4;  // 16-byte pieces of a row
   for (int r = warp; r < n_rows; r += kWarps) {
     const int t = tok_begin + q0 + r / group, h = kvh * group + r % group;
     const int64_t row = int64_t(t) * a.n_heads + h;
-    auto fetch = [&](int s0, int nb) {
-      for (int i = lane; i < nb * n_pieces; i += 32) {
-        const int b = i / n_pieces, c = i % n_pieces;
-        mma::cp_async16(mma::smem_addr(land + b * hd + c * 4), a.partial_out + ((s0 + b) * stride + row) * hd + c * 4, true);
-      }
-      mma::cp_async_commit();
-    };
-    fetch(0, min(cap, n_active));
     // Lane s holds split s (n_splits <= 32).
     const float ms = lane < n_active ? __ldcg(a.partial_ml + (lane * stride + row) * 2) : -INFINITY;
     const float ls = lane < n_active ? __ldcg(a.partial_ml + (lane * stride + row) * 2 + 1) : 0.0f;
@@ -439,43 +367,32 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
     const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
     const float denom = warp_sum(ls * wgt);
     const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+    split_w[warp][lane] = wgt;
+    __syncwarp();
+    // The loads take no branch (a split's weight is applied by a select), so the unrolled
+    // loop has many of them in flight instead of one L2 round trip per split.
     float o[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) o[i] = 0.0f;
-    for (int s0 = 0; s0 < n_active; s0 += cap) {
-      const int nb = min(cap, n_active - s0);
-      if (s0 > 0) fetch(s0, nb);
-      mma::cp_async_wait<0>();
-      __syncwarp();
-      // A split's weight is applied by a select (no branch), so a zero weight never
-      // multiplies what an empty split left.
-#pragma unroll 4
-      for (int b = 0; b < nb; ++b) {
-        const float ws = __shfl_sync(0xffffffffu, wgt, s0 + b);
-        const float* x = land + b * hd;
+#pragma unroll 8
+    for (int s = 0; s < n_active; ++s) {
+      const float ws = split_w[warp][s];
+      const float* src = a.partial_out + (s * stride + row) * hd;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-          const int d = lane + 32 * i;
-          const float v = d < hd ? x[d] : 0.0f;
-          o[i] += ws != 0.0f ? ws * v : 0.0f;
-        }
+      for (int i = 0; i < DPL; ++i) {
+        const int d = lane + 32 * i;
+        const float x = d < hd ? __ldcg(src + d) : 0.0f;
+        o[i] += ws != 0.0f ? ws * x : 0.0f;
       }
-      __syncwarp();  // the batch's space is rewritten next
     }
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
       if (d < hd) a.out[row * hd + d] = __bfloat16_as_ushort(__float2bfloat16_rn(o[i] * inv));
     }
+    __syncwarp();  // split_w is rewritten for this warp's next row
   }
   if (threadIdx.x == 0) a.split_counters[tile * a.n_kv_heads + kvh] = 0;
-  if (a.trace != nullptr && tile == 0 && kvh == 0) {
-    __syncthreads();  // every warp's rows are merged
-    if (tracing) {
-      for (int i = 0; i < 5; ++i) a.trace[i] = trace_ns[i];
-      a.trace[5] = global_ns();
-    }
-  }
 }
 
 // One block per (token, head): merges the splits' partial results (n_splits <= 32). Warp 0
@@ -511,15 +428,6 @@ __global__ void attention_combine_kernel(PagedAttentionArgs a) {
   }
 }
 
-// Shared memory for a launch of paged_attention_kernel: the tiles' `base`, or with the
-// in-kernel merge room for every split of one row per warp when that fits the raised limit
-// (smem_bytes(256)); the merge goes in batches otherwise.
-size_t merge_smem_bytes(const PagedAttentionArgs& a, size_t base) {
-  if (a.split_counters == nullptr || a.n_splits <= 1 || !launch_tuning().merge_all_splits) return base;
-  const size_t want = size_t(kWarps) * size_t(a.n_splits) * size_t(a.head_dim) * sizeof(float);
-  return std::max(base, std::min(want, smem_bytes(256)));
-}
-
 template <int DPL>
 void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
   const size_t smem = smem_bytes(a.head_dim);
@@ -533,7 +441,7 @@ void launch_dpl(const PagedAttentionArgs& a, cudaStream_t stream) {
     cuda_fatal(__FILE__, __LINE__, "launch_paged_attention", "in-kernel combine of " + std::to_string(a.n_splits) + " splits (at most 32)");
   }
   const dim3 grid(a.n_tiles, a.n_kv_heads, a.n_splits);
-  launch_pdl(paged_attention_kernel<DPL>, grid, kWarps * 32, merge_smem_bytes(a, smem), stream, a);
+  launch_pdl(paged_attention_kernel<DPL>, grid, kWarps * 32, smem, stream, a);
 }
 
 

@@ -136,10 +136,6 @@ struct PagedAttentionArgs {
   // tensor-core kernel is skipped, so a decode token takes the kernel a prefill tile takes
   // whatever else shares the step.
   int32_t batch_invariant = 0;
-  // Fused split decode only, for benchmarks: the merging block of tile 0, KV head 0 writes
-  // %globaltimer (ns) at its start, after the wait, after the q rows, after the key tiles,
-  // after the split counter and at its end: 6 values. Null: nothing written.
-  uint64_t* trace = nullptr;
 };
 int32_t attention_max_rows();  // query rows (token x head of one KV group) one CUDA-core tile holds
 // Tokens per query tile that launch_paged_attention wants for these shapes: 64 rows for the
@@ -221,15 +217,12 @@ struct LaunchTuning {
   // (measured: no gain at batch 1, slower at batch 2 and 2048 tokens; off).
   bool attn_overlap_prefetch = false;
   // 16-byte weight loads in flight per lane and weight row: 4, 8 or 16 (16 at one activation
-  // row only). 8: with gemv_preload the fused batch-1 step was fastest at 8 (4.20 ms against
-  // 4.33 at 16), though 16 streams the GEMVs alone faster (bench_cuda_llama).
+  // row only). 8: with gemv_preload the fused batch-1 step was fastest at 8 (4.18 ms against
+  // 4.32 at 16 after 512 tokens), though 16 streams the GEMVs alone faster (bench_cuda_llama).
   int32_t gemv_unroll = 8;
   // The GEMV loads its first step of weights (U 16-byte loads per lane and row) into registers
   // before waiting for the previous kernel, so the weight stream overlaps that kernel's tail.
   bool gemv_preload = true;
-  // Fused split decode: shared memory sized so that the merging block fetches every split of a
-  // row at once (64 KiB at 32 splits of head_dim 128); off: the tiles' size, merged in batches.
-  bool merge_all_splits = true;
   // Steps whose tiles are all one query token (decode, not fused) run the tensor-core decode
   // kernel (warps share each key tile) instead of the 64-row flash tile; off: the old choice.
   bool decode_mma_attention = true;
