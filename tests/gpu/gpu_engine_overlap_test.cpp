@@ -4,13 +4,17 @@
 // greedy rows (logit bias), many requests at once in a small KV pool (preemptions), shared
 // prompt prefixes (prefix-cache hits), varied max_tokens, and, with batch-invariant kernels
 // (--deterministic, so a request's logits do not depend on the step's other rows), stop ids
-// and EOS that end requests mid-pipeline, a cancellation, and host-bound requests (logprobs,
-// a repetition penalty) that make the engine fall back to single steps while they live. With
-// the default kernels only max_tokens ends requests: overlapped scheduling then plans the very
-// same steps, so even batch-dependent kernels give the same bits. Needs a GPU.
+// and EOS that end requests mid-pipeline, a cancellation, a request with logprobs (computed by
+// the device sampler, so it overlaps) and a host-bound one (a repetition penalty) that makes
+// the engine fall back to single steps while it lives. With the default kernels only
+// max_tokens ends requests: overlapped scheduling then plans the very same steps, so even
+// batch-dependent kernels give the same bits. Requests with logprobs: the device's logprobs,
+// overlapped or not, against the host's (Sampler::logprobs over copied logits rows). Needs a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <thread>
@@ -37,7 +41,7 @@ constexpr int32_t kBatchTokens = 96;
 constexpr int32_t kMaxLen = 256;
 constexpr int32_t kPoolBlocks = 40;  // 640 tokens for up to 16 sequences of up to 256: preemptions
 
-std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic) {
+std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic, bool device_logprobs = true) {
   auto cfg = load_model_config(model_path(name));
   EXPECT_TRUE(cfg.ok());
   if (!cfg.ok()) return nullptr;
@@ -53,6 +57,8 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
   EXPECT_TRUE(parts.ok()) << (parts.ok() ? "" : parts.error().to_string());
   if (!parts.ok()) return nullptr;
   EXPECT_TRUE(parts->executor->supports_overlap());
+  EXPECT_TRUE(parts->executor->device_logprobs()) << "the device logprobs buffers are taken";
+  parts->executor->set_device_logprobs(device_logprobs);
   EngineOptions eo;
   eo.block_size = 16;
   eo.max_batch_tokens = kBatchTokens;
@@ -71,6 +77,7 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
 struct Outcome {
   std::vector<int32_t> tokens;
   std::vector<int32_t> logprob_ids;  // the chosen id of each logprobs entry
+  std::vector<TokenLogprobs> logprobs;
   FinishReason reason = FinishReason::kError;
   std::string message;
 };
@@ -86,6 +93,7 @@ Outcome drain(RequestStream& s, int32_t cancel_after, Engine* engine) {
     }
     o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
     for (const auto& lp : e->logprobs) o.logprob_ids.push_back(lp.chosen.token);
+    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
     if (e->final) {
       o.reason = e->finish_reason;
       o.message = e->message;
@@ -206,7 +214,8 @@ TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
     if (t.size() >= 4) reqs[i].stop_ids = {t[t.size() / 2]};
   }
   for (size_t i = 2; i < reqs.size(); i += 6) reqs[i].ignore_eos = false;  // EOS (id 2) may end these
-  // Host-bound requests in the middle of the queue: single steps while they live.
+  // In the middle of the queue: a request with logprobs (answered by the device, overlapped)
+  // and a host-bound one (single steps while it lives).
   GenerationRequest lp = reqs[20];
   lp.id = "logprobs";
   lp.sampling = SamplingParams{};
@@ -236,10 +245,10 @@ TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
   const RunResult on = run_workload(*on_engine, reqs, cancel_id);
   expect_same(on, off, cancel_id, name);
   EXPECT_EQ(off.stats.overlapped_steps, 0);
-  // Host-bound requests are live (queued or running) for part of the run: steps overlap only
-  // once they have ended.
+  // The host-bound request is live (queued or running) for part of the run: steps overlap
+  // only once it has ended.
   EXPECT_GT(on.stats.overlapped_steps, 0) << on.stats.steps << " steps";
-  EXPECT_LT(on.stats.overlapped_steps, on.stats.steps) << "the host-bound requests ran in single steps";
+  EXPECT_LT(on.stats.overlapped_steps, on.stats.steps) << "the host-bound request ran in single steps";
   EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
   EXPECT_GT(on.stats.prefix_hit_tokens, 0) << "shared prefixes hit the cache";
   EXPECT_GT(on.stats.finished[int(FinishReason::kStop)], 0) << "stop ids end requests";
@@ -262,6 +271,88 @@ TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
   EXPECT_GT(on.stats.preemptions, 0);
   EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
   for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;
+}
+
+// Device logprobs against host logprobs of the same row: the same chosen token, logprobs within
+// 1e-4, the same top ids in the same order except where two of the host's neighbours tie
+// within 1e-5 (then the device may list them the other way round).
+void expect_close_logprobs(const TokenLogprobs& dev, const TokenLogprobs& host, int32_t top_n, const std::string& what) {
+  EXPECT_EQ(dev.chosen.token, host.chosen.token) << what;
+  EXPECT_NEAR(dev.chosen.logprob, host.chosen.logprob, 1e-4) << what << ": chosen";
+  EXPECT_TRUE(std::isfinite(dev.chosen.logprob) && dev.chosen.logprob <= 0.0f) << what << ": " << dev.chosen.logprob;
+  ASSERT_EQ(int32_t(host.top.size()), top_n) << what << ": the vocabulary holds more than top_logprobs ids";
+  ASSERT_EQ(dev.top.size(), host.top.size()) << what;
+  for (size_t j = 0; j < host.top.size(); ++j) {
+    EXPECT_NEAR(dev.top[j].logprob, host.top[j].logprob, 1e-4) << what << ": top " << j;
+    if (j > 0) {
+      EXPECT_GE(dev.top[j - 1].logprob, dev.top[j].logprob) << what << ": top " << j << " out of order";
+    }
+    if (dev.top[j].token == host.top[j].token) continue;
+    const float lp = host.top[j].logprob;
+    const bool tie = (j > 0 && std::fabs(host.top[j - 1].logprob - lp) <= 1e-5f) ||
+                     (j + 1 < host.top.size() && std::fabs(host.top[j + 1].logprob - lp) <= 1e-5f) ||
+                     (j + 1 == host.top.size() && std::fabs(dev.top[j].logprob - lp) <= 1e-5f);
+    EXPECT_TRUE(tie) << what << ": top " << j << " is id " << dev.top[j].token << " on the device, " << host.top[j].token
+                     << " on the host (logprob " << lp << ")";
+  }
+}
+
+// Every request asks for logprobs (top_logprobs 0, 5 and 20; greedy, seeded samplers, greedy
+// with a logit bias). Three engines, one step at a time with the device's logprobs, overlapped
+// with the device's logprobs, and one step at a time with the host's: max_tokens alone ends
+// requests, so all three plan the same steps over the same logits bits. The overlapped engine
+// gives the single steps' tokens and logprobs and overlaps most steps (requests with logprobs
+// are not host-bound); the host's logprobs match within float rounding; greedy requests still
+// take the argmax (their first top entry).
+TEST_P(GpuEngineOverlap, DeviceLogprobsMatchHostLogprobs) {
+  const std::string name = GetParam();
+  std::vector<GenerationRequest> reqs = base_workload(31);
+  const int32_t top_ns[3] = {0, 5, 20};
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].logprobs = top_ns[i % 3];
+  auto single_engine = make_engine(name, false, false, true);
+  auto overlap_engine = make_engine(name, true, false, true);
+  auto host_engine = make_engine(name, false, false, false);
+  ASSERT_NE(single_engine, nullptr);
+  ASSERT_NE(overlap_engine, nullptr);
+  ASSERT_NE(host_engine, nullptr);
+  const RunResult single = run_workload(*single_engine, reqs, "");
+  const RunResult overlap = run_workload(*overlap_engine, reqs, "");
+  const RunResult host = run_workload(*host_engine, reqs, "");
+  EXPECT_GT(overlap.stats.overlapped_steps, overlap.stats.steps / 2) << "requests with logprobs overlap";
+  EXPECT_EQ(host.stats.overlapped_steps, 0);
+  EXPECT_EQ(overlap.stats.steps, single.stats.steps) << "the same plans";
+  int64_t checked = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const GenerationRequest& q = reqs[i];
+    const Outcome& s = single.out.at(q.id);
+    const Outcome& o = overlap.out.at(q.id);
+    const Outcome& h = host.out.at(q.id);
+    ASSERT_EQ(s.reason, FinishReason::kLength) << q.id << ": " << s.message;
+    ASSERT_EQ(o.reason, FinishReason::kLength) << q.id << ": " << o.message;
+    ASSERT_EQ(h.reason, FinishReason::kLength) << q.id << ": " << h.message;
+    ASSERT_EQ(s.tokens.size(), size_t(q.max_tokens)) << q.id;
+    EXPECT_EQ(o.tokens, s.tokens) << q.id << ": overlapped and single steps differ";
+    EXPECT_EQ(h.tokens, s.tokens) << q.id << ": device and host logprobs rows differ in tokens";
+    ASSERT_EQ(s.logprobs.size(), s.tokens.size()) << q.id;
+    ASSERT_EQ(o.logprobs.size(), s.tokens.size()) << q.id;
+    ASSERT_EQ(h.logprobs.size(), h.tokens.size()) << q.id;
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      const std::string what = name + " " + q.id + " token " + std::to_string(t);
+      const TokenLogprobs& a = s.logprobs[t];
+      const TokenLogprobs& b = o.logprobs[t];
+      EXPECT_EQ(a.chosen.token, s.tokens[t]) << what;
+      if (t < o.tokens.size() && o.tokens[t] == s.tokens[t]) expect_close_logprobs(b, a, q.logprobs, what + " (overlapped)");
+      if (t < h.tokens.size() && h.tokens[t] == s.tokens[t]) expect_close_logprobs(a, h.logprobs[t], q.logprobs, what);
+      // Greedy without a bias: the argmax, which is the first top entry (or ties it).
+      if (i % 4 == 0 && !a.top.empty()) {
+        EXPECT_TRUE(a.top[0].token == s.tokens[t] || a.top[0].logprob == a.chosen.logprob)
+            << what << ": greedy token " << s.tokens[t] << " is not the argmax " << a.top[0].token;
+        EXPECT_EQ(a.chosen.logprob, a.top[0].logprob) << what;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 200);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEngineOverlap, ::testing::Values("llama3-tiny", "qwen3-tiny"),

@@ -2,11 +2,11 @@
 // engine by the teacher-forced rule of gpu_golden_test.cpp (at generated step i, with the
 // prompt and the oracle's first i greedy ids as context, the engine's greedy token must be
 // among the oracle's top-5), with chunked prefill (a 64-token step budget), several sequences
-// per step and prefix-cache hits; greedy rows answered by the device argmax agree with rows the
-// host samples from copied logits; a KV block survives the executor's host round trip bit for
-// bit; a prompt pushed out of a small pool into the KV host tier (registered host memory,
-// direct copies both ways) comes back from it with the same greedy tokens as a device prefix
-// cache hit. Needs a GPU.
+// per step and prefix-cache hits; greedy rows answered by the device argmax agree with rows
+// that ask for logprobs (the device sampler's greedy token); a KV block survives the
+// executor's host round trip bit for bit; a prompt pushed out of a small pool into the KV host
+// tier (registered host memory, direct copies both ways) comes back from it with the same
+// greedy tokens as a device prefix cache hit. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -139,7 +139,8 @@ TEST_P(GpuEngine, TeacherForcedGoldensInMixedChunkedBatches) {
 
   // Every (case, step) as its own one-token request, all queued at once: the engine runs up to
   // 8 at a time, mixing decodes and prefill chunks; later requests hit the blocks earlier ones
-  // published. Alongside each case: the same contexts asking for logprobs (host logits rows).
+  // published. Alongside each case: the same contexts asking for logprobs (rows the device
+  // sampler answers with their logprobs, CudaExecutor::device_logprobs).
   struct Pending {
     size_t c, i;
     bool logprobs;
@@ -170,7 +171,7 @@ TEST_P(GpuEngine, TeacherForcedGoldensInMixedChunkedBatches) {
     const auto& top5 = cases[p.c].top5[p.i];
     if (std::find(top5.begin(), top5.end(), o.tokens[0]) == top5.end()) {
       ++outside;
-      ADD_FAILURE() << name << " case " << p.c << " step " << p.i << (p.logprobs ? " (host logits)" : "") << ": token "
+      ADD_FAILURE() << name << " case " << p.c << " step " << p.i << (p.logprobs ? " (logprobs)" : "") << ": token "
                     << o.tokens[0] << " outside the oracle's top-5";
     }
     if (p.logprobs) {
@@ -181,7 +182,7 @@ TEST_P(GpuEngine, TeacherForcedGoldensInMixedChunkedBatches) {
     }
   }
   EXPECT_EQ(outside, 0u);
-  // Host sampling over the copied row and the device argmax pick the same greedy token.
+  // The greedy token of a row with logprobs and the device argmax agree.
   for (const auto& [c, i, tok] : host_tok) EXPECT_EQ(tok, (device_tok[{c, i}])) << name << " case " << c << " step " << i;
   const EngineStats st = engine->stats();
   EXPECT_GT(st.prefix_hit_tokens, 0) << "later contexts reuse the blocks of earlier ones";

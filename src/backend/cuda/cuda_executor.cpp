@@ -104,6 +104,7 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
   }();
   if (st.ok()) {
     sampling_ = std::move(s);
+    logprobs_ = DeviceLogprobs::create(int32_t(sampling_->max_rows));
   } else {
     cudaGetLastError();
     log::warn("device sampling scratch ({} bytes) not allocated, sampled rows copy their logits to the host: {}", bytes,
@@ -127,7 +128,7 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
     const SamplingParams& p = sampler->params();
     SamplingRow row = sampling_row(p);
     row.draw = samples[r].draw;
-    row.top_logprobs = -1;
+    row.top_logprobs = logprobs_ ? samples[r].top_logprobs : -1;
     row.bias_begin = int32_t(s.h_bias_ids.size());
     for (const auto& [id, v] : p.logit_bias) {
       s.h_bias_ids.push_back(id);
@@ -203,6 +204,7 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
     b.tokens = s.tokens + i;
     b.workspace = s.workspace;
     b.workspace_bytes = s.workspace_bytes;
+    if (logprobs_) logprobs_->attach(b, int32_t(i));
     launch_sampling(b, stream);
     i = j;
   }
@@ -211,6 +213,7 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
   if (cudaMemcpyAsync(s.h_tokens.data(), s.tokens, s.h_rows.size() * 4, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
     throw std::runtime_error("device sampling: token copy failed");
   }
+  if (logprobs_) logprobs_->copy_out(s.h_rows, logprobs_->host(), logprobs_->host_top_n(), stream);
 }
 
 void CudaExecutor::pack(const StepPlan& plan) {
@@ -268,6 +271,10 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
     for (size_t i = 0; i < sampling_->h_row_index.size(); ++i) {
       rows_.sampled[size_t(sampling_->h_row_index[i])] = sampling_->h_tokens[i];
     }
+  }
+  if (logprobs_) {
+    const std::span<const int32_t> top_n = sampled ? std::span<const int32_t>(logprobs_->host_top_n()) : std::span<const int32_t>();
+    hand_logprobs(rows_, size_t(n_rows), sampling_->h_row_index, top_n, logprobs_->host());
   }
   if (profile_) {
     const Clock::time_point t2 = Clock::now();

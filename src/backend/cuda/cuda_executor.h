@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/device_logprobs.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/kv_transfer.h"
 #include "backend/cuda/sampling.h"
@@ -49,11 +50,16 @@ class CudaExecutor final : public StepExecutor {
   int32_t vocab() const override { return decoder_->config().vocab_size; }
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
   bool device_argmax() const override { return true; }
-  // Sampled rows without logprobs run through the device sampler (sampling.h) when its
-  // scratch could be taken at creation.
+  // Sampled rows run through the device sampler (sampling.h) when its scratch could be taken
+  // at creation (rows with logprobs only when device_logprobs()).
   bool device_sampling() const override { return sampling_ != nullptr && sampling_on_; }
   // Off: sampled rows copy their logits to the host sampler instead (tests compare the two).
   void set_device_sampling(bool on) { sampling_on_ = on; }
+  // Rows with logprobs take them from the device sampler too (a few floats per row back, not
+  // the row's logits), and so may overlap.
+  bool device_logprobs() const override { return device_sampling() && logprobs_ != nullptr && logprobs_on_; }
+  // Off: rows with logprobs copy their logits to the host instead. Set before the engine runs.
+  void set_device_logprobs(bool on) { logprobs_on_ = on; }
   // The hybrid families' recurrent state slots on the device (CudaDecoder::save_state).
   int64_t state_floats() const override { return decoder_->state_floats(); }
   void save_state(int32_t slot, float* dst) override;
@@ -109,6 +115,8 @@ class CudaExecutor final : public StepExecutor {
   };
   std::unique_ptr<Sampling> sampling_;  // null: device sampling off
   bool sampling_on_ = true;
+  std::unique_ptr<DeviceLogprobs> logprobs_;  // null: logprobs rows copy their logits
+  bool logprobs_on_ = true;
   // Uploads the step's sampled rows and launches the sampler over the device logits. pinned:
   // null, the uploads read the host lists and the tokens come back to Sampling::h_tokens;
   // else the uploads are staged there (no penalty lists) and the tokens stay on the device.

@@ -2,9 +2,10 @@
 // the feed descriptor's upload (the decodes whose input is the previous step's token), the
 // decoder's step (its metadata upload, then the feed kernel, then the layers: a decode graph
 // replays both), the device sampler, the merge of every row's token into one buffer, and that
-// buffer's copy into the step's pinned slot. collect() waits for the copy; the next step's feed
-// kernel reads the same buffer on the device before the next merge overwrites it. Two slots of
-// pinned memory: a step's slot is reused two steps later, after it was collected.
+// buffer's copy into the step's pinned slot, with the logprobs of the rows that ask for them.
+// collect() waits for the copies; the next step's feed kernel reads the same buffer on the
+// device before the next merge overwrites it. Two slots of pinned memory: a step's slot is
+// reused two steps later, after it was collected.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,6 +31,9 @@ struct CudaExecutorOverlap {
     int32_t* h_row_sample = nullptr;  // pinned [max_rows]: sampled-token index of each row, -1: argmax
     int32_t* h_tokens = nullptr;      // pinned [max_rows]: the step's tokens, copied back
     uint8_t* h_stage = nullptr;       // pinned: device sampler uploads (rows, logit bias)
+    void* h_logprobs = nullptr;       // pinned LogprobsHost::bytes(max_rows): the step's logprobs
+    LogprobsHost lp;                  // views into h_logprobs, by sampled row
+    std::vector<int32_t> lp_top_n;    // [sampled rows] their top_logprobs; empty: none asked
     int32_t* d_row_sample = nullptr;  // [max_rows]
     cudaEvent_t done = nullptr;       // after the tokens' copy
     int64_t number = 0;               // the step's place among overlapped steps (profiling)
@@ -60,6 +64,7 @@ void free_overlap(CudaExecutorOverlap& o) {
   for (auto& sl : o.slot) {
     cudaFreeHost(sl.h_desc);
     cudaFreeHost(sl.h_stage);
+    cudaFreeHost(sl.h_logprobs);
     cudaFree(sl.d_row_sample);
     if (sl.done) cudaEventDestroy(sl.done);
   }
@@ -116,6 +121,8 @@ void CudaExecutor::setup_overlap() {
     void* st = nullptr;
     ok = ok && cudaMallocHost(&st, o->stage_bytes) == cudaSuccess;
     if (ok) sl.h_stage = static_cast<uint8_t*>(st);
+    ok = ok && cudaMallocHost(&sl.h_logprobs, LogprobsHost::bytes(o->max_rows)) == cudaSuccess;
+    if (ok) sl.lp = LogprobsHost::at(sl.h_logprobs, o->max_rows);
     ok = ok && cudaMalloc(reinterpret_cast<void**>(&sl.d_row_sample), rows) == cudaSuccess;
     ok = ok && cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming) == cudaSuccess;
   }
@@ -195,6 +202,10 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
     launch_merge_tokens(m, stream);
     check(cudaMemcpyAsync(sl.h_tokens, o.d_tokens, size_t(n_rows) * 4, cudaMemcpyDeviceToHost, stream), "token copy");
   }
+  sl.lp_top_n.clear();
+  if (logprobs_ && n_sampled > 0 && batch_.n_tokens() > 0) {
+    logprobs_->copy_out(sampling_->h_rows, sl.lp, sl.lp_top_n, stream);
+  }
   if (profile_) check(cudaEventRecord(o.end[number % CudaExecutorOverlap::kRing], stream), "event");
   check(cudaEventRecord(sl.done, stream), "event");
   sl.number = number;
@@ -224,6 +235,12 @@ const StepRows& CudaExecutor::collect() {
   for (size_t r = 0; r < n; ++r) {
     if (sl.h_row_sample[r] >= 0) rows_.sampled[r] = sl.h_tokens[r];
   }
+  std::vector<int32_t> logit_row(sl.lp_top_n.size(), 0);  // of each sampled row
+  for (size_t r = 0; r < n && !logit_row.empty(); ++r) {
+    const int32_t k = sl.h_row_sample[r];
+    if (k >= 0 && size_t(k) < logit_row.size()) logit_row[size_t(k)] = int32_t(r);
+  }
+  hand_logprobs(rows_, n, logit_row, sl.lp_top_n, sl.lp);
   if (profile_) {
     auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     const int64_t k = sl.number;
