@@ -22,7 +22,7 @@ part() {  # part NAME COMMAND...: runs COMMAND with OUT=$root/NAME
 export STRATA_SOURCE_DIR=$PWD
 part gpu env STRATA_GPU_TESTS_SKIP="gpu_engine_test gpu_kv_transfer_test" bash scripts/device/run_gpu.sh 128 3
 grep -E "rc=|PASSED|FAILED|ratio|tok/s" "$root/gpu/stdout.log" | head -80
-part tier bash scripts/device/run_tier_bench.sh 32768 2
+part tier bash scripts/device/run_tier_bench.sh 32768 3
 tail -30 "$root/tier/stdout.log"
 part deterministic bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 240 $bin/bench_cuda_llama 128 3 deterministic"
 tail -20 "$root/deterministic/stdout.log"
