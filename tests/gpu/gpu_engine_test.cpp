@@ -21,9 +21,14 @@
 #include "backend/cuda/cuda_executor.h"
 #include "engine/engine.h"
 #include "gpu_test_util.h"
+#include "../support/stream_test_support.h"
 
 namespace strata::cuda {
 namespace {
+
+using test::drain;
+using test::greedy_request;
+using test::Outcome;
 
 using namespace strata::gpu_test;
 
@@ -88,39 +93,6 @@ std::unique_ptr<Engine> start_gpu_engine(const std::string& name, int32_t max_ba
   EXPECT_EQ((*e)->n_kv_blocks(), device_blocks) << "the engine plans with the device pool";
   (*e)->start();
   return std::move(e).value();
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(120));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
-}
-
-GenerationRequest greedy_request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerationRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  return r;
 }
 
 class GpuEngine : public ::testing::TestWithParam<const char*> {

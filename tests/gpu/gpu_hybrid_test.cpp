@@ -26,11 +26,17 @@
 #include "backend/cuda/cuda_model.h"
 #include "engine/engine.h"
 #include "gpu_test_util.h"
+#include "../support/stream_test_support.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
 
 namespace strata::cuda {
 namespace {
+
+using test::drain;
+using test::greedy_request;
+using test::Outcome;
+using test::random_ids;
 
 using namespace strata::gpu_test;
 
@@ -295,51 +301,6 @@ std::unique_ptr<Engine> start_engine(const std::string& name, int32_t max_batch_
   if (!e.ok()) return nullptr;
   (*e)->start();
   return std::move(e).value();
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;
-  StreamEvent final;
-};
-
-Outcome drain(RequestStream& s) {
-  Outcome o;
-  for (;;) {
-    auto e = s.next(std::chrono::seconds(120));
-    if (!e) {
-      ADD_FAILURE() << "request " << s.id() << " timed out";
-      return o;
-    }
-    o.tokens.insert(o.tokens.end(), e->tokens.begin(), e->tokens.end());
-    o.logprobs.insert(o.logprobs.end(), e->logprobs.begin(), e->logprobs.end());
-    if (e->final) {
-      o.final = *e;
-      return o;
-    }
-  }
-}
-
-GenerationRequest greedy_request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerationRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  return r;
-}
-
-std::vector<int32_t> random_ids(uint64_t salt, int32_t n, int32_t vocab) {
-  std::vector<int32_t> v;
-  uint64_t x = salt * 0x9E3779B97F4A7C15ull + 1;
-  for (int32_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v.push_back(int32_t(3 + x % uint64_t(vocab - 3)));
-  }
-  return v;
 }
 
 class GpuHybridEngine : public ::testing::TestWithParam<const char*> {
