@@ -29,13 +29,6 @@ namespace {
 
 using namespace strata::gpu_test;
 
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
-
 constexpr int32_t kMaxSeqs = 16;
 constexpr int32_t kBatchTokens = 96;
 constexpr int32_t kMaxLen = 256;

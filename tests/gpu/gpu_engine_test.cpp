@@ -20,6 +20,8 @@
 
 #include "backend/cuda/cuda_executor.h"
 #include "engine/engine.h"
+#include "gpu_engine_oracle.h"
+#include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "../support/stream_test_support.h"
 
@@ -31,36 +33,6 @@ using test::greedy_request;
 using test::Outcome;
 
 using namespace strata::gpu_test;
-
-struct Case {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> greedy;
-  std::vector<std::vector<int32_t>> top5;
-};
-
-std::vector<Case> cases_for(const std::string& model) {
-  std::ifstream in(source_dir() + "/tests/data/reference/logits.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str());
-  std::vector<Case> out;
-  if (!j.contains(model)) return out;
-  for (const auto& c : j[model]["cases"]) {
-    Case g;
-    g.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    g.greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-    g.top5 = c["generated_top5"].get<std::vector<std::vector<int32_t>>>();
-    out.push_back(std::move(g));
-  }
-  return out;
-}
-
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
 
 CudaEngineOptions small_device(int32_t max_batch_tokens) {
   CudaEngineOptions o;
@@ -108,54 +80,7 @@ TEST_P(GpuEngine, TeacherForcedGoldensInMixedChunkedBatches) {
   ASSERT_FALSE(cases.empty()) << "no cases for " << name;
   auto engine = start_gpu_engine(name, 64);  // the 100-token prompts prefill in chunks
   ASSERT_NE(engine, nullptr);
-
-  // Every (case, step) as its own one-token request, all queued at once: the engine runs up to
-  // 8 at a time, mixing decodes and prefill chunks; later requests hit the blocks earlier ones
-  // published. Alongside each case: the same contexts asking for logprobs (rows the device
-  // sampler answers with their logprobs, CudaExecutor::device_logprobs).
-  struct Pending {
-    size_t c, i;
-    bool logprobs;
-    std::shared_ptr<RequestStream> s;
-  };
-  std::vector<Pending> pending;
-  for (size_t c = 0; c < cases.size(); ++c) {
-    for (size_t i = 0; i < cases[c].greedy.size() && i < cases[c].top5.size(); ++i) {
-      std::vector<int32_t> ctx = cases[c].prompt;
-      ctx.insert(ctx.end(), cases[c].greedy.begin(), cases[c].greedy.begin() + long(i));
-      for (bool lp : {false, true}) {
-        if (lp && i % 4 != 0) continue;
-        GenerationRequest r = greedy_request(name + "-" + std::to_string(c) + "-" + std::to_string(i) + (lp ? "-lp" : ""), ctx, 1);
-        if (lp) r.logprobs = 2;
-        auto s = engine->submit(r);
-        ASSERT_TRUE(s.ok()) << s.error().to_string();
-        pending.push_back({c, i, lp, *s});
-      }
-    }
-  }
-  std::map<std::pair<size_t, size_t>, int32_t> device_tok;
-  std::vector<std::tuple<size_t, size_t, int32_t>> host_tok;
-  size_t outside = 0;
-  for (auto& p : pending) {
-    Outcome o = drain(*p.s);
-    ASSERT_EQ(o.final.finish_reason, FinishReason::kLength) << o.final.message;
-    ASSERT_EQ(o.tokens.size(), 1u);
-    const auto& top5 = cases[p.c].top5[p.i];
-    if (std::find(top5.begin(), top5.end(), o.tokens[0]) == top5.end()) {
-      ++outside;
-      ADD_FAILURE() << name << " case " << p.c << " step " << p.i << (p.logprobs ? " (logprobs)" : "") << ": token "
-                    << o.tokens[0] << " outside the oracle's top-5";
-    }
-    if (p.logprobs) {
-      ASSERT_EQ(o.logprobs.size(), 1u);
-      host_tok.emplace_back(p.c, p.i, o.tokens[0]);
-    } else {
-      device_tok[{p.c, p.i}] = o.tokens[0];
-    }
-  }
-  EXPECT_EQ(outside, 0u);
-  // The greedy token of a row with logprobs and the device argmax agree.
-  for (const auto& [c, i, tok] : host_tok) EXPECT_EQ(tok, (device_tok[{c, i}])) << name << " case " << c << " step " << i;
+  expect_teacher_forced_in_engine(*engine, name, cases);
   const EngineStats st = engine->stats();
   EXPECT_GT(st.prefix_hit_tokens, 0) << "later contexts reuse the blocks of earlier ones";
   engine->shutdown();

@@ -25,6 +25,8 @@
 #include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_model.h"
 #include "engine/engine.h"
+#include "gpu_engine_oracle.h"
+#include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "../support/stream_test_support.h"
 #include "model/kv_storage.h"
@@ -39,40 +41,6 @@ using test::Outcome;
 using test::random_ids;
 
 using namespace strata::gpu_test;
-
-struct Case {
-  std::vector<int32_t> prompt;
-  std::vector<float> last_logits;
-  std::vector<int32_t> greedy;
-  std::vector<std::vector<int32_t>> top5;
-};
-
-std::vector<Case> cases_for(const std::string& model) {
-  static const nlohmann::json j = [] {
-    std::ifstream in(source_dir() + "/tests/data/reference/logits.json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return nlohmann::json::parse(ss.str());
-  }();
-  std::vector<Case> out;
-  if (!j.contains(model)) return out;
-  for (const auto& c : j[model]["cases"]) {
-    Case g;
-    g.prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    g.last_logits = c["last_logits"].get<std::vector<float>>();
-    g.greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-    g.top5 = c["generated_top5"].get<std::vector<std::vector<int32_t>>>();
-    out.push_back(std::move(g));
-  }
-  return out;
-}
-
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
 
 CudaModelOptions small_options(bool deterministic = false) {
   CudaModelOptions o;
@@ -320,47 +288,7 @@ TEST_P(GpuHybridEngine, TeacherForcedGoldensInMixedChunkedBatches) {
   ASSERT_FALSE(cases.empty());
   auto engine = start_engine(name, 64, true, false);
   ASSERT_NE(engine, nullptr);
-  struct Pending {
-    size_t c, i;
-    bool logprobs;
-    std::shared_ptr<RequestStream> s;
-  };
-  std::vector<Pending> pending;
-  for (size_t c = 0; c < cases.size(); ++c) {
-    for (size_t i = 0; i < cases[c].greedy.size() && i < cases[c].top5.size(); ++i) {
-      std::vector<int32_t> ctx = cases[c].prompt;
-      ctx.insert(ctx.end(), cases[c].greedy.begin(), cases[c].greedy.begin() + long(i));
-      for (bool lp : {false, true}) {
-        if (lp && i % 4 != 0) continue;
-        GenerationRequest r = greedy_request(name + "-" + std::to_string(c) + "-" + std::to_string(i) + (lp ? "-lp" : ""), ctx, 1);
-        if (lp) r.logprobs = 2;
-        auto s = engine->submit(r);
-        ASSERT_TRUE(s.ok()) << s.error().to_string();
-        pending.push_back({c, i, lp, *s});
-      }
-    }
-  }
-  std::map<std::pair<size_t, size_t>, int32_t> device_tok;
-  std::vector<std::tuple<size_t, size_t, int32_t>> host_tok;
-  size_t outside = 0;
-  for (auto& p : pending) {
-    Outcome o = drain(*p.s);
-    ASSERT_EQ(o.final.finish_reason, FinishReason::kLength) << o.final.message;
-    ASSERT_EQ(o.tokens.size(), 1u);
-    const auto& top5 = cases[p.c].top5[p.i];
-    if (std::find(top5.begin(), top5.end(), o.tokens[0]) == top5.end()) {
-      ++outside;
-      ADD_FAILURE() << name << " case " << p.c << " step " << p.i << (p.logprobs ? " (host logits)" : "") << ": token "
-                    << o.tokens[0] << " outside the oracle's top-5";
-    }
-    if (p.logprobs) {
-      host_tok.emplace_back(p.c, p.i, o.tokens[0]);
-    } else {
-      device_tok[{p.c, p.i}] = o.tokens[0];
-    }
-  }
-  EXPECT_EQ(outside, 0u);
-  for (const auto& [c, i, tok] : host_tok) EXPECT_EQ(tok, (device_tok[{c, i}])) << name << " case " << c << " step " << i;
+  expect_teacher_forced_in_engine(*engine, name, cases);
   const EngineStats st = engine->stats();
   EXPECT_GT(st.prefix_hit_tokens, 0) << "later contexts restore the snapshots of earlier ones";
   EXPECT_GT(st.state_snapshots.restores, 0);
@@ -463,35 +391,6 @@ INSTANTIATE_TEST_SUITE_P(Hybrids, GpuHybridEngine, ::testing::Values("qwen3next-
                          });
 
 // ---------------------------------------------------------------- the bf16 floor
-
-// Copies dir's config files and its model.safetensors with every F32 matrix rounded to bf16
-// (what CudaDecoder uploads; vectors stay f32, as on the GPU) into out.
-void write_bf16_rounded_copy(const std::filesystem::path& dir, const std::filesystem::path& out) {
-  std::filesystem::create_directories(out);
-  for (const char* f : {"config.json", "generation_config.json"}) {
-    if (std::filesystem::exists(dir / f)) std::filesystem::copy_file(dir / f, out / f, std::filesystem::copy_options::overwrite_existing);
-  }
-  std::ifstream in(dir / "model.safetensors", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_GE(bytes.size(), 8u);
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, bytes.data(), 8);
-  const nlohmann::json header = nlohmann::json::parse(std::string(bytes.data() + 8, size_t(header_len)));
-  char* data = bytes.data() + 8 + header_len;
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__" || t["dtype"] != "F32" || t["shape"].size() < 2) continue;
-    // conv1d.weight [channels, 1, kernel] stays f32 on the GPU (a vector per channel).
-    if (name.find("conv1d") != std::string::npos) continue;
-    const auto off = t["data_offsets"].get<std::vector<size_t>>();
-    for (size_t i = off[0]; i + 4 <= off[1]; i += 4) {
-      float v;
-      std::memcpy(&v, data + i, 4);
-      v = bf16_to_f32(f32_to_bf16(v));
-      std::memcpy(data + i, &v, 4);
-    }
-  }
-  std::ofstream(out / "model.safetensors", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 std::vector<int32_t> top5_of(const float* row, int32_t vocab) {
   std::vector<int32_t> idx(static_cast<size_t>(vocab));

@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_model.h"
 #include "engine/engine.h"
+#include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/kv_storage.h"
@@ -44,40 +45,6 @@ namespace strata::cuda {
 namespace {
 
 using namespace strata::gpu_test;
-
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string model_dir(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
-
-// dir's config files and model.safetensors with every F32 matrix rounded to bf16 (kept F32):
-// the CPU forward then reads the weights the GPU holds.
-void write_bf16_weights_copy(const std::filesystem::path& dir, const std::filesystem::path& out) {
-  std::filesystem::create_directories(out);
-  for (const char* f : {"config.json", "generation_config.json"}) {
-    if (std::filesystem::exists(dir / f)) std::filesystem::copy_file(dir / f, out / f, std::filesystem::copy_options::overwrite_existing);
-  }
-  std::ifstream in(dir / "model.safetensors", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_GE(bytes.size(), 8u);
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, bytes.data(), 8);
-  const nlohmann::json header = nlohmann::json::parse(std::string(bytes.data() + 8, size_t(header_len)));
-  char* data = bytes.data() + 8 + header_len;
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__" || t["dtype"] != "F32" || t["shape"].size() < 2) continue;
-    const auto off = t["data_offsets"].get<std::vector<size_t>>();
-    for (size_t i = off[0]; i + 4 <= off[1]; i += 4) {
-      float v;
-      std::memcpy(&v, data + i, 4);
-      v = bf16_to_f32(f32_to_bf16(v));
-      std::memcpy(data + i, &v, 4);
-    }
-  }
-  std::ofstream(out / "model.safetensors", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 struct CodecCase {
   const char* name;
@@ -191,7 +158,7 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
   const std::string name = GetParam();
   const std::filesystem::path copy =
       std::filesystem::temp_directory_path() / ("strata_codec_bf16_" + name + "_" + std::to_string(::getpid()));
-  write_bf16_weights_copy(model_dir(name), copy);
+  write_bf16_rounded_copy(model_path(name), copy);
   ThreadPool pool(2);
   auto cpu = load_model(copy.string(), pool);
   ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
@@ -205,7 +172,7 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
     const std::vector<KvCodecSpec> specs = layer_specs(cfg, cc.config);
     const CpuRun ref = cpu_greedy(**cpu, specs, prompt, kSteps);
     const CpuRun exact = cpu_greedy(**cpu, {}, prompt, kSteps, &ref.ids);
-    auto gpu = CudaDecoder::load(model_dir(name), test_options(specs));
+    auto gpu = CudaDecoder::load(model_path(name), test_options(specs));
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
     CudaDecoder& m = **gpu;
     EXPECT_LT(m.kv_block_bytes(), int64_t(cfg.n_layers) * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 2 + 1)
@@ -315,14 +282,14 @@ void check_prefill_matches_decode(CudaDecoder& m, const std::string& what, const
 TEST(GpuKvCodecModelSteps, PrefillMatchesDecodeInMixedSteps) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const char* name : {"llama3-tiny", "qwen3-tiny"}) {
-    auto cfg = load_model_config(model_dir(name));
+    auto cfg = load_model_config(model_path(name));
     ASSERT_TRUE(cfg.ok());
     for (const CodecCase& cc : codec_cases()) {
-      auto m = CudaDecoder::load(model_dir(name), test_options(layer_specs(*cfg, cc.config)));
+      auto m = CudaDecoder::load(model_path(name), test_options(layer_specs(*cfg, cc.config)));
       ASSERT_TRUE(m.ok()) << m.error().to_string();
       check_prefill_matches_decode(**m, std::string(name) + " " + cc.name, std::vector<double>(40, 2e-2));
     }
-    auto bf16 = CudaDecoder::load(model_dir(name), test_options({}));
+    auto bf16 = CudaDecoder::load(model_path(name), test_options({}));
     ASSERT_TRUE(bf16.ok());
     check_prefill_matches_decode(**bf16, std::string(name) + " bf16 decoder", std::vector<double>(40, 2e-2));
   }
@@ -372,9 +339,9 @@ TEST(GpuKvCodecModelSteps, CodecBlocksCopiedThroughTheExecutorReadTheSame) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const CodecCase& cc : codec_cases()) {
     SCOPED_TRACE(cc.name);
-    auto cfg = load_model_config(model_dir("qwen3-tiny"));
+    auto cfg = load_model_config(model_path("qwen3-tiny"));
     ASSERT_TRUE(cfg.ok());
-    auto dec = CudaDecoder::load(model_dir("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
+    auto dec = CudaDecoder::load(model_path("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
     ASSERT_TRUE(dec.ok()) << dec.error().to_string();
     CudaExecutor ex(std::move(dec).value());
     CudaDecoder& m = ex.decoder();
@@ -415,7 +382,7 @@ TEST(GpuKvCodecModelSteps, CodecBlocksCopiedThroughTheExecutorReadTheSame) {
 // prompt again (a prefix-cache hit on codec blocks) gives them again.
 TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  auto cfg = load_model_config(model_dir("qwen3-tiny"));
+  auto cfg = load_model_config(model_path("qwen3-tiny"));
   ASSERT_TRUE(cfg.ok());
   constexpr int32_t kTokens = 8;
   for (const CodecCase& cc : codec_cases()) {
@@ -423,7 +390,7 @@ TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
     const std::vector<int32_t> prompt = prompt_ids(cfg->vocab_size, 37, 4321);
     std::vector<int32_t> want;
     {
-      auto dec = CudaDecoder::load(model_dir("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
+      auto dec = CudaDecoder::load(model_path("qwen3-tiny"), test_options(layer_specs(*cfg, cc.config)));
       ASSERT_TRUE(dec.ok()) << dec.error().to_string();
       StepBatch b;
       b.tokens = prompt;
@@ -444,7 +411,7 @@ TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
     co.max_num_seqs = 8;
     co.max_model_len = 256;
     co.kv_codecs = cc.config;
-    auto parts = make_cuda_engine_parts(model_dir("qwen3-tiny"), co);
+    auto parts = make_cuda_engine_parts(model_path("qwen3-tiny"), co);
     ASSERT_TRUE(parts.ok()) << parts.error().to_string();
     EngineOptions eo;
     eo.block_size = 16;
@@ -479,7 +446,7 @@ TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
 }
 
 TEST(GpuKvCodecModelSteps, EngineSupportAcceptsCodecsAndNamesRefusals) {
-  auto llama = load_model_config(model_dir("llama3-tiny"));
+  auto llama = load_model_config(model_path("llama3-tiny"));
   ASSERT_TRUE(llama.ok());
   for (const CodecCase& cc : codec_cases()) EXPECT_TRUE(check_cuda_engine_support(*llama, cc.config).ok()) << cc.name;
   KvCodecConfig quant;

@@ -29,13 +29,6 @@ namespace {
 using namespace strata::gpu_test;
 using Clock = std::chrono::steady_clock;
 
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
-
 // Bytes from a seeded splitmix64 stream (fast enough for gigabytes), split over threads.
 void fill_random(uint8_t* p, size_t n, uint64_t seed) {
   const size_t n_threads = std::max<size_t>(1, std::min<size_t>(8, n >> 26));

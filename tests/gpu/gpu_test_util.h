@@ -25,6 +25,14 @@ inline std::string source_dir() {
   return e != nullptr && *e != '\0' ? std::string(e) : std::string(STRATA_SOURCE_DIR);
 }
 
+// A reference model's directory: tests/data/reference/models/NAME under source_dir().
+inline std::string model_path(const std::string& name) { return source_dir() + "/tests/data/reference/models/" + name; }
+
+inline bool has_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 template <class T>
 struct DeviceBuffer {
   T* p = nullptr;
