@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "bench_models.h"
 #include "bench_timing.h"
 
 using namespace strata;
@@ -402,28 +403,6 @@ void batch_gemms_only(cudaStream_t st, double bw, double gemm_peak, int64_t m) {
   cudaFree(x);
   cudaFree(y);
   cudaFree(ws);
-}
-
-ModelConfig llama8b() {
-  ModelConfig c;
-  c.model_type = "llama";
-  c.vocab_size = 128256;
-  c.hidden = 4096;
-  c.n_layers = 32;
-  c.n_heads = 32;
-  c.n_kv_heads = 8;
-  c.head_dim = 128;
-  c.intermediate = 14336;
-  c.max_position = 131072;
-  c.rms_eps = 1e-5f;
-  c.tie_embeddings = false;
-  c.rope.type = "llama3";
-  c.rope.theta = 500000.0;
-  c.rope.factor = 8.0;
-  c.rope.low_freq_factor = 1.0;
-  c.rope.high_freq_factor = 4.0;
-  c.rope.original_max_position = 8192;
-  return c;
 }
 
 // Whole decode steps at a big batch (the serving shape: `batch` sequences, one token each, after
