@@ -170,27 +170,19 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   };
   const int64_t H = d.H, V = d.V, nL = d.L, Dp = g4.ple_dim;
 
-#define LOAD(dst, expr, upload, what)          \
-  do {                                         \
-    auto v_ = (expr);                          \
-    if (!v_.ok()) return v_.error();           \
-    auto p_ = upload(A, *v_, what);            \
-    if (!p_.ok()) return p_.error();           \
-    dst = *p_;                                 \
-  } while (0)
 
   {
     auto t = w.tensor("embed_tokens.weight", {V, H});
     if (!t.ok()) return t.error();
     m->embed_scale_ = in_dtype(float(std::sqrt(double(H))), (*t)->dtype);
   }
-  LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
+  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
   if (tied) {
     B.lm_head = B.embed;
   } else {
-    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
+    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
   }
-  LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
+  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
   if (Dp > 0) {
     if (g4.ple_vocab < V) {
       return make_error(ErrorCode::kUnsupported, "gemma4_text config: vocab_size_per_layer_input " + std::to_string(g4.ple_vocab) +
@@ -199,9 +191,9 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
     auto t = w.tensor("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp});
     if (!t.ok()) return t.error();
     m->ple_embed_scale_ = in_dtype(float(std::sqrt(double(Dp))), (*t)->dtype);
-    LOAD(B.ple_embed, w.f32("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp}), upload_matrix, "per-layer embedding");
-    LOAD(B.ple_model_proj, w.f32("per_layer_model_projection.weight", {nL * Dp, H}), upload_matrix, "per-layer model projection");
-    LOAD(B.ple_proj_norm, w.vector("per_layer_projection_norm.weight", Dp), upload_f32, "per-layer projection norm");
+    STRATA_CUDA_LOAD(B.ple_embed, w.f32("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp}), upload_matrix, "per-layer embedding");
+    STRATA_CUDA_LOAD(B.ple_model_proj, w.f32("per_layer_model_projection.weight", {nL * Dp, H}), upload_matrix, "per-layer model projection");
+    STRATA_CUDA_LOAD(B.ple_proj_norm, w.vector("per_layer_projection_norm.weight", Dp), upload_f32, "per-layer projection norm");
   }
 
   // RoPE tables per distinct (layer type, head_dim): sliding layers 'default', full layers
@@ -220,7 +212,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       auto tab = compute_rope(rc, g.head_dim, m->cfg_.max_position);
       if (!tab.ok()) return tab.error();
       float* f = nullptr;
-      LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
+      STRATA_CUDA_LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
       B.rope_inv_freq.push_back(f);
       B.rope_rot_dim.push_back(tab->rot_dim);
       B.rope_attn_factor.push_back(tab->attn_factor);
@@ -250,15 +242,15 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
         if (!v.ok()) return v.error();
         qkv.insert(qkv.end(), v->begin(), v->end());
       }
-      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
+      STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
     }
-    LOAD(L.o, w.f32(a + "o_proj.weight", {H, q_rows}), upload_matrix, "o_proj");
-    LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
-    if (L.own_kv) LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
-    LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
-    LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
-    LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", H), upload_f32, "pre-feedforward norm");
-    LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", H), upload_f32, "post-feedforward norm");
+    STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {H, q_rows}), upload_matrix, "o_proj");
+    STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
+    if (L.own_kv) STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
+    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
+    STRATA_CUDA_LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
+    STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", H), upload_f32, "pre-feedforward norm");
+    STRATA_CUDA_LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", H), upload_f32, "post-feedforward norm");
     // use_double_wide_mlp doubles the MLP of the KV-shared layers.
     L.inter = int64_t(config.intermediate) * (g4.double_wide_mlp && !L.own_kv ? 2 : 1);
     if (L.inter <= 0) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: intermediate_size must be positive");
@@ -268,30 +260,30 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       auto up = w.f32(p + "mlp.up_proj.weight", {L.inter, H});
       if (!up.ok()) return up.error();
       gt->insert(gt->end(), up->begin(), up->end());
-      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*gt)), upload_matrix, "gate_up");
+      STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(*gt)), upload_matrix, "gate_up");
     }
-    LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, L.inter}), upload_matrix, "down_proj");
+    STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, L.inter}), upload_matrix, "down_proj");
     if (g4.moe) {
       const int64_t E = config.n_experts, mI = config.moe_intermediate;
-      LOAD(L.router, w.f32(p + "router.proj.weight", {E, H}), upload_matrix, "router");
+      STRATA_CUDA_LOAD(L.router, w.f32(p + "router.proj.weight", {E, H}), upload_matrix, "router");
       auto rs = w.vector(p + "router.scale", H);
       if (!rs.ok()) return rs.error();
       const float root = float(1.0 / std::sqrt(double(H)));
       for (float& s : *rs) s *= root;
-      LOAD(L.router_scale, rs, upload_f32, "router scale");
-      LOAD(L.per_expert_scale, w.vector(p + "router.per_expert_scale", E), upload_f32, "per-expert scale");
+      STRATA_CUDA_LOAD(L.router_scale, rs, upload_f32, "router scale");
+      STRATA_CUDA_LOAD(L.per_expert_scale, w.vector(p + "router.per_expert_scale", E), upload_f32, "per-expert scale");
       // The fused tensors are already [E, 2I, H] (gate rows, then up rows) and [E, H, I]: the
       // layouts launch_grouped_gemm takes.
-      LOAD(L.experts_gate_up, w.f32(p + "experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
-      LOAD(L.experts_down, w.f32(p + "experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
-      LOAD(L.moe_mlp_norm, w.vector(p + "post_feedforward_layernorm_1.weight", H), upload_f32, "post-feedforward norm 1");
-      LOAD(L.moe_pre_norm, w.vector(p + "pre_feedforward_layernorm_2.weight", H), upload_f32, "pre-feedforward norm 2");
-      LOAD(L.moe_out_norm, w.vector(p + "post_feedforward_layernorm_2.weight", H), upload_f32, "post-feedforward norm 2");
+      STRATA_CUDA_LOAD(L.experts_gate_up, w.f32(p + "experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
+      STRATA_CUDA_LOAD(L.experts_down, w.f32(p + "experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
+      STRATA_CUDA_LOAD(L.moe_mlp_norm, w.vector(p + "post_feedforward_layernorm_1.weight", H), upload_f32, "post-feedforward norm 1");
+      STRATA_CUDA_LOAD(L.moe_pre_norm, w.vector(p + "pre_feedforward_layernorm_2.weight", H), upload_f32, "pre-feedforward norm 2");
+      STRATA_CUDA_LOAD(L.moe_out_norm, w.vector(p + "post_feedforward_layernorm_2.weight", H), upload_f32, "post-feedforward norm 2");
     }
     if (Dp > 0) {
-      LOAD(L.ple_gate, w.f32(p + "per_layer_input_gate.weight", {Dp, H}), upload_matrix, "per-layer input gate");
-      LOAD(L.ple_proj, w.f32(p + "per_layer_projection.weight", {H, Dp}), upload_matrix, "per-layer projection");
-      LOAD(L.ple_norm, w.vector(p + "post_per_layer_input_norm.weight", H), upload_f32, "per-layer input norm");
+      STRATA_CUDA_LOAD(L.ple_gate, w.f32(p + "per_layer_input_gate.weight", {Dp, H}), upload_matrix, "per-layer input gate");
+      STRATA_CUDA_LOAD(L.ple_proj, w.f32(p + "per_layer_projection.weight", {H, Dp}), upload_matrix, "per-layer projection");
+      STRATA_CUDA_LOAD(L.ple_norm, w.vector(p + "post_per_layer_input_norm.weight", H), upload_f32, "per-layer input norm");
     }
     // layer_scalar is a buffer: checkpoints written before it existed leave it at 1.
     if (w.has(p + "layer_scalar")) {
@@ -300,7 +292,6 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       L.layer_scalar = (*s)[0];
     }
   }
-#undef LOAD
   m->weight_bytes_ = int64_t(A.used());
   void* ws = nullptr;
   STRATA_RETURN_IF_ERROR(take_scratch(A, d, options, &B, &ws));

@@ -194,33 +194,25 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   const int64_t H = d.H, V = d.V, nh = d.nh, nkv = d.nkv, hd = d.hd;
   const int64_t kd = dn.key_dim(), vd = dn.value_dim(), nv = dn.n_v_heads, cd = dn.conv_dim(), P = Hy.proj_rows;
 
-#define LOAD(dst, expr, upload, what)          \
-  do {                                         \
-    auto v_ = (expr);                          \
-    if (!v_.ok()) return v_.error();           \
-    auto p_ = upload(A, *v_, what);            \
-    if (!p_.ok()) return p_.error();           \
-    dst = *p_;                                 \
-  } while (0)
 #define GET(var, expr)                 \
   auto var##_r = (expr);               \
   if (!var##_r.ok()) return var##_r.error(); \
   std::vector<float>& var = *var##_r
 
-  LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
+  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
   if (m->cfg_.lm_head_name.empty()) {
     B.lm_head = B.embed;
   } else {
-    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
+    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
   }
-  LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
+  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
   {
     const RopeConfig& rc = m->cfg_.rope_for("full_attention");
     if (rc.type == "dynamic") return make_error(ErrorCode::kUnsupported, "dynamic RoPE has no CUDA forward yet");
     auto tab = compute_rope(rc, int32_t(hd), m->cfg_.max_position);
     if (!tab.ok()) return tab.error();
     float* f = nullptr;
-    LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
+    STRATA_CUDA_LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
     B.rope_inv_freq.push_back(f);
     B.rope_rot_dim.push_back(tab->rot_dim);
     B.rope_attn_factor.push_back(tab->attn_factor);
@@ -234,8 +226,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
     Layer& L = m->layers_[size_t(l)];
     Hybrid::HLayer& X = Hy.layers[size_t(l)];
     const std::string p = "layers." + std::to_string(l) + ".";
-    LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
-    LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
+    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
+    STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
     X.linear = m->cfg_.layer_types[size_t(l)] == "linear_attention";
     if (X.linear) {
       const std::string a = p + "linear_attn.";
@@ -265,15 +257,15 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
         append(bw, 0, nv);
         append(aw, 0, nv);
       }
-      LOAD(X.in_proj, Result<std::vector<float>>(std::move(rows)), upload_matrix, "in_proj");
+      STRATA_CUDA_LOAD(X.in_proj, Result<std::vector<float>>(std::move(rows)), upload_matrix, "in_proj");
       if (w.has(a + "conv1d.bias")) {
         return make_error(ErrorCode::kUnsupported, "tensor '" + w.prefix() + a + "conv1d.bias': a DeltaNet conv bias is not supported");
       }
-      LOAD(X.conv_w, w.f32(a + "conv1d.weight", {cd, 1, dn.conv_kernel}), upload_f32, "conv1d");
-      LOAD(X.a_log, w.vector(a + "A_log", nv), upload_f32, "A_log");
-      LOAD(X.dt_bias, w.vector(a + "dt_bias", nv), upload_f32, "dt_bias");
-      LOAD(X.norm_w, w.vector(a + "norm.weight", dn.d_v), upload_f32, "DeltaNet norm");
-      LOAD(X.out_proj, w.f32(a + "out_proj.weight", {H, vd}), upload_matrix, "out_proj");
+      STRATA_CUDA_LOAD(X.conv_w, w.f32(a + "conv1d.weight", {cd, 1, dn.conv_kernel}), upload_f32, "conv1d");
+      STRATA_CUDA_LOAD(X.a_log, w.vector(a + "A_log", nv), upload_f32, "A_log");
+      STRATA_CUDA_LOAD(X.dt_bias, w.vector(a + "dt_bias", nv), upload_f32, "dt_bias");
+      STRATA_CUDA_LOAD(X.norm_w, w.vector(a + "norm.weight", dn.d_v), upload_f32, "DeltaNet norm");
+      STRATA_CUDA_LOAD(X.out_proj, w.f32(a + "out_proj.weight", {H, vd}), upload_matrix, "out_proj");
       X.state = int32_t(Hy.conv.size());
       const StateLayerSpec ss = dn.state_spec();
       auto conv = A.take_array<float>(size_t(ss.conv_floats) * size_t(n_slots + 1), "DeltaNet conv state");
@@ -299,21 +291,21 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
         GET(t, w.f32(a + name + ".weight", {nkv * hd, H}));
         qkv.insert(qkv.end(), t.begin(), t.end());
       }
-      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
-      LOAD(X.gate, Result<std::vector<float>>(std::move(gate)), upload_matrix, "attention gate");
-      LOAD(L.o, w.f32(a + "o_proj.weight", {H, nh * hd}), upload_matrix, "o_proj");
-      LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
-      LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
+      STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
+      STRATA_CUDA_LOAD(X.gate, Result<std::vector<float>>(std::move(gate)), upload_matrix, "attention gate");
+      STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {H, nh * hd}), upload_matrix, "o_proj");
+      STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
+      STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
       L.kv_layer = attn_index++;
       L.rope = 0;
     }
     if (layer_is_sparse(m->cfg_, l)) {
       const int64_t E = m->cfg_.n_experts, mI = m->cfg_.moe_intermediate, sI = Hy.shared_inter;
-      LOAD(L.router, w.f32(p + "mlp.gate.weight", {E, H}), upload_matrix, "router");
+      STRATA_CUDA_LOAD(L.router, w.f32(p + "mlp.gate.weight", {E, H}), upload_matrix, "router");
       if (w.has(p + "mlp.experts.gate_up_proj")) {
         // Fused: [E, 2 mI, H] with gate rows first, and [E, H, mI], as launch_grouped_gemm takes them.
-        LOAD(L.experts_gate_up, w.f32(p + "mlp.experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
-        LOAD(L.experts_down, w.f32(p + "mlp.experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
+        STRATA_CUDA_LOAD(L.experts_gate_up, w.f32(p + "mlp.experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
+        STRATA_CUDA_LOAD(L.experts_down, w.f32(p + "mlp.experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
       } else {
         std::vector<float> gu, dw;
         for (int64_t e = 0; e < E; ++e) {
@@ -325,28 +317,27 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
           GET(t, w.f32(x + "down_proj.weight", {H, mI}));
           dw.insert(dw.end(), t.begin(), t.end());
         }
-        LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
-        LOAD(L.experts_down, Result<std::vector<float>>(std::move(dw)), upload_matrix, "experts down_proj");
+        STRATA_CUDA_LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
+        STRATA_CUDA_LOAD(L.experts_down, Result<std::vector<float>>(std::move(dw)), upload_matrix, "experts down_proj");
       }
       const std::string s = p + "mlp.shared_expert.";
       GET(sg, w.f32(s + "gate_proj.weight", {sI, H}));
       GET(su, w.f32(s + "up_proj.weight", {sI, H}));
       sg.insert(sg.end(), su.begin(), su.end());
-      LOAD(X.shared_gate_up, Result<std::vector<float>>(std::move(sg)), upload_matrix, "shared expert gate_up");
-      LOAD(X.shared_down, w.f32(s + "down_proj.weight", {H, sI}), upload_matrix, "shared expert down_proj");
-      LOAD(X.shared_gate, w.f32(p + "mlp.shared_expert_gate.weight", {1, H}), upload_f32, "shared expert gate");
+      STRATA_CUDA_LOAD(X.shared_gate_up, Result<std::vector<float>>(std::move(sg)), upload_matrix, "shared expert gate_up");
+      STRATA_CUDA_LOAD(X.shared_down, w.f32(s + "down_proj.weight", {H, sI}), upload_matrix, "shared expert down_proj");
+      STRATA_CUDA_LOAD(X.shared_gate, w.f32(p + "mlp.shared_expert_gate.weight", {1, H}), upload_f32, "shared expert gate");
     } else {
       const int64_t I = m->cfg_.intermediate;
       if (I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
       GET(g, w.f32(p + "mlp.gate_proj.weight", {I, H}));
       GET(u, w.f32(p + "mlp.up_proj.weight", {I, H}));
       g.insert(g.end(), u.begin(), u.end());
-      LOAD(L.gate_up, Result<std::vector<float>>(std::move(g)), upload_matrix, "gate_up");
-      LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, I}), upload_matrix, "down_proj");
+      STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(g)), upload_matrix, "gate_up");
+      STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, I}), upload_matrix, "down_proj");
     }
   }
 #undef GET
-#undef LOAD
   m->weight_bytes_ = int64_t(A.used());
   void* ws = nullptr;
   STRATA_RETURN_IF_ERROR(take_scratch(A, scratch_dims(m->cfg_), options, &B, &ws));

@@ -123,22 +123,14 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
     return B.split->upload(a, v, what);
   };
 
-#define LOAD(dst, expr, upload, what)          \
-  do {                                         \
-    auto v_ = (expr);                          \
-    if (!v_.ok()) return v_.error();           \
-    auto p_ = upload(A, *v_, what);            \
-    if (!p_.ok()) return p_.error();           \
-    dst = *p_;                                 \
-  } while (0)
 
-  LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_matrix, "embedding");
+  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_matrix, "embedding");
   if (tied) {
     B.lm_head = B.embed;
   } else {
-    LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_matrix, "lm_head");
+    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_matrix, "lm_head");
   }
-  LOAD(B.final_norm, w.vector("norm.weight", d.H), upload_f32, "final norm");
+  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", d.H), upload_f32, "final norm");
   for (const auto& t : types) {
     if (t != "full_attention" && t != "sliding_attention") {
       return make_error(ErrorCode::kUnsupported, "layer type '" + t + "' has no CUDA forward");
@@ -148,7 +140,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
     auto tab = compute_rope(rc, int32_t(d.hd), m->cfg_.max_position);
     if (!tab.ok()) return tab.error();
     float* f = nullptr;
-    LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
+    STRATA_CUDA_LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
     B.rope_inv_freq.push_back(f);
     B.rope_rot_dim.push_back(tab->rot_dim);
     B.rope_attn_factor.push_back(tab->attn_factor);
@@ -166,11 +158,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
         if (!t.ok()) return t.error();
         qkv.insert(qkv.end(), t->begin(), t->end());
       }
-      LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
+      STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
     }
-    LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_matrix, "o_proj");
+    STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_matrix, "o_proj");
     if (layer_sparse(m->cfg_, l)) {
-      LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_matrix, "router");
+      STRATA_CUDA_LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_matrix, "router");
       std::vector<float> gu, dn;
       for (int64_t e = 0; e < d.E; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
@@ -183,8 +175,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
         if (!t.ok()) return t.error();
         dn.insert(dn.end(), t->begin(), t->end());
       }
-      LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
-      LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_matrix, "experts down_proj");
+      STRATA_CUDA_LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
+      STRATA_CUDA_LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_matrix, "experts down_proj");
     } else {
       if (d.I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
       auto g = w.f32(p + "mlp.gate_proj.weight", {d.I, d.H});
@@ -192,16 +184,16 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
       auto u = w.f32(p + "mlp.up_proj.weight", {d.I, d.H});
       if (!u.ok()) return u.error();
       g->insert(g->end(), u->begin(), u->end());
-      LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_matrix, "gate_up");
-      LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_matrix, "down_proj");
+      STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_matrix, "gate_up");
+      STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_matrix, "down_proj");
     }
-    LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
+    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
     if (m->sandwich_) {
-      LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
-      LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", d.H), upload_f32, "pre-feedforward norm");
-      LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", d.H), upload_f32, "post-feedforward norm");
+      STRATA_CUDA_LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+      STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", d.H), upload_f32, "pre-feedforward norm");
+      STRATA_CUDA_LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", d.H), upload_f32, "post-feedforward norm");
     } else {
-      LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
+      STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
     }
     if (m->qkv_bias_) {
       std::vector<float> bias;
@@ -211,17 +203,16 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
         if (!t.ok()) return t.error();
         bias.insert(bias.end(), t->begin(), t->end());
       }
-      LOAD(L.qkv_bias, Result<std::vector<float>>(std::move(bias)), upload_f32, "qkv bias");
+      STRATA_CUDA_LOAD(L.qkv_bias, Result<std::vector<float>>(std::move(bias)), upload_f32, "qkv bias");
     }
-    if (m->o_bias_) LOAD(L.o_bias, w.vector(a + "o_proj.bias", d.H), upload_f32, "o_proj bias");
+    if (m->o_bias_) STRATA_CUDA_LOAD(L.o_bias, w.vector(a + "o_proj.bias", d.H), upload_f32, "o_proj bias");
     if (m->qk_norm_) {
-      LOAD(L.q_norm, w.vector(a + "q_norm.weight", d.hd), upload_f32, "q_norm");
-      LOAD(L.k_norm, w.vector(a + "k_norm.weight", d.hd), upload_f32, "k_norm");
+      STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", d.hd), upload_f32, "q_norm");
+      STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", d.hd), upload_f32, "k_norm");
     }
     L.rope = rope_index[size_t(l)];
     L.window = m->cfg_.is_sliding(int(l)) ? m->cfg_.sliding_window : 0;
   }
-#undef LOAD
   m->weight_bytes_ = int64_t(A.used());
   void* ws = nullptr;
   STRATA_RETURN_IF_ERROR(take_scratch(A, d, options, &B, &ws));

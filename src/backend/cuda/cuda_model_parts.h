@@ -11,6 +11,19 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/weight_split.h"
 
+
+// Inside a loader returning a Result: reads a tensor (expr, a Result<std::vector<float>>) and
+// uploads it into the arena `A` in scope with upload(A, values, what), assigning the device
+// pointer to dst; the first error is returned from the loader.
+#define STRATA_CUDA_LOAD(dst, expr, upload, what) \
+  do {                                            \
+    auto v_ = (expr);                             \
+    if (!v_.ok()) return v_.error();              \
+    auto p_ = upload(A, *v_, what);               \
+    if (!p_.ok()) return p_.error();              \
+    dst = *p_;                                    \
+  } while (0)
+
 namespace strata::cuda {
 namespace model_parts {
 inline constexpr int32_t kMaxSplits = 32;  // split-KV partial buffers hold this many splits
