@@ -12,6 +12,7 @@
 // KL with --kv-quant-start N (exact KV until a sequence passes N tokens, then its full blocks
 // converted): over every position and over the positions after N.
 // Usage: bench_kv_accuracy [--threads N] [--tokens 2048] [--quant-start 512 (stories260k: a quarter)]
+//                          [--codecs fp8,turbo (default: all)] [--models strata-demo,stories260k (default: both)]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,7 +174,14 @@ std::pair<double, double> row_errors(KvStorage& exact, const std::vector<KvLayer
   return {err[0] / mag[0], err[1] / mag[1]};
 }
 
-void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, int32_t quant_start) {
+// Comma-separated names; empty: every one.
+bool listed(const std::string& list, const std::string& name) {
+  if (list.empty()) return true;
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
+void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, int32_t quant_start,
+           const std::string& codecs) {
   const int64_t V = m.config().vocab_size, n = int64_t(ids.size());
   const auto t0 = bench::Clock::now();
   std::unique_ptr<KvStorage> exact_kv;
@@ -186,6 +194,7 @@ void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, i
   const KvLayerSpec l0 = layout[0];
   const KvCodec all[] = {KvCodec::kAuto, KvCodec::kBf16, KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo};
   for (KvCodec c : all) {
+    if (c != KvCodec::kAuto && !listed(codecs, kv_codec_name(c))) continue;
     const std::vector<float> got = c == KvCodec::kAuto ? exact : run(m, ids, {c, 0});
     const auto [mean, mx] = kl_stats(exact, got, V);
     KvLayerSpec spec = l0;
@@ -197,7 +206,7 @@ void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, i
   // Each lossy codec's error split into its key and value parts (the other side exact f32).
   std::printf("split (other side f32):\n");
   for (KvCodec c : all) {
-    if (c == KvCodec::kAuto) continue;
+    if (c == KvCodec::kAuto || !listed(codecs, kv_codec_name(c))) continue;
     for (KvCodecPart part : {KvCodecPart::kKeysOnly, KvCodecPart::kValuesOnly}) {
       const KvCodecSpec spec{c, 0, part};
       const auto [mean, mx] = kl_stats(exact, run(m, ids, spec), V);
@@ -208,6 +217,7 @@ void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, i
     std::printf("--kv-quant-start %d (exact KV until the sequence passes it, then full blocks converted):\n",
                 quant_start);
     for (KvCodec c : {KvCodec::kInt8, KvCodec::kInt4, KvCodec::kFp8, KvCodec::kTurbo}) {
+      if (!listed(codecs, kv_codec_name(c))) continue;
       const std::vector<float> got = run_quant_start(m, ids, {c, 0}, quant_start);
       const auto [mean, mx] = kl_stats(exact, got, V);
       const auto [mean_after, mx_after] = kl_stats(exact, got, V, quant_start + 1);
@@ -221,18 +231,21 @@ void table(Model& m, const std::string& name, const std::vector<int32_t>& ids, i
 
 int main(int argc, char** argv) {
   int threads = 2, n_tokens = 2048, quant_start = 512;
+  std::string codecs, models;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--tokens") n_tokens = std::atoi(next().c_str());
     else if (a == "--quant-start") quant_start = std::atoi(next().c_str());
+    else if (a == "--codecs") codecs = next();
+    else if (a == "--models") models = next();
     else die("unknown argument " + a);
   }
   ThreadPool pool(threads);
   const std::string root = STRATA_SOURCE_DIR;
 
-  {
+  if (listed(models, "strata-demo")) {
     const std::string dir = root + "/models/strata-demo";
     auto tok = tokenizer::Tokenizer::load(dir);
     if (!tok.ok()) die(tok.error().to_string());
@@ -244,9 +257,9 @@ int main(int argc, char** argv) {
     ids->resize(size_t(n_tokens));
     auto model = load_model(dir, pool);
     if (!model.ok()) die(model.error().to_string());
-    table(**model, "strata-demo", *ids, quant_start);
+    table(**model, "strata-demo", *ids, quant_start, codecs);
   }
-  {
+  if (listed(models, "stories260k")) {
     const std::string dir = root + "/tests/data/reference/models/stories260k";
     const auto golden = nlohmann::json::parse(read_file(root + "/tests/data/reference/logits.json"));
     std::vector<int32_t> ids = golden["stories260k"]["greedy_from_bos_ids"].get<std::vector<int32_t>>();
@@ -263,7 +276,7 @@ int main(int argc, char** argv) {
       l = seq.step(ids.back());
       if (!l.ok()) die(l.error().to_string());
     }
-    table(m, "stories260k", ids, quant_start / 4);
+    table(m, "stories260k", ids, quant_start / 4, codecs);
   }
   return 0;
 }
