@@ -9,7 +9,8 @@
 // whole steps).
 // Usage: bench_cuda_llama [decode_steps=128] [prefill_reps=3] [batch: the big-batch sections only |
 //        deterministic: only the cost of CudaModelOptions::deterministic, see deterministic_cost |
-//        decode1: batch-1 decode under the GEMV settings, with the GEMVs and attention alone]
+//        decode1: batch-1 decode under the GEMV and L2 settings, with parts of the step left out,
+//        the GEMVs and attention alone]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -96,6 +97,25 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
                 100.0 * (double(elems) * 2 / (ms * 1e-3)) / bw);
   }
   set_launch_tuning(saved);
+  // Under the default setting, each shape alone: 32 back-to-back launches of one layer's shape
+  // (a fresh weight matrix each, as in a step), the lm_head once per run.
+  if (gemv_rows > 0) {
+    const char* names[5] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
+    std::vector<int64_t> offs(shapes.size(), 0);  // element offset of each shape's weights
+    for (size_t i = 1; i < shapes.size(); ++i) offs[i] = offs[i - 1] + shapes[i - 1].n * shapes[i - 1].k;
+    for (int kind = 0; kind < 5; ++kind) {
+      const size_t first = kind < 4 ? size_t(kind) : shapes.size() - 1;
+      const Shape s = shapes[first];
+      const int64_t reps = kind < 4 ? L : 1;
+      const std::vector<double> t = time_runs(st, 2, 10, [&] {
+        for (int64_t l = 0; l < reps; ++l) (*g)->run(st, x, w + offs[first + size_t(4 * l)], y, GemmOut::kF32, 1, s.n, s.k);
+      });
+      const double us = 1000.0 * median(t) / double(reps);
+      std::printf("  GEMV m=1 %s (n %lld, k %lld, %lld blocks): %.2f us per launch -> %.1f%% of copy bandwidth\n", names[kind],
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(gemv_blocks(s.n)), us,
+                  100.0 * double(s.n * s.k * 2) / (us * 1e-6) / bw);
+    }
+  }
   g->reset();
   cudaFree(w);
   cudaFree(x);
@@ -646,20 +666,53 @@ int main(int argc, char** argv) {
       int32_t batch;
       int32_t unroll;
       bool preload = true;
+      // Weights pulled into L2 under the attention (LaunchTuning::attn_overlap_prefetch and
+      // attn_overlap_next_rows): -1 the defaults, 0 none (the setting before), r > 0 o_proj's
+      // rows and r gate/up rows.
+      int32_t overlap = -1;
+      int32_t skip = 0;  // LaunchTuning::decode_profile_skip: parts left out, to time the rest
+      int32_t norm_block = -1;    // LaunchTuning::gemv_norm_block (-1: the default)
+      int32_t gated_unroll = -1;  // LaunchTuning::gemv_gated_unroll (-1: the default)
     };
     const LaunchTuning saved = launch_tuning();
     // Unfused with 4 loads in flight is the step before the fused layer; fused with 16 loads and
-    // no preload the default before the GEMV's preload; fused with 8 loads and the preload the
+    // no preload the default before the GEMV's preload; fused with 8 loads and the preload, the
+    // norm summed per warp and 8 loads per gated row the default before the per-block norm; the
     // default now (last).
     const std::vector<Phase> all_phases = {
         {true, 0, 512, 1, 4},         {true, 2, 512, 1, 16},  {true, 2, 512, 1, 16, false}, {false, 2, 512, 1, 8},
         {true, 0, 2048, 1, 4},        {true, 2, 2048, 1, 16}, {true, 2, 2048, 1, 16, false}, {true, 2, 2048, 1, 8},
         {true, 0, 512, 2, 4},         {true, 2, 512, 2, 8},   {true, 0, 512, 4, 8},          {true, 2, 512, 1, 8, false},
-        {true, 2, 512, 1, 8}};
-    // decode1: the fused step at batch 1 under the GEMV settings only.
+        {true, 2, 512, 1, 8, true, 0, 0, 0, 8}, {true, 2, 512, 1, 8}};
+    // decode1: the fused step at batch 1: the settings before (nothing pulled into L2 under the
+    // attention, every warp summing the norm's parts after its dot, 8 loads per gated row)
+    // against each change and the defaults; the step with parts left out (where the time goes);
+    // 2048 tokens and batch 2, before and now; the first two again for the spread.
+    const Phase before{true, 2, 512, 1, 8, true, 0, 0, 0, 8};
+    auto with = [](Phase p, int32_t prompt, int32_t batch, int32_t skip) {
+      p.prompt = prompt;
+      p.batch = batch;
+      p.skip = skip;
+      return p;
+    };
+    const Phase now{true, 2, 512, 1, 8};
     const std::vector<Phase> decode1_phases = {
-        {true, 2, 512, 1, 16}, {true, 2, 512, 1, 8},  {true, 2, 512, 1, 16, false}, {true, 2, 512, 1, 8, false},
-        {true, 2, 2048, 1, 8}, {true, 2, 2048, 1, 16}, {true, 2, 512, 2, 8},         {true, 2, 512, 1, 8}};
+        before,
+        now,
+        {true, 2, 512, 1, 8, true, 0, 0, 1, 8},
+        {true, 2, 512, 1, 8, true, 0, 0, 0, 4},
+        {true, 2, 512, 1, 8, true, 512},
+        {true, 2, 512, 1, 8, true, -1, 0, -1, 0},  // gated rows at the unroll of the others (8)
+        with(before, 512, 1, 1),
+        with(now, 512, 1, 1),
+        with(now, 512, 1, 3),
+        with(before, 512, 1, 3),
+        with(before, 2048, 1, 0),
+        with(now, 2048, 1, 0),
+        with(before, 512, 2, 0),
+        with(now, 512, 2, 0),
+        before,
+        now};
     const std::vector<Phase>& phases = decode1_only ? decode1_phases : all_phases;
     const int32_t blocks_per_seq = (2048 + decode_steps + 5 + 16) / 16 + 1;
     for (const Phase& phase : phases) {
@@ -675,6 +728,14 @@ int main(int argc, char** argv) {
       tune.fuse_decode_rows = phase.fuse_rows;
       tune.gemv_unroll = phase.unroll;
       tune.gemv_preload = phase.preload;
+      if (phase.overlap >= 0) {
+        // 1 << 30: o_proj's own rows only.
+        tune.attn_overlap_prefetch = phase.overlap > 0;
+        tune.attn_overlap_next_rows = phase.overlap > 0 && phase.overlap < (1 << 30) ? phase.overlap : 0;
+      }
+      tune.decode_profile_skip = phase.skip;
+      if (phase.norm_block >= 0) tune.gemv_norm_block = phase.norm_block != 0;
+      if (phase.gated_unroll >= 0) tune.gemv_gated_unroll = phase.gated_unroll;
       set_launch_tuning(tune);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(phase.graphs);
@@ -712,11 +773,11 @@ int main(int argc, char** argv) {
       for (double x : step_ms) mean += x;
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_step;  // steps per second
-      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d: median step %.3f ms, "
-                  "mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
+      std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d, L2 under attention: o_proj %d "
+                  "+ gate/up rows %d, norm per block %d, gated unroll %d, left out %d: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
                   phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
-                  int(phase.fuse_rows), int(phase.unroll), int(phase.preload), ms, mean, step_ms.size(),
-                  1000.0 * phase.batch / ms);
+                  int(phase.fuse_rows), int(phase.unroll), int(phase.preload), int(tune.attn_overlap_prefetch),
+                  int(tune.attn_overlap_next_rows), int(tune.gemv_norm_block), int(tune.gemv_gated_unroll), int(phase.skip), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
       std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
                   ceiling, (1000.0 / ms) / ceiling);
     }

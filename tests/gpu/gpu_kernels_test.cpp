@@ -89,10 +89,20 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
       LaunchTuning tune;
       tune.gemv_unroll = one_plus_w ? 16 : (s.n % 2 == 0 ? 8 : 4);  // 16 takes effect at one activation row
       tune.gemv_preload = s.m != 2;  // the first step's weights loaded before the wait, or not
+      // L2 prefetches before the wait (no effect on the results): every row's first 4 KB in
+      // every mode, and in the residual mode below whole rows with the spread and two ahead ranges.
+      const bool l2 = one_plus_w != 0;
+      tune.gemv_prefetch_bytes = l2 ? 4096 : 0;
+      // The norm's partial sums summed per block or per warp; the gated rows at 4 loads or at
+      // the others' depth.
+      tune.gemv_norm_block = s.n % 2 == one_plus_w;
+      tune.gemv_gated_unroll = s.m == 1 ? 4 : 0;
       set_launch_tuning(tune);
       const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " one_plus_w " +
                                std::to_string(one_plus_w) + " unroll " + std::to_string(tune.gemv_unroll) + " preload " +
-                               std::to_string(tune.gemv_preload);
+                               std::to_string(tune.gemv_preload) + " L2 prefetch " + std::to_string(l2) +
+                               " norm per block " + std::to_string(tune.gemv_norm_block) + " gated unroll " +
+                               std::to_string(tune.gemv_gated_unroll);
       // Norm-scaled input: u rows, norm weight; the host splits each row's sum of squares into
       // 3 uneven parts.
       const auto u = random_f32(rng_, size_t(s.m * s.k), -2.0f, 2.0f);
@@ -192,6 +202,13 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
       r.norm_one_plus_w = one_plus_w;
       r.norm_out = dnout.p;
       r.ss_out = dssout.p;
+      if (l2) {
+        r.prefetch_bytes = s.k * 2;
+        r.prefetch_spread = true;
+        r.ahead[0] = dw.p;  // the gate and up halves of w, as the decode layer's o_proj pulls gate/up's
+        r.ahead[1] = dw.p + s.n * s.k;
+        r.ahead_bytes = s.n * s.k * 2;
+      }
       launch_gemv(r, nullptr);
       EXPECT_LE(max_norm_rel(dres.download(), res_ref), kF32Tol) << what << " residual";
       EXPECT_LE(max_norm_rel(bf16_to_floats(dnout.download()), nout_ref), kBf16Tol) << what << " next norm input";

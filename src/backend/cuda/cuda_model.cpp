@@ -455,6 +455,7 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
   Buffers& B = *buf_;
   const int64_t n = shape.n_tokens;
   cudaStream_t st = stream_;
+  const LaunchTuning tune = launch_tuning();
   const float* first_norm = layers_.empty() ? B.final_norm : layers_[0].in_norm;
   EmbedArgs ea{B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), 1.0f};
   ea.norm_w = first_norm;
@@ -487,15 +488,21 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     PagedAttentionArgs pa = attention_args(shape, l);
     pa.post = qkv_post_args(l);
     pa.split_counters = B.split_counters;
-    launch_paged_attention(pa, st);
+    if ((tune.decode_profile_skip & 1) == 0) launch_paged_attention(pa, st);
     GemvArgs o = gemv(B.attn, L.o, B.x, d.H, d.nh * d.hd, GemvIn::kPlain, nullptr, 0, GemvOut::kResidual);
     o.bias = L.o_bias;
     o.norm_w = L.post_norm;
     o.norm_out = B.h;
     o.ss_out = B.ss_parts;
-    // The attention before it reads little: o_proj's weights stream into L2 meanwhile.
-    o.prefetch_bytes = launch_tuning().attn_overlap_prefetch ? d.nh * d.hd * 2 : 0;
+    // The attention before it reads little: o_proj's weights and the first gate/up rows stream
+    // into L2 meanwhile.
+    o.prefetch_bytes = tune.attn_overlap_prefetch ? d.nh * d.hd * 2 : 0;
     o.prefetch_spread = true;
+    if (tune.attn_overlap_next_rows > 0 && L.gate_up != nullptr) {
+      o.ahead[0] = L.gate_up;
+      o.ahead[1] = L.gate_up + d.I * d.H;
+      o.ahead_bytes = std::min<int64_t>(tune.attn_overlap_next_rows, d.I) * d.H * 2;
+    }
     launch_gemv(o, st);
     launch_gemv(gemv(B.h, L.gate_up, B.act, d.I, d.H, GemvIn::kNormScaled, B.ss_parts, parts, GemvOut::kGatedAct), st);
     GemvArgs dn = gemv(B.act, L.down, B.x, d.H, d.I, GemvIn::kPlain, nullptr, 0, GemvOut::kResidual);
@@ -504,6 +511,7 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     dn.ss_out = B.ss_parts;
     launch_gemv(dn, st);
   }
+  if ((tune.decode_profile_skip & 2) != 0) return;
   launch_gemv(gemv(B.h, B.lm_head, B.logits, d.V, d.H, GemvIn::kNormScaled, layers_.empty() ? B.ss_embed : B.ss_parts,
                    layers_.empty() ? 1 : parts, GemvOut::kF32),
               st);

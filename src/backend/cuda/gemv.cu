@@ -25,6 +25,22 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
+// Pulls [p, p + bytes) into L2 without waiting (Hopper bulk prefetch): p 16-byte aligned,
+// bytes a multiple of 16.
+__device__ __forceinline__ void l2_prefetch(const void* p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(uint32_t(bytes)) : "memory");
+#endif
+}
+
+// One f32 written by the previous kernel, through L2 (issued in order with the weight loads,
+// so it is in flight during the dot that follows).
+__device__ __forceinline__ float load_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+  return v;
+}
+
 // Dot of 8 bf16 weights with 8 bf16 activations, accumulated into acc.
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
   const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
@@ -113,7 +129,8 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
 }
 
 template <int M, int kIn, int kOut, int U>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes, int32_t preload) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes, int32_t preload,
+                                                                        int32_t norm_block) {
   constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -123,46 +140,86 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   const uint4* wr[S];
 #pragma unroll
   for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k);
-  // The weights are never written by a kernel: optionally pull the start of the row into L2
-  // while the previous kernel (whose output is x) finishes, then wait for it. With
-  // prefetch_spread, blocks of the first half also pull the rows of the block half a grid
-  // later (blocks resident early are the low ones; the high ones may wait for room).
-  const int64_t pf = a.prefetch_bytes > 0 ? a.prefetch_bytes : prefetch_bytes;
-  if (pf > 0) {
-    const int half = int(gridDim.x + 1) / 2;
-    const int64_t rows[2] = {row, a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kWarpsPerBlock : n};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (rows[h] >= n) continue;
-      for (int64_t b = int64_t(lane) * 128; b < k * 2 && b < pf; b += 32 * 128) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-          const char* p = reinterpret_cast<const char*>(a.w + (rows[h] + s * n) * k) + b;
-          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-        }
-      }
-    }
-  }
   // The first step's weights (the whole row when k <= 256 U) go into registers before the
   // wait: a block that became resident under the previous kernel's tail has its stream in
   // flight by the time x is ready (LaunchTuning::gemv_preload).
   uint4 first_w[S][U];
   const bool first = preload != 0 && active && lane + 32 * (U - 1) < chunks;
   if (first) load_step<S, U>(wr, lane, first_w);
+  // The weights are never written by a kernel: optionally pull more of them into L2 while the
+  // previous kernel (whose output is x) finishes, then wait for it. Own rows: the bytes past
+  // the preloaded step, up to pf; with prefetch_spread, blocks of the first half also pull the
+  // rows of the block half a grid later whole (blocks resident early are the low ones; the high
+  // ones may wait for room). One bulk prefetch per row and range (cp.async.bulk, no registers).
+  const int64_t pf = a.prefetch_bytes > 0 ? a.prefetch_bytes : prefetch_bytes;
+  if (pf > 0 && lane < 2 * S) {
+    const int half = int(gridDim.x + 1) / 2;
+    const int s = lane % S, h = lane / S;
+    const int64_t r = h == 0 ? row : (a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kWarpsPerBlock : n);
+    const int64_t from = h == 0 && first ? int64_t(32 * U * 16) : 0;
+    const int64_t to = (pf < k * 2 ? pf : k * 2) & ~int64_t(15);
+    if (r < n && to > from) l2_prefetch(reinterpret_cast<const char*>(a.w + (r + s * n) * k) + from, to - from);
+  }
+  // A later kernel's weights (GemvArgs::ahead), this block's slice of each range.
+  if (a.ahead_bytes > 0 && lane == 0 && warp < 2 && a.ahead[warp] != nullptr) {
+    const int64_t slice = ((a.ahead_bytes + gridDim.x - 1) / gridDim.x + 15) & ~int64_t(15);
+    const int64_t from = slice * blockIdx.x;
+    const int64_t to = from + slice < a.ahead_bytes ? from + slice : a.ahead_bytes;
+    if (to > from) l2_prefetch(static_cast<const char*>(a.ahead[warp]) + from, to - from);
+  }
   pdl_wait();
   pdl_launch_dependents();
+  // kNormScaled with norm_block (LaunchTuning::gemv_norm_block): the block's threads share the
+  // partial sums of squares (at most kSsPerThread each), loaded now so that their L2 round trip
+  // overlaps the dot, and the block sums them once; otherwise every warp reads all of them
+  // after its dot.
+  constexpr int kSsPerThread = 2;
+  const bool ss_block = kIn == int(GemvIn::kNormScaled) && norm_block != 0 &&
+                        a.in_ss_parts <= kSsPerThread * kWarpsPerBlock * 32;
+  float ss_v[M][kSsPerThread];
+  if (kIn == int(GemvIn::kNormScaled) && ss_block) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int i = 0; i < kSsPerThread; ++i) {
+        const int j = int(threadIdx.x) + i * kWarpsPerBlock * 32;
+        ss_v[m][i] = j < a.in_ss_parts ? load_l2(a.in_ss + m * a.in_ss_parts + j) : 0.0f;
+      }
+  }
   float acc[S][M];
   if (active) dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, first_w, first, acc);
   if (kIn == int(GemvIn::kNormScaled)) {
-    // Every warp sums the partial sums of squares in the same order: the scale is identical
+    // The parts are summed in the same order in every warp and block: the scale is identical
     // across warps and blocks, and across runs.
+    if (ss_block) {
+      __shared__ float ss_warp[kWarpsPerBlock][M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float ss = 0.0f;
-      for (int j = lane; j < a.in_ss_parts; j += 32) ss += a.in_ss[m * a.in_ss_parts + j];
-      const float inv = rsqrtf(warp_sum(ss) / float(k) + a.in_eps);
+      for (int m = 0; m < M; ++m) {
+        float ss = 0.0f;
 #pragma unroll
-      for (int s = 0; s < S; ++s) acc[s][m] *= inv;
+        for (int i = 0; i < kSsPerThread; ++i) ss += ss_v[m][i];
+        ss = warp_sum(ss);
+        if (lane == 0) ss_warp[warp][m] = ss;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kWarpsPerBlock; ++i) ss += ss_warp[i][m];
+        const float inv = rsqrtf(ss / float(k) + a.in_eps);
+#pragma unroll
+        for (int s = 0; s < S; ++s) acc[s][m] *= inv;
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float ss = 0.0f;
+        for (int j = lane; j < a.in_ss_parts; j += 32) ss += a.in_ss[m * a.in_ss_parts + j];
+        const float inv = rsqrtf(warp_sum(ss) / float(k) + a.in_eps);
+#pragma unroll
+        for (int s = 0; s < S; ++s) acc[s][m] *= inv;
+      }
     }
   }
   if (kOut == int(GemvOut::kResidual)) {
@@ -211,19 +268,20 @@ template <int M, int kIn, int kOut, int U>
 void launch_unrolled(const GemvArgs& a, const LaunchTuning& t, cudaStream_t stream) {
   const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
   launch_pdl(gemv_kernel<M, kIn, kOut, U>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
-             int32_t(t.gemv_preload));
+             int32_t(t.gemv_preload), int32_t(t.gemv_norm_block));
 }
 
 template <int M, int kIn, int kOut>
 void launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const LaunchTuning t = launch_tuning();
+  const int32_t unroll = kOut == int(GemvOut::kGatedAct) && t.gemv_gated_unroll > 0 ? t.gemv_gated_unroll : t.gemv_unroll;
   if constexpr (M == 1) {
-    if (t.gemv_unroll >= 16) {
+    if (unroll >= 16) {
       launch_unrolled<M, kIn, kOut, 16>(a, t, stream);
       return;
     }
   }
-  if (t.gemv_unroll >= 8) {
+  if (unroll >= 8) {
     launch_unrolled<M, kIn, kOut, 8>(a, t, stream);
   } else {
     launch_unrolled<M, kIn, kOut, 4>(a, t, stream);

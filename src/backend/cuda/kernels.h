@@ -198,6 +198,11 @@ struct GemvArgs {
   // (decode attention), so its weights stream while that kernel runs.
   int64_t prefetch_bytes = 0;
   bool prefetch_spread = false;
+  // Two byte ranges of ahead_bytes each (a later kernel's weights, 16-byte aligned; null:
+  // none) pulled into L2 before the wait, each block a slice: the gate/up rows that the GEMV
+  // after this one reads first, for a GEMV behind the decode attention.
+  const void* ahead[2] = {nullptr, nullptr};
+  int64_t ahead_bytes = 0;
 };
 int64_t gemv_blocks(int64_t n);
 void launch_gemv(const GemvArgs& a, cudaStream_t stream);
@@ -213,9 +218,23 @@ struct LaunchTuning {
   bool pdl = true;
   int32_t gemv_prefetch_bytes = 0;  // multiple of 128, <= 4096
   int32_t fuse_decode_rows = 2;
-  // Fused decode: the o_proj GEMV pulls its whole weight rows into L2 while the attention runs
-  // (measured: no gain at batch 1, slower at batch 2 and 2048 tokens; off).
+  // Fused decode: while the attention runs (it reads little memory), the o_proj GEMV's blocks
+  // pull the rest of its weight rows (past the preloaded step) into L2, and the first
+  // attn_overlap_next_rows gate rows and as many up rows of the gate/up GEMV after it
+  // (GemvArgs::ahead), one bulk prefetch per row or slice. Measured at batch 1 after 512: no
+  // gain (4.151-4.169 ms against 4.151-4.167 without; 2048 rows 4.218), and 0.09 ms slower
+  // with the attention left out; off.
   bool attn_overlap_prefetch = false;
+  int32_t attn_overlap_next_rows = 0;
+  // The norm-scaled GEMV sums the partial sums of squares once per block, loaded before its dot
+  // (off: every warp reads all of them after its dot).
+  bool gemv_norm_block = true;
+  // Loads in flight per lane and weight row of the gated-activation GEMV (two rows per warp);
+  // 0: gemv_unroll.
+  int32_t gemv_gated_unroll = 4;
+  // Benchmarks only, outputs wrong: 1 leaves out the fused decode's attention, 2 its lm_head
+  // and argmax, 3 both (what the rest of the step costs in place).
+  int32_t decode_profile_skip = 0;
   // 16-byte weight loads in flight per lane and weight row: 4, 8 or 16 (16 at one activation
   // row only). 8: with gemv_preload the fused batch-1 step was fastest at 8 (4.18 ms against
   // 4.32 at 16 after 512 tokens), though 16 streams the GEMVs alone faster (bench_cuda_llama).
