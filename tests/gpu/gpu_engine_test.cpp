@@ -237,7 +237,9 @@ TEST(GpuEngineTiers, HostTierHitMatchesTheDeviceCacheHit) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   auto cfg = load_model_config(model_path("llama3-tiny"));
   ASSERT_TRUE(cfg.ok());
-  const KvPoolLayout l{cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 16};
+  // The f32 checkpoint's default KV rows are f32 (split weights: cuda_model.h kv_codecs).
+  KvPoolLayout l{cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, 16};
+  l.row_bytes.assign(size_t(2 * cfg->n_layers), 4 * cfg->head_dim);
   CudaEngineOptions o = small_device(64);
   o.kv_cache_bytes = 16 * l.bytes_per_block();
   auto parts = make_cuda_engine_parts(model_path("llama3-tiny"), o);

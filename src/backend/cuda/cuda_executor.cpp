@@ -10,9 +10,12 @@
 
 #include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_hybrid.h"
+#include "backend/cuda/weight_split.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/registry.h"
+#include "model/safetensors.h"
 
 namespace strata::cuda {
 
@@ -523,8 +526,16 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes +
                             int64_t(sampling_scratch_bytes(mo, cfg->vocab_size)) +
                             (codecs ? KvCodecStep::scratch_bytes(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, mo.max_tokens, mo.max_seqs) : 0);
+    // f32/f16 checkpoints: the matrices' lo parts, the split's buffers and the f32 KV rows'
+    // scratch (weight_split.h) come on top of the arena.
+    int64_t split_bytes = 0;
+    if (!o.random_weights) {
+      auto archive = SafetensorsArchive::open_dir(dir);
+      ModelConfig named = *cfg;
+      if (archive.ok() && resolve_weight_names(&named, **archive).ok()) split_bytes = WeightSplit::extra_bytes(**archive, named, mo);
+    }
     const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
-                           CudaDecoder::arena_bytes_for(*cfg, mo) - reserve;
+                           CudaDecoder::arena_bytes_for(*cfg, mo) - split_bytes - reserve;
     if (budget <= 0) {
       return make_error(ErrorCode::kResourceExhausted,
                         "--gpu-memory-fraction " + std::to_string(o.gpu_memory_fraction) + " of " + std::to_string(total_b) +

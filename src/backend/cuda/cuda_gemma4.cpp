@@ -138,6 +138,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   m->fused_ok_ = false;
   m->attn_scale_ = 1.0f;
   m->ple_dim_ = g4.ple_dim;
+  m->attn_cfg_ = config;
+  m->auto_f32_kv_ = WeightSplit::splits(*archive, options);
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(m->cfg_);
   // One query tiling serves every layer: each layer's geometry must tile like the largest.
@@ -327,9 +329,11 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   auto gm = Gemm::create(ws, kGemmWorkspace);
   if (!gm.ok()) return gm.error();
   m->gemm_ = std::move(*gm);
-  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * d.I,
-                                         {{B.h, T, H}, {B.rows_h, options.max_logit_rows, H}, {B.act, T, d.I}, {B.xb, T, H},
-                                          {B.moe_in, T, H}}));
+  std::vector<WeightSplit::Input> split_inputs = {{B.h, T, H}, {B.rows_h, options.max_logit_rows, H}, {B.act, T, d.I}, {B.xb, T, H},
+                                                   {B.moe_in, T, H}};
+  if (m->codec_) split_inputs.push_back({B.attn, T, d.nh * d.hd});  // the codec attention's lo part
+  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * d.I, split_inputs));
+  if (m->codec_) m->codec_->set_out_lo(B.split->input_lo(B.attn));
   return m;
 }
 
@@ -375,6 +379,7 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     gemm_->run(st, B.xb, B.ple_model_proj, B.ple, GemmOut::kF32, n, nL * Dp, H);
     launch_ple_combine({B.ple, B.ple_tok, B.ple_proj_norm, int32_t(n * nL), int32_t(Dp), float(1.0 / std::sqrt(double(H))), eps}, st);
   }
+  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
   if (!layers_.empty()) {
     launch_add_rms_norm({B.x, nullptr, nullptr, layers_[0].in_norm, nullptr, B.h, int32_t(n), int32_t(H), eps, 0}, st);
     split_norm_lo(split, B.x, layers_[0].in_norm, nullptr, B.h, n, H, eps, false, st);
@@ -395,15 +400,20 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     qa.head_dim = int32_t(hd);
     qa.k_pool = kv_->k(L.kv_layer);
     qa.v_pool = kv_->v(L.kv_layer);
-    launch_qkv_post(qa, st);
     PagedAttentionArgs pa = attention_args(shape, l);
     pa.k_pool = kv_->k(L.kv_layer);
     pa.v_pool = kv_->v(L.kv_layer);
     pa.n_heads = L.n_heads;
     pa.n_kv_heads = L.n_kv_heads;
     pa.head_dim = int32_t(hd);
-    launch_paged_attention(pa, st);
-    launch_attention_combine(pa, st);
+    if (codec_) {  // KV codec rows (or f32 rows): the source layer's parts, written by it only
+      codec_->run_layer(int32_t(l), qa, pa, qa.slot_mapping, kv_->part(2 * L.kv_layer), kv_->part(2 * L.kv_layer + 1),
+                        shape.codec_splits, st);
+    } else {
+      launch_qkv_post(qa, st);
+      launch_paged_attention(pa, st);
+      launch_attention_combine(pa, st);
+    }
     gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, H, L.n_heads * hd);
     launch_sandwich_add_norm({B.x, B.branch, nullptr, L.attn_out_norm, L.post_norm, B.h, int32_t(n), int32_t(H), eps, 0}, st);
     split_norm_lo(split, B.x, L.post_norm, nullptr, B.h, n, H, eps, false, st);

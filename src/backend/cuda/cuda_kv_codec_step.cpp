@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "model/gemma4_config.h"
 
 namespace strata::cuda {
 
@@ -16,9 +17,9 @@ int64_t g_target_blocks = 1024;
 
 size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 
-// kAuto stores bf16 rows on the GPU.
-KvCodecSpec gpu_spec(KvCodecSpec s) {
-  if (s.codec == KvCodec::kAuto) s.codec = KvCodec::kBf16;
+// kAuto stores bf16 rows on the GPU, or f32 rows (kv_key_format's kAuto) with auto_f32.
+KvCodecSpec gpu_spec(KvCodecSpec s, bool auto_f32) {
+  if (s.codec == KvCodec::kAuto && !auto_f32) s.codec = KvCodec::kBf16;
   return s;
 }
 
@@ -32,8 +33,9 @@ KvCodecStep::~KvCodecStep() {
   if (mem_ != nullptr) cudaFree(mem_);
 }
 
-bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs) {
-  return std::any_of(specs.begin(), specs.end(), [](const KvCodecSpec& s) { return gpu_spec(s).codec != KvCodec::kBf16; });
+bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32) {
+  return std::any_of(specs.begin(), specs.end(),
+                     [&](const KvCodecSpec& s) { return gpu_spec(s, auto_f32).codec != KvCodec::kBf16; });
 }
 
 int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs) {
@@ -42,29 +44,50 @@ int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t 
                  align256(P * size_t(n_heads) * size_t(head_dim) * 4) + align256(P * size_t(n_heads) * 2 * 4));
 }
 
-Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs) {
-  auto refuse = [](const std::string& m) { return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: " + m); };
-  bool plain = cfg.model_type != "gemma4_text";
+Result<std::vector<KvCodecStep::LayerGeometry>> KvCodecStep::geometry(const ModelConfig& cfg) {
+  std::vector<LayerGeometry> g(size_t(std::max(cfg.n_layers, 0)));
+  if (cfg.model_type == "gemma4_text") {
+    auto g4 = parse_gemma4_text_config(cfg);
+    if (!g4.ok()) return g4.error();
+    for (size_t l = 0; l < g.size() && l < g4->layers.size(); ++l) {
+      const Gemma4LayerGeometry& x = g4->layers[l];
+      g[l] = {x.n_heads, x.n_kv_heads, x.head_dim, x.sliding ? cfg.sliding_window : 0, x.kv_source >= 0 ? x.kv_source : int32_t(l)};
+    }
+    return g;
+  }
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const bool full = cfg.layer_types.empty() || cfg.layer_types[size_t(l)] == "full_attention";
-    plain = plain && full && !(cfg.sliding_window > 0 && cfg.is_sliding(l));
+    const bool attention = cfg.layer_types.empty() || cfg.layer_types[size_t(l)] == "full_attention" ||
+                           cfg.layer_types[size_t(l)] == "sliding_attention";
+    if (!attention) {
+      return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: model type '" + cfg.model_type + "' layer " + std::to_string(l) +
+                                                     " ('" + cfg.layer_types[size_t(l)] + "') keeps bf16 KV only");
+    }
+    g[size_t(l)] = {cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.is_sliding(l) ? cfg.sliding_window : 0, int32_t(l)};
   }
-  if (!plain) {
-    return refuse("model type '" + cfg.model_type + "' (sliding-window, shared-KV or linear-attention layers) keeps bf16 KV only");
-  }
+  return g;
+}
+
+Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32) {
+  auto refuse = [](const std::string& m) { return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: " + m); };
+  auto geom = geometry(cfg);
+  if (!geom.ok()) return geom.error();
   if (int64_t(specs.size()) != int64_t(cfg.n_layers)) {
     return refuse(std::to_string(specs.size()) + " layer codecs for " + std::to_string(cfg.n_layers) + " layers");
   }
-  if (cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads != 0) {
-    return refuse("num_attention_heads must be a multiple of num_key_value_heads");
-  }
-  const int32_t group = cfg.n_heads / cfg.n_kv_heads;
-  if (group != 1 && group != 2 && group != 4 && group != 8) return refuse("GQA group " + std::to_string(group) + " (1, 2, 4 or 8)");
   for (size_t l = 0; l < specs.size(); ++l) {
-    const KvCodecSpec spec = gpu_spec(specs[l]);
+    const LayerGeometry& g = (*geom)[l];
+    if (g.n_kv_heads <= 0 || g.n_heads % g.n_kv_heads != 0) {
+      return refuse("layer " + std::to_string(l) + ": num_attention_heads must be a multiple of num_key_value_heads");
+    }
+    const int32_t group = g.n_heads / g.n_kv_heads;
+    if (group != 1 && group != 2 && group != 4 && group != 8) {
+      return refuse("layer " + std::to_string(l) + ": GQA group " + std::to_string(group) + " (1, 2, 4 or 8)");
+    }
+    // A layer reading another layer's rows reads them in that layer's format.
+    const KvCodecSpec spec = gpu_spec(specs[size_t(g.kv_layer)], auto_f32);
     const std::string what = std::string(kv_codec_name(spec.codec)) + " of layer " + std::to_string(l) + " (head dim " +
-                             std::to_string(cfg.head_dim) + "): ";
-    const KvRowFormat kf = kv_key_format(spec, cfg.head_dim), vf = kv_value_format(spec, cfg.head_dim);
+                             std::to_string(g.head_dim) + "): ";
+    const KvRowFormat kf = kv_key_format(spec, g.head_dim), vf = kv_value_format(spec, g.head_dim);
     if (const char* p = kv_format_problem(kf); *p != '\0') return refuse(what + p);
     if (const char* p = kv_format_problem(vf); *p != '\0') return refuse(what + p);
     if (const char* p = kv_codec_gpu_problem(kv_row_layout(kf), kv_row_layout(vf)); *p != '\0') return refuse(what + p);
@@ -73,13 +96,21 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
 }
 
 Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
-                                                         int32_t max_tokens, int32_t max_seqs) {
-  STRATA_RETURN_IF_ERROR(supported(cfg, specs));
+                                                         int32_t max_tokens, int32_t max_seqs, bool auto_f32) {
+  STRATA_RETURN_IF_ERROR(supported(cfg, specs, auto_f32));
+  auto geom = geometry(cfg);
+  if (!geom.ok()) return geom.error();
   std::unique_ptr<KvCodecStep> s(new KvCodecStep());
-  const int32_t n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, head_dim = cfg.head_dim;
-  for (const KvCodecSpec& spec : specs) {
-    s->k_.push_back(kv_row_layout(kv_key_format(gpu_spec(spec), head_dim)));
-    s->v_.push_back(kv_row_layout(kv_value_format(gpu_spec(spec), head_dim)));
+  s->geom_ = std::move(*geom);
+  int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  for (size_t l = 0; l < specs.size(); ++l) {
+    const LayerGeometry& g = s->geom_[l];
+    const KvCodecSpec spec = gpu_spec(specs[size_t(g.kv_layer)], auto_f32);
+    s->k_.push_back(kv_row_layout(kv_key_format(spec, g.head_dim)));
+    s->v_.push_back(kv_row_layout(kv_value_format(spec, g.head_dim)));
+    n_heads = std::max(n_heads, g.n_heads);
+    n_kv_heads = std::max(n_kv_heads, g.n_kv_heads);
+    head_dim = std::max(head_dim, g.head_dim);
   }
   s->n_heads_ = n_heads;
   s->n_kv_heads_ = n_kv_heads;
@@ -141,15 +172,33 @@ void KvCodecStep::begin_step(const int32_t* positions, const int32_t* seq_q_star
 void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
                             uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream) {
   const int32_t n = post.n;
-  // k and v of token t land in staging row t (bf16, after bias, k norm and RoPE).
+  const LayerGeometry& g = geom_[size_t(layer)];
+  const KvRowLayout& kf = k_[size_t(layer)];
+  const KvRowLayout& vf = v_[size_t(layer)];
+  const bool f32 = kf.kind == KvRowKindGpu::kF32;
+  // Split inputs (f32 checkpoints): the codecs encode the post's f32 K/V, as the CPU's do.
+  const bool f32_in = f32 || out_lo_ != nullptr;
+  const bool writes = post.n_kv_heads > 0;  // 0: the rows are g.kv_layer's, written there
+  // k and v of token t land in staging row t (bf16, after bias, k norm and RoPE); f32 rows take
+  // the post's f32 output, written back over the QKV rows (q too: the f32 query).
   post.k_pool = k_stage_;
   post.v_pool = v_stage_;
   post.slot_mapping = stage_slots_;
+  float* qkv = const_cast<float*>(post.qkv);
+  const int64_t row_len = int64_t(post.n_heads + 2 * post.n_kv_heads) * post.head_dim;
+  if (f32_in) post.f32_out = qkv;
   launch_qkv_post(post, stream);
-  const KvRowLayout& kf = k_[size_t(layer)];
-  const KvRowLayout& vf = v_[size_t(layer)];
-  launch_kv_codec_write({k_stage_, slot_mapping, k_pool, kf, n, n_kv_heads_, layer}, stream);
-  launch_kv_codec_write({v_stage_, slot_mapping, v_pool, vf, n, n_kv_heads_, layer}, stream);
+  if (writes) {
+    KvCodecWriteArgs kw{k_stage_, slot_mapping, k_pool, kf, n, g.n_kv_heads, layer};
+    KvCodecWriteArgs vw{v_stage_, slot_mapping, v_pool, vf, n, g.n_kv_heads, layer};
+    if (f32_in) {
+      kw.x_f32 = qkv + int64_t(post.n_heads) * post.head_dim;
+      vw.x_f32 = qkv + int64_t(post.n_heads + post.n_kv_heads) * post.head_dim;
+      kw.x_stride = vw.x_stride = row_len;
+    }
+    launch_kv_codec_write(kw, stream);
+    launch_kv_codec_write(vw, stream);
+  }
   KvCodecAttentionArgs a{};
   a.q = attn.q;
   a.out = attn.out;
@@ -157,7 +206,7 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
   a.v_pool = v_pool;
   a.k_fmt = kf;
   a.v_fmt = vf;
-  a.seed_layer = layer;
+  a.seed_layer = g.kv_layer;  // the rotation the rows were written with
   a.block_tables = attn.block_tables;
   a.context_lens = context_lens_;
   a.query_seq = query_seq_;
@@ -167,10 +216,16 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
   a.n_splits = n_splits;
   a.max_blocks_per_seq = attn.max_blocks_per_seq;
   a.block_size = attn.block_size;
-  a.n_heads = n_heads_;
-  a.n_kv_heads = n_kv_heads_;
+  a.n_heads = g.n_heads;
+  a.n_kv_heads = g.n_kv_heads;
   a.scale = attn.scale;
   a.softcap = attn.softcap;
+  a.window = attn.window;
+  a.out_lo = out_lo_;
+  if (f32) {
+    a.q_f32 = qkv;
+    a.q_stride = row_len;
+  }
   launch_kv_codec_attention(a, stream);
 }
 

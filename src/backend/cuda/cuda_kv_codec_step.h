@@ -1,10 +1,14 @@
 // The attention part of a CudaDecoder step when its KV pool holds KV codec rows (kv_codec.h):
 // per layer, the QKV post-processing writes the step's K/V as bf16 rows into a small staging
-// area, launch_kv_codec_write encodes them into the layer's pool rows (bytes as the CPU
-// codecs'), and launch_kv_codec_attention reads the codec rows directly (a tile at a time in
-// shared memory, never a dequantized copy of the cache) for every query token of the step:
-// one query row per token with its own causal limit, so decode, prefill and mixed steps take
-// the same kernels. The bf16 decoder (no codec) never comes here.
+// area (f32 rows: the post's f32 output, left in the QKV buffer), launch_kv_codec_write
+// encodes them into the layer's pool rows (bytes as the CPU codecs'), and
+// launch_kv_codec_attention reads the codec rows directly (a tile at a time in shared memory,
+// never a dequantized copy of the cache) for every query token of the step: one query row per
+// token with its own causal limit (and window), so decode, prefill and mixed steps take the
+// same kernels. Layers have their own geometry (Gemma 4), sliding windows, and may read an
+// earlier layer's rows without writing any (Gemma 4's shared KV). f32 rows (KvRowKind::kF32:
+// kAuto with auto_f32, the default for split f32 checkpoints) keep q, scores, softmax and sums
+// in f32. The bf16 decoder (no codec) never comes here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,18 +32,27 @@ class KvCodecStep {
   KvCodecStep(const KvCodecStep&) = delete;
   KvCodecStep& operator=(const KvCodecStep&) = delete;
 
-  // Empty Status when the GPU takes these per-layer specs (resolved; kAuto is bf16) for cfg:
-  // every layer full attention with KV of its own (no sliding windows, shared KV or linear
-  // attention), rows the kernels handle (kv_codec_gpu_problem), GQA group 1, 2, 4 or 8; else
-  // kUnsupported naming the layer or model type.
-  static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs);
+  // The attention geometry of each layer: heads, head dim, window (0: none) and the layer
+  // whose rows it reads (itself, or a Gemma 4 KV source). kUnsupported for linear-attention
+  // layers.
+  struct LayerGeometry {
+    int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0, window = 0, kv_layer = 0;
+  };
+  static Result<std::vector<LayerGeometry>> geometry(const ModelConfig& cfg);
+
+  // Empty Status when the GPU takes these per-layer specs (resolved; kAuto is bf16, or f32 rows
+  // with auto_f32) for cfg (as parsed: Gemma 4's per-layer geometry comes from it): every
+  // layer attention over KV rows (full, sliding-window or shared; no linear attention), rows
+  // the kernels handle (kv_codec_gpu_problem), GQA group 1, 2, 4 or 8; else kUnsupported
+  // naming the layer or model type.
+  static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32 = false);
   // supported(), then scratch for steps of up to max_tokens tokens and max_seqs sequences.
   static Result<std::unique_ptr<KvCodecStep>> create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
-                                                     int32_t max_tokens, int32_t max_seqs);
-  // Device bytes create() takes for these sizes.
+                                                     int32_t max_tokens, int32_t max_seqs, bool auto_f32 = false);
+  // Device bytes create() takes for these sizes (the largest layer's heads and head dim).
   static int64_t scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs);
   // Whether any spec stores rows other than bf16 (else the plain bf16 pool serves).
-  static bool any_codec(const std::vector<KvCodecSpec>& specs);
+  static bool any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32 = false);
 
   // Row bytes of each pool part (KvPoolLayout::row_bytes: layer l's K, then its V).
   std::vector<int32_t> row_bytes() const;
@@ -58,16 +71,26 @@ class KvCodecStep {
   // After the step's metadata copy: each token's key count and sequence (device arrays here).
   void begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
                   cudaStream_t stream);
-  // One layer: post (launch_qkv_post's arguments for the step: q to post.q_out; its k/v pools
-  // and slot mapping are replaced by the staging here), the encode of K and V into the pool
-  // parts, then attention of the step's n_tokens query rows over the layer's codec rows into
-  // out. attn supplies q, out, block_tables, the shapes, scale and softcap.
+  // The attention output's lo part (bf16(o - out), [max_tokens, n_heads * head_dim]) for
+  // split-input GEMMs, written by every later run_layer; null: none. With it, codec rows are
+  // encoded from the post's f32 K/V rather than its bf16 staging.
+  void set_out_lo(uint16_t* lo) { out_lo_ = lo; }
+
+  // One layer: post (launch_qkv_post's arguments for the step, q to post.q_out; its k/v pools
+  // and slot mapping are replaced by the staging here; n_kv_heads 0: a layer reading another
+  // layer's rows), the encode of K and V into the pool parts of the layer's KV layer (none for
+  // such a layer), then attention of the step's n_tokens query rows over those rows into out.
+  // attn supplies q, out, block_tables, the shapes, window, scale and softcap. k_pool / v_pool:
+  // the parts of geometry's kv_layer.
   void run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
                  uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream);
+  const LayerGeometry& layer_geometry(int layer) const { return geom_[size_t(layer)]; }
 
  private:
   KvCodecStep() = default;
   std::vector<KvRowLayout> k_, v_;
+  std::vector<LayerGeometry> geom_;
+  uint16_t* out_lo_ = nullptr;
   int32_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;
   int64_t partial_rows_ = 0;  // query rows x splits the partial buffers hold
   void* mem_ = nullptr;       // one allocation for everything below

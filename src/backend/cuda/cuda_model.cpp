@@ -12,6 +12,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/token_feed.h"
+#include "core/log.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 #include "model/rope.h"
@@ -65,8 +66,23 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   kl.n_kv_heads = int32_t(d.nkv);
   kl.head_dim = int32_t(d.hd);
   kl.block_size = opt_.block_size;
-  if (KvCodecStep::any_codec(opt_.kv_codecs)) {
-    auto c = KvCodecStep::create(cfg_, opt_.kv_codecs, opt_.max_tokens, opt_.max_seqs);
+  // Split weights (f32/f16 checkpoints): with no codecs asked for, every layer's rows are f32
+  // and so is the attention (the bf16 KV cache alone exceeds the goldens' bound for Gemma 3/4).
+  std::vector<KvCodecSpec> specs = opt_.kv_codecs;
+  const ModelConfig& attn_cfg = attn_cfg_.n_layers > 0 ? attn_cfg_ : cfg_;
+  bool auto_f32 = auto_f32_kv_ && kv_layers_ == 0;
+  if (auto_f32 && specs.empty()) {
+    specs.assign(size_t(std::max(cfg_.n_layers, 0)), KvCodecSpec{});
+    if (const Status s = KvCodecStep::supported(attn_cfg, specs, true); !s.ok()) {
+      log::info("CUDA {}: KV cache bf16 (f32 rows not taken: {})", cfg_.model_type, s.error().message);
+      specs.clear();
+      auto_f32 = false;
+    } else {
+      log::info("CUDA {}: split weights, KV cache kept as f32 rows with f32 attention (KvRowKind::kF32)", cfg_.model_type);
+    }
+  }
+  if (KvCodecStep::any_codec(specs, auto_f32)) {
+    auto c = KvCodecStep::create(attn_cfg, specs, opt_.max_tokens, opt_.max_seqs, auto_f32);
     if (!c.ok()) return c.error();
     codec_ = std::move(*c);
     kl.row_bytes = codec_->row_bytes();
@@ -104,6 +120,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   m->moe_ = flags->moe;
   m->fused_ok_ = !m->one_plus_w_ && !m->sandwich_ && m->embed_scale_ == 1.0f && m->attn_softcap_ == 0.0f &&
                  m->final_softcap_ == 0.0f && !m->moe_;
+  m->auto_f32_kv_ = WeightSplit::splits(**archive, options);
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(m->cfg_);
   m->attn_scale_ = flags->attn_scale > 0.0f ? flags->attn_scale : float(1.0 / std::sqrt(double(d.hd)));
@@ -219,8 +236,12 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   auto g = Gemm::create(ws, kGemmWorkspace);
   if (!g.ok()) return g.error();
   m->gemm_ = std::move(*g);
-  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, options.max_tokens, 2 * d.I,
-                                         {{B.h, options.max_tokens, d.H}, {B.rows_h, options.max_logit_rows, d.H}, {B.act, options.max_tokens, d.I}}));
+  std::vector<WeightSplit::Input> split_inputs = {{B.h, options.max_tokens, d.H}, {B.rows_h, options.max_logit_rows, d.H},
+                                                   {B.act, options.max_tokens, d.I}};
+  // The codec attention writes its output's lo part too (o_proj then reads hi + lo).
+  if (m->codec_) split_inputs.push_back({B.attn, options.max_tokens, d.nh * d.hd});
+  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, options.max_tokens, 2 * d.I, split_inputs));
+  if (m->codec_) m->codec_->set_out_lo(B.split->input_lo(B.attn));
   return m;
 }
 

@@ -73,10 +73,12 @@ struct CudaModelOptions {
   // With split weights: the norm outputs and the gated MLP activation feeding the GEMMs are
   // split too (their lo recomputed in f32; a third GEMM adds x_lo . hi^T). false: weights only.
   bool split_inputs = true;
-  // KV codec of each layer (resolve_kv_codecs; kAuto is bf16). Empty or all bf16: the bf16 pool
-  // and kernels. Otherwise the pool holds each layer's codec rows and every step's attention
-  // runs through KvCodecStep (cuda_kv_codec_step.h); not with sliding-window layers or
-  // gemma4_text, and no fused decode.
+  // KV codec of each layer (resolve_kv_codecs; kAuto is bf16, or f32 with split weights).
+  // Empty or all bf16: the bf16 pool and kernels, except with split weights (f32/f16
+  // checkpoints), where empty means f32 rows and f32 attention in every layer (a log line says
+  // so; models the f32 path does not take keep bf16). Otherwise the pool holds each layer's
+  // codec rows and every step's attention runs through KvCodecStep (cuda_kv_codec_step.h);
+  // no fused decode. Not for the hybrid families.
   std::vector<KvCodecSpec> kv_codecs;
 };
 
@@ -208,6 +210,9 @@ class CudaDecoder {
   bool moe_ = false;
   bool fused_ok_ = true;  // the fused decode path computes this family
   bool gemma4_ = false;   // launch_gemma4_step computes the layers
+  // Split weights: kAuto KV rows are f32 (set by the loaders before init_common).
+  bool auto_f32_kv_ = false;
+  ModelConfig attn_cfg_;  // the config as parsed when cfg_ is reshaped (Gemma 4), for KvCodecStep
   std::unique_ptr<Hybrid> hybrid_;  // the hybrid families' layers, state and step metadata
   int32_t kv_layers_ = 0;           // layers of the KV pool (0: every layer)
   int32_t ple_dim_ = 0;   // Gemma 4 per-layer input width (0: none)

@@ -153,6 +153,9 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
       }
       __syncwarp();
     }
+    if (a.f32_out != nullptr) {
+      for (int d = lane; d < hd; d += 32) a.f32_out[int64_t(t) * row_len + h * hd + d] = buf[d];
+    }
     uint16_t* dst;
     if (is_q) {
       dst = a.q_out + (int64_t(t) * a.n_heads + h) * hd;

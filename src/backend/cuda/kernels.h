@@ -71,6 +71,9 @@ struct QkvPostArgs {
   float attn_factor;         // multiplies cos and sin
   float norm_eps;
   int32_t norm_one_plus_w;
+  // Or null: every head after the post also in f32, laid out as qkv (may be qkv itself: each
+  // head is read whole before it is written back).
+  float* f32_out = nullptr;  // [n, (n_heads + 2 * n_kv_heads) * head_dim]
 };
 void launch_qkv_post(const QkvPostArgs& a, cudaStream_t stream);
 

@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -122,13 +123,18 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
   float* x = xs[warp];
   uint32_t* w = ws[warp];
   const uint16_t* src = a.x + row * dim;
-  for (int d = lane; d < dim; d += 32) x[d] = bf16_to_f32(src[d]);
+  const float* src_f32 = a.x_f32 != nullptr ? a.x_f32 + int64_t(t) * a.x_stride + int64_t(h) * dim : nullptr;
+  for (int d = lane; d < dim; d += 32) x[d] = src_f32 != nullptr ? src_f32[d] : bf16_to_f32(src[d]);
   for (int i = lane; i < n_words; i += 32) w[i] = 0u;
   __syncwarp();
 
   switch (f.kind) {
+    case Kind::kF32: break;  // kv_codec_write_f32_kernel
     case Kind::kBf16:
-      for (int i = lane; i < dim / 2; i += 32) w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      for (int i = lane; i < dim / 2; i += 32) {
+        w[i] = src_f32 != nullptr ? f32_to_bf16_bits(x[2 * i]) | (f32_to_bf16_bits(x[2 * i + 1]) << 16)
+                                  : uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      }
       break;
     case Kind::kFp8: {
       float amax = 0.0f;
@@ -347,9 +353,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention
   const int li = lane % lanes_per_key, grp = lane / lanes_per_key;
   if (threadIdx.x < 8) levels[threadIdx.x] = tc.levels[threadIdx.x];
 
-  const int n_keys = a.context_lens[seq];
-  const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
-  const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
+  int k_begin, k_end;
+  split_keys(a, seq, split, k_begin, k_end);
   const int* table = a.block_tables + int64_t(a.query_seq != nullptr ? a.query_seq[seq] : seq) * a.max_blocks_per_seq;
   // The split's block-table entries, cached in shared memory when they fit (the step metadata
   // was copied before the step's first kernel: it may be read before the wait).
@@ -625,7 +630,128 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
     const int kvh = int(row % a.n_heads) / (a.n_heads / a.n_kv_heads);
     o = y[d] * (1.0f / sqrtf(float(hd))) * sign_of(tc, kvh * hd + d);
   }
-  a.out[row * hd + d] = uint16_t(f32_to_bf16_bits(o));
+  const uint32_t hi = f32_to_bf16_bits(o);
+  a.out[row * hd + d] = uint16_t(hi);
+  if (a.out_lo != nullptr) a.out_lo[row * hd + d] = uint16_t(f32_to_bf16_bits(o - bf16_to_f32(hi)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32 rows (f32 checkpoints): plain copies in, and an f32 kernel out.
+
+// One thread per value: row slot_mapping[t] * n_kv_heads + h of the pool gets x_f32's head h.
+__global__ void kv_codec_write_f32_kernel(KvCodecWriteArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int dim = a.fmt.dim;
+  const int64_t total = int64_t(a.n_tokens) * a.n_kv_heads * dim;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / (int64_t(a.n_kv_heads) * dim), r = i % (int64_t(a.n_kv_heads) * dim);
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0) continue;
+    reinterpret_cast<float*>(a.pool)[slot * a.n_kv_heads * dim + r] = a.x_f32[t * a.x_stride + r];
+  }
+}
+
+constexpr int kF32Warps = 4;
+constexpr int kF32PerLane = kMaxDim / 32;  // dims per lane at the largest head dim
+
+// A block (4 warps) takes one query head of one query row and one split of its keys; warp w
+// takes keys k_begin + 32 w + 128 i, one key per lane: the lane scores its key against q (in
+// shared memory), the warp rescales once per 32 keys, then adds each key's value row (lanes
+// over dims, the key's weight and row offset by shuffle). Everything in f32 with IEEE exp.
+__global__ void __launch_bounds__(kF32Warps * 32) kv_codec_f32_attention_kernel(KvCodecAttentionArgs a) {
+  __shared__ float qs[kMaxDim];
+  __shared__ int s_table[kTableCache];
+  __shared__ float s_m[kF32Warps], s_l[kF32Warps];
+  __shared__ float s_acc[kF32Warps][kMaxDim];
+  const int head = blockIdx.x, split = blockIdx.y, seq = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hd = a.k_fmt.dim, kvh = head / (a.n_heads / a.n_kv_heads), bs = a.block_size;
+  int k_begin, k_end;
+  split_keys(a, seq, split, k_begin, k_end);
+  const int* table = a.block_tables + int64_t(a.query_seq != nullptr ? a.query_seq[seq] : seq) * a.max_blocks_per_seq;
+  const int first_b = k_begin / bs;
+  const int n_b = k_end > k_begin ? (k_end - 1) / bs - first_b + 1 : 0;
+  const bool cached = n_b <= kTableCache;
+  if (cached) {
+    for (int i = threadIdx.x; i < n_b; i += blockDim.x) s_table[i] = table[first_b + i];
+  }
+  pdl_wait();  // q and the pools are written by the kernels before
+  pdl_launch_dependents();
+  const float* q = a.q_f32 + int64_t(seq) * a.q_stride + int64_t(head) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = q[d];
+  __syncthreads();
+  const float* kp = reinterpret_cast<const float*>(a.k_pool);
+  const float* vp = reinterpret_cast<const float*>(a.v_pool);
+  const bool vec = (reinterpret_cast<uintptr_t>(kp) & 15u) == 0;
+  float m = -INFINITY, l = 0.0f, acc[kF32PerLane];
+#pragma unroll
+  for (int i = 0; i < kF32PerLane; ++i) acc[i] = 0.0f;
+  for (int kt = k_begin + warp * 32; kt < k_end; kt += kF32Warps * 32) {  // warp-uniform
+    const int p = kt + lane;
+    const bool valid = p < k_end;
+    int64_t off = 0;
+    float s = -INFINITY;
+    if (valid) {
+      const int b = p / bs;
+      const int blk = cached ? s_table[b - first_b] : table[b];
+      off = ((int64_t(blk) * bs + (p - b * bs)) * a.n_kv_heads + kvh) * hd;
+      const float* kr = kp + off;
+      float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+      for (int i = 0; i < hd / 4; ++i) {
+        // Rows are 16-byte aligned when the part is (a part after other codecs' parts may not be).
+        const float4 k4 = vec ? reinterpret_cast<const float4*>(kr)[i] : make_float4(kr[4 * i], kr[4 * i + 1], kr[4 * i + 2], kr[4 * i + 3]);
+        d0 = fmaf(qs[4 * i], k4.x, d0);
+        d1 = fmaf(qs[4 * i + 1], k4.y, d1);
+        d2 = fmaf(qs[4 * i + 2], k4.z, d2);
+        d3 = fmaf(qs[4 * i + 3], k4.w, d3);
+      }
+      s = ((d0 + d1) + (d2 + d3)) * a.scale;
+      if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+    }
+    const float m_new = fmaxf(m, warp_max(s));  // finite: lane 0's key is valid
+    const float corr = expf(m - m_new);         // 0 while m is -inf
+    const float e = valid ? expf(s - m_new) : 0.0f;
+    float es = e;
+    for (int o = 16; o > 0; o >>= 1) es += __shfl_xor_sync(0xffffffffu, es, o);
+    l = l * corr + es;
+    m = m_new;
+#pragma unroll
+    for (int i = 0; i < kF32PerLane; ++i) acc[i] *= corr;
+    const int nk = min(32, k_end - kt);
+    for (int j = 0; j < nk; ++j) {
+      const float ej = __shfl_sync(0xffffffffu, e, j);
+      const float* vr = vp + __shfl_sync(0xffffffffu, off, j);
+#pragma unroll
+      for (int i = 0; i < kF32PerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) acc[i] = fmaf(ej, vr[d], acc[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kF32PerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < hd) s_acc[warp][d] = acc[i];
+  }
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
+  __syncthreads();
+  const int64_t prow = int64_t(split) * a.n_seqs * a.n_heads + int64_t(seq) * a.n_heads + head;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float mx = -INFINITY;
+    for (int w = 0; w < kF32Warps; ++w) mx = fmaxf(mx, s_m[w]);
+    float o = 0.0f, sum = 0.0f;
+    for (int w = 0; w < kF32Warps; ++w) {
+      const float wgt = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);
+      o += wgt * s_acc[w][d];
+      sum += wgt * s_l[w];
+    }
+    a.partial_out[prow * hd + d] = o;
+    if (d == 0) {
+      a.partial_ml[prow * 2] = mx;
+      a.partial_ml[prow * 2 + 1] = sum;
+    }
+  }
 }
 
 // One thread per token: its key count and its sequence (binary search over the starts).
@@ -700,6 +826,11 @@ void set_kv_codec_attention_mma(bool on) { g_use_mma = on; }
 bool kv_codec_attention_mma() { return g_use_mma; }
 
 const char* kv_codec_write_problem(const KvRowLayout& f) {
+  if (f.kind == Kind::kF32) {
+    if (f.dim <= 0 || f.dim > kMaxDim || f.dim % 4 != 0) return "f32 rows: head dim must be a multiple of 4, at most 256";
+    if (f.bytes != 4 * f.dim) return "f32 rows: row bytes must be 4 x head dim";
+    return "";
+  }
   if (!valid_dim(f.dim)) return "head dim must be 16, 32, 64, 128 or 256";
   if (f.bytes <= 0 || f.bytes % 4 != 0 || f.bytes > 4 * kMaxRowWords) return "row bytes must be a multiple of 4, at most 1024";
   if (f.kind == Kind::kAffine8 || f.kind == Kind::kAffine4) {
@@ -718,7 +849,7 @@ const char* kv_codec_gpu_problem(const KvRowLayout& k, const KvRowLayout& v) {
   if (k.dim != v.dim) return "key and value head dims must match";
   const bool same = k.kind == v.kind && k.kind != Kind::kTurbo3;
   const bool turbo = k.kind == Kind::kAffine8 && v.kind == Kind::kTurbo3;
-  if (!same && !turbo) return "key/value kinds must be one codec's pair (bf16, fp8, int8, int4 or turbo)";
+  if (!same && !turbo) return "key/value kinds must be one codec's pair (f32, bf16, fp8, int8, int4 or turbo)";
   return "";
 }
 
@@ -730,6 +861,12 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
   }
   const int64_t rows = int64_t(a.n_tokens) * a.n_kv_heads;
   if (rows == 0) return;
+  if (a.fmt.kind == Kind::kF32) {
+    if (a.x_f32 == nullptr) cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_write", "f32 rows need x_f32");
+    const int64_t n = rows * a.fmt.dim;
+    launch_pdl(kv_codec_write_f32_kernel, dim3(unsigned(std::min<int64_t>((n + 255) / 256, 4096))), 256, 0, stream, a);
+    return;
+  }
   const TurboConsts tc = a.fmt.kind == Kind::kTurbo3 ? turbo_consts(a.seed_layer, a.n_kv_heads, a.fmt.dim) : TurboConsts{};
   launch_pdl(kv_codec_write_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps)), kEncWarps * 32, 0, stream, a,
              tc);
@@ -762,6 +899,11 @@ void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t strea
     for (int i = 0; i < 8; ++i) tc.levels[i] = kLloydMax3[i];
   }
   switch (a.v_fmt.kind) {
+    case Kind::kF32:
+      if (a.q_f32 == nullptr) cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "f32 rows need q_f32");
+      launch_pdl(kv_codec_f32_attention_kernel, dim3(unsigned(a.n_heads), unsigned(a.n_splits), unsigned(a.n_seqs)), kF32Warps * 32, 0,
+                 stream, a);
+      break;
     case Kind::kBf16: launch_pair<Kind::kBf16, Kind::kBf16>(a, tc, stream); break;
     case Kind::kFp8: launch_pair<Kind::kFp8, Kind::kFp8>(a, tc, stream); break;
     case Kind::kAffine8: launch_pair<Kind::kAffine8, Kind::kAffine8>(a, tc, stream); break;

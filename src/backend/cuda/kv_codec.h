@@ -14,8 +14,9 @@
 
 namespace strata::cuda {
 
-// Row kinds: the numeric values of strata::KvRowKind (kF32 is not stored on the GPU).
-enum class KvRowKindGpu : int32_t { kBf16 = 1, kFp8 = 2, kAffine8 = 3, kAffine4 = 4, kTurbo3 = 5 };
+// Row kinds: the numeric values of strata::KvRowKind. kF32 rows (f32 checkpoints) are written
+// from f32 staging and read by an f32 kernel of their own (f32 q, scores, softmax and sums).
+enum class KvRowKindGpu : int32_t { kF32 = 0, kBf16 = 1, kFp8 = 2, kAffine8 = 3, kAffine4 = 4, kTurbo3 = 5 };
 
 struct KvRowLayout {
   KvRowKindGpu kind = KvRowKindGpu::kBf16;
@@ -31,7 +32,7 @@ KvRowLayout kv_row_layout(const Format& f) {
 }
 
 // Empty when the GPU kernels handle this key/value layout pair, else why not. Supported pairs:
-// bf16/bf16, fp8/fp8, affine8/affine8, affine4/affine4 and affine8/turbo3 (the turbo codec);
+// f32/f32, bf16/bf16, fp8/fp8, affine8/affine8, affine4/affine4 and affine8/turbo3 (the turbo codec);
 // head dims 16, 32, 64, 128 or 256 (keys and values alike); affine groups a multiple of 16 that
 // divides the head dim; rows of at most 1,024 bytes.
 const char* kv_codec_gpu_problem(const KvRowLayout& k, const KvRowLayout& v);
@@ -42,7 +43,8 @@ const char* kv_codec_write_problem(const KvRowLayout& f);
 // Encodes x into pool rows: token t's head h goes to row slot_mapping[t] * n_kv_heads + h of
 // the pool (slot = block * block_size + position % block_size); slot < 0 skips the token.
 // The bytes equal reference::kv_encode_row of the same values (turbo3 rows use the rotation
-// seed kv_rotation_seed(seed_layer, h)).
+// seed kv_rotation_seed(seed_layer, h)). With x_f32 the rows are encoded from it instead of x
+// (f32 rows need it; the CPU codecs encode from f32 too).
 struct KvCodecWriteArgs {
   const uint16_t* x;             // [n_tokens, n_kv_heads, fmt.dim] bf16
   const int64_t* slot_mapping;   // [n_tokens]
@@ -51,6 +53,8 @@ struct KvCodecWriteArgs {
   int32_t n_tokens;
   int32_t n_kv_heads;
   int32_t seed_layer;            // turbo3 only
+  const float* x_f32 = nullptr;  // f32 rows: token t's head h at x_f32[t * x_stride + h * fmt.dim]
+  int64_t x_stride = 0;          // floats between tokens of x_f32
 };
 void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 
@@ -58,12 +62,16 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 // positions [0, context_lens[s]) of its block table (its own key included: write it first).
 // The table is row s's own (decode: one token per sequence) or, with query_seq, row
 // query_seq[s] of block_tables: several query rows of one sequence (a prefill chunk), each
-// with its own causal limit (position + 1; launch_kv_codec_query_rows makes both arrays). GQA: query head h reads KV head h / (n_heads / n_kv_heads). The keys of a
-// sequence are cut into n_splits chunks; each (KV head, split, sequence) block stages the
+// with its own causal limit (position + 1; launch_kv_codec_query_rows makes both arrays); with
+// a window, only the last `window` of those keys (positions >= context_lens[s] - window). GQA:
+// query head h reads KV head h / (n_heads / n_kv_heads). The keys of a row are cut into
+// n_splits chunks; each (KV head, split, sequence) block stages the
 // encoded rows in shared memory and dequantizes them in registers (no dequantized copy of the
 // cache), with f32 sums, and writes partial (out, max, sum);
 // launch_kv_codec_attention then merges the splits (turbo3 values: in the rotated domain, then
-// rotated back once per output vector) into out.
+// rotated back once per output vector) into out, and out_lo = bf16(o - out) when given (the
+// attention output's lo part for split-input GEMMs). f32 rows (both kinds kF32) read q from
+// q_f32 and run an f32 kernel of their own (one query head per block, 32 keys per warp pass).
 struct KvCodecAttentionArgs {
   const uint16_t* q;            // [n_seqs, n_heads, k_fmt.dim] bf16
   uint16_t* out;                // [n_seqs, n_heads, v_fmt.dim] bf16
@@ -85,6 +93,10 @@ struct KvCodecAttentionArgs {
   int32_t n_kv_heads;           // n_heads / n_kv_heads in {1, 2, 4, 8}
   float scale;                  // multiplies q.k
   float softcap;                // 0: none; else logits = softcap * tanh(logits / softcap)
+  int32_t window = 0;           // 0: every key up to the row's limit; else the last `window` keys
+  uint16_t* out_lo = nullptr;   // [n_seqs, n_heads, v_fmt.dim] bf16 or null
+  const float* q_f32 = nullptr; // f32 rows: row s's head h at q_f32[s * q_stride + h * k_fmt.dim]
+  int64_t q_stride = 0;         // floats between rows of q_f32
 };
 // Both kernels (the split blocks, then the merge). Layouts must pass kv_codec_gpu_problem.
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream);

@@ -200,9 +200,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) kv_codec_mma_kernel
   const int group = a.n_heads / a.n_kv_heads;
   if (tid < 8) levels[tid] = tc.levels[tid];
 
-  const int n_keys = a.context_lens[seq];
-  const int chunk = (n_keys + a.n_splits - 1) / a.n_splits;
-  const int k_begin = min(n_keys, split * chunk), k_end = min(n_keys, k_begin + chunk);
+  int k_begin, k_end;
+  split_keys(a, seq, split, k_begin, k_end);
   const int* table = a.block_tables + int64_t(a.query_seq != nullptr ? a.query_seq[seq] : seq) * a.max_blocks_per_seq;
   const int bs = a.block_size;
   const int first_b = k_begin / bs;
@@ -555,6 +554,7 @@ bool mma_supports(const KvCodecAttentionArgs& a) {
 
 void launch_mma(const KvCodecAttentionArgs& a, const TurboConsts& tc, cudaStream_t stream) {
   switch (a.v_fmt.kind) {  // the pairs launch_kv_codec_attention accepts
+    case Kind::kF32: break;  // never here: f32 rows take kv_codec_f32_attention_kernel
     case Kind::kBf16: launch_mma_pair<Kind::kBf16, Kind::kBf16>(a, tc, stream); break;
     case Kind::kFp8: launch_mma_pair<Kind::kFp8, Kind::kFp8>(a, tc, stream); break;
     case Kind::kAffine8: launch_mma_pair<Kind::kAffine8, Kind::kAffine8>(a, tc, stream); break;

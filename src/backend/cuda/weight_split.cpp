@@ -25,7 +25,7 @@ std::unique_ptr<WeightSplit> WeightSplit::for_checkpoint(const SafetensorsArchiv
                                                          const std::string& model_type) {
   using S = CudaModelOptions::SplitWeights;
   const bool wide = wider_than_bf16(archive);
-  const bool on = options.split_weights == S::kOn || (options.split_weights == S::kAuto && wide);
+  const bool on = splits(archive, options);
   if (on) {
     log::info("CUDA {}: {} checkpoint, matrices kept as bf16 hi + lo pairs (two bf16 GEMMs per linear layer, f32 sums){}",
               model_type, wide ? "f32/f16" : "bf16", options.split_weights == S::kOn ? " as asked" : "");
@@ -35,6 +35,34 @@ std::unique_ptr<WeightSplit> WeightSplit::for_checkpoint(const SafetensorsArchiv
   auto split = std::unique_ptr<WeightSplit>(new WeightSplit(on));
   split->split_inputs_ = options.split_inputs;
   return split;
+}
+
+bool WeightSplit::splits(const SafetensorsArchive& archive, const CudaModelOptions& options) {
+  using S = CudaModelOptions::SplitWeights;
+  return options.split_weights == S::kOn || (options.split_weights == S::kAuto && wider_than_bf16(archive));
+}
+
+int64_t WeightSplit::extra_bytes(const SafetensorsArchive& archive, const ModelConfig& cfg, const CudaModelOptions& options) {
+  if (!splits(archive, options)) return 0;
+  int64_t b = 0;
+  // The lo parts of the language model's matrices (a multimodal checkpoint's other towers are
+  // never uploaded).
+  for (const auto& [name, t] : archive.tensors()) {
+    if (t.shape.size() < 2) continue;
+    if (name.rfind(cfg.weight_prefix, 0) != 0 && name != cfg.lm_head_name) continue;
+    int64_t n = 1;
+    for (const int64_t x : t.shape) n *= x;
+    b += 2 * n;
+  }
+  const int64_t T = options.max_tokens, R = options.max_logit_rows, H = cfg.hidden, I = cfg.intermediate;
+  const int64_t attn = int64_t(cfg.n_heads) * cfg.head_dim;
+  b += 4 * T * 2 * I;                                  // f32 scratch of the bf16-output GEMMs
+  if (options.split_inputs) b += 2 * (3 * T * H + R * H + T * I + T * attn);  // activation lo buffers
+  // kAuto KV rows become f32 rows (KvCodecStep) when no codecs are asked for.
+  if (options.kv_codecs.empty() && KvCodecStep::geometry(cfg).ok()) {
+    b += KvCodecStep::scratch_bytes(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, options.max_tokens, options.max_seqs);
+  }
+  return b;
 }
 
 Result<void*> WeightSplit::alloc(size_t bytes) {

@@ -34,6 +34,12 @@ class WeightSplit {
 
   // Whether `archive` has a matrix (rank >= 2) stored as f32 or f16.
   static bool wider_than_bf16(const SafetensorsArchive& archive);
+  // Whether for_checkpoint would split this checkpoint (kAuto: when wider_than_bf16); not logged.
+  static bool splits(const SafetensorsArchive& archive, const CudaModelOptions& options);
+  // Device bytes a split of this checkpoint takes beyond the bf16 weights (the matrices' lo
+  // parts, the activation lo buffers and the f32 scratch), and the f32 KV rows' codec scratch
+  // when no codecs are asked for; 0 when it would not split. For sizing the KV pool.
+  static int64_t extra_bytes(const SafetensorsArchive& archive, const ModelConfig& cfg, const CudaModelOptions& options);
   // The split the options ask for on this checkpoint (kAuto: on when wider_than_bf16), logged.
   static std::unique_ptr<WeightSplit> for_checkpoint(const SafetensorsArchive& archive, const CudaModelOptions& options,
                                                      const std::string& model_type);
