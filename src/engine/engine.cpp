@@ -194,6 +194,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
                                                          std::to_string(executor->n_kv_blocks()) + " blocks");
     }
     options.kv_blocks = executor->n_kv_blocks();
+    if (const int32_t w = executor->n_kv_window_blocks(); w > 0) {
+      if (options.kv_window_blocks != 0 && options.kv_window_blocks != w) {
+        return make_error(ErrorCode::kInvalidArgument, "kv_window_blocks " + std::to_string(options.kv_window_blocks) +
+                                                           " differs from the executor's window pool of " + std::to_string(w) + " blocks");
+      }
+      options.kv_window_blocks = w;
+    }
   }
   STRATA_RETURN_IF_ERROR(check_model(*model));
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
@@ -214,6 +221,13 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
                                   std::to_string(executor->n_kv_blocks()) + " blocks");
     }
     options_.kv_blocks = executor->n_kv_blocks();
+    if (const int32_t w = executor->n_kv_window_blocks(); w > 0) {
+      if (options_.kv_window_blocks != 0 && options_.kv_window_blocks != w) {
+        throw std::invalid_argument("kv_window_blocks " + std::to_string(options_.kv_window_blocks) +
+                                    " differs from the executor's window pool of " + std::to_string(w) + " blocks");
+      }
+      options_.kv_window_blocks = w;
+    }
   }
   if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
   auto kv_plan = plan_blocks(*model_, options_);

@@ -82,6 +82,9 @@ class StepExecutor {
   virtual int32_t vocab() const = 0;
   // Blocks of the full-attention KV pool the block ids index.
   virtual int32_t n_kv_blocks() const = 0;
+  // Blocks of the sliding-window layers' pool when the executor holds one (the engine then plans
+  // its window pool with exactly these); 0: it does not say (the engine's own rule).
+  virtual int32_t n_kv_window_blocks() const { return 0; }
   // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
   virtual bool device_argmax() const = 0;
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).

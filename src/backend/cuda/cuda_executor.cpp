@@ -231,7 +231,11 @@ void CudaExecutor::pack(const StepPlan& plan) {
     s.n_tokens = span.n_tokens;
     s.pos0 = span.pos0;
     s.block_table.assign(seq.blocks.begin(), seq.blocks.end());
-    s.window_block_table.clear();
+    if (decoder_->n_kv_window_blocks() > 0) {
+      s.window_block_table.assign(seq.window_blocks.begin(), seq.window_blocks.end());
+    } else {
+      s.window_block_table.clear();
+    }
     s.state_slot = seq.state_slot;
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
@@ -302,7 +306,7 @@ const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_
 std::vector<int64_t> CudaExecutor::block_tensor_bytes() const {
   const KvPoolLayout& l = decoder_->kv_pool().layout();
   std::vector<int64_t> bytes;
-  for (int p = 0; p < 2 * l.n_layers; ++p) bytes.push_back(l.part_bytes(p));
+  for (int p : l.block_parts()) bytes.push_back(l.part_bytes(p));
   return bytes;
 }
 
@@ -464,6 +468,13 @@ Result<std::vector<KvCodecSpec>> cuda_layer_codecs(const ModelConfig& cfg, const
 
 }  // namespace
 
+int32_t cuda_window_pool_window(const ModelConfig& cfg) {
+  if (cfg.sliding_window <= 0 || is_hybrid_type(cfg.model_type)) return 0;
+  bool sliding = false, full = false;
+  for (int l = 0; l < cfg.n_layers; ++l) (cfg.is_sliding(l) ? sliding : full) = true;
+  return sliding && full ? cfg.sliding_window : 0;
+}
+
 bool cuda_device_present() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -473,8 +484,6 @@ Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& co
   auto refuse = [&](const std::string& what) {
     return make_error(ErrorCode::kUnsupported, "--device cuda: " + what);
   };
-  // Sliding-window layers keep full KV on the device (CudaDecoder applies the window in
-  // attention), so ShapeModel reports no windows and every layer reads the sequence's table.
   auto family = family_flags(cfg);
   if (!family.ok()) return refuse(family.error().message + "; use --device cpu");
   if (codecs.quant_start > 0) {
@@ -510,6 +519,21 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
   if (codecs) mo.kv_codecs = *layer_codecs;
+  if (o.window_paging) {
+    const int32_t window = cuda_window_pool_window(*cfg);
+    if (window > 0) {
+      if (o.kv_window_blocks < 0) {
+        return make_error(ErrorCode::kInvalidArgument, "kv_window_blocks must be >= 0, got " + std::to_string(o.kv_window_blocks));
+      }
+      // What the engine plans by default (Engine::plan_blocks): one window plus a block per
+      // sequence, and one step's tokens.
+      const int64_t bs = o.block_size;
+      const int64_t window_min = (window - 1 + bs - 1) / bs + 2;
+      const int64_t need = int64_t(o.max_num_seqs) * window_min + (o.max_batch_tokens + bs - 1) / bs;
+      mo.kv_window_blocks = o.kv_window_blocks > 0 ? o.kv_window_blocks : int32_t(std::min<int64_t>(need, INT32_MAX));
+      mo.kv_window_exact = o.kv_window_blocks > 0;
+    }
+  }
   if (o.kv_cache_bytes > 0) {
     mo.kv_cache_bytes = o.kv_cache_bytes;
   } else {
@@ -551,9 +575,14 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     e.message = "--device cuda: " + e.message;
     return e;
   }
-  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}", cfg->model_type,
+  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
             (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs)),
+            (*dec)->n_kv_window_blocks() > 0
+                ? ", sliding-window layers in " + std::to_string((*dec)->n_kv_window_blocks()) + " blocks of their own (" +
+                      std::to_string((int64_t((*dec)->n_kv_window_blocks()) * (*dec)->kv_pool().layout().window_bytes_per_block()) >> 20) +
+                      " MiB)"
+                : std::string(),
             o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
   CudaEngineParts parts;
   parts.shape = std::make_unique<ShapeModel>(**dec);

@@ -49,6 +49,8 @@ class CudaExecutor final : public StepExecutor {
   const StepRows& collect() override;
   int32_t vocab() const override { return decoder_->config().vocab_size; }
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
+  // The sliding-window layers' pool when they page apart (CudaModelOptions::kv_window_blocks).
+  int32_t n_kv_window_blocks() const override { return decoder_->n_kv_window_blocks(); }
   bool device_argmax() const override { return true; }
   // Sampled rows run through the device sampler (sampling.h) when its scratch could be taken
   // at creation (rows with logprobs only when device_logprobs()).
@@ -154,6 +156,12 @@ struct CudaEngineOptions {
   float random_scale = 0.02f;
   bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
   KvCodecConfig kv_codecs;          // --kv-cache-dtype / --kv-config (auto: bf16); no --kv-quant-start
+  // Sliding-window layers page in a pool of their own as on the CPU (models with both kinds of
+  // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what max_num_seqs
+  // windows and one step's tokens need (EngineOptions::kv_window_blocks' rule), fewer when the
+  // KV bytes cannot give both pools that share. false: every layer keeps full KV.
+  bool window_paging = true;
+  int32_t kv_window_blocks = 0;
 };
 
 struct CudaEngineParts {
@@ -176,6 +184,10 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
 // device's exact rows), so the prefix-cache namespace and the tiers' block bytes name the
 // codecs the pool holds.
 KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested = KvCodecConfig{});
+
+// The window a model's sliding-window layers page apart with on the GPU (both kinds of layer,
+// no linear attention); 0: none page apart.
+int32_t cuda_window_pool_window(const ModelConfig& cfg);
 
 // Whether a CUDA device is present.
 bool cuda_device_present();

@@ -629,6 +629,16 @@ std::vector<KvLayerSpec> CudaDecoder::kv_layout() const {
     v[l].head_dim_k = cfg_.head_dim;
     v[l].head_dim_v = cfg_.head_dim;
     v[l].has_kv = !hybrid_ || !hybrid_->layers[l].linear;
+    if (l >= layers_.size()) continue;
+    const Layer& L = layers_[l];
+    // Windows only when the window layers page apart: else they read the full pool's table.
+    v[l].window = max_window_ > 0 ? L.window : 0;
+    if (gemma4_) {
+      v[l].n_kv_heads = L.n_kv_heads;
+      v[l].head_dim_k = L.head_dim;
+      v[l].head_dim_v = L.head_dim;
+      if (!L.own_kv) v[l].shares_with = L.kv_layer;
+    }
   }
   return v;
 }

@@ -48,6 +48,8 @@ CudaDecoder::~CudaDecoder() {
 
 int32_t CudaDecoder::n_kv_blocks() const { return kv_->n_blocks(); }
 
+int32_t CudaDecoder::n_kv_window_blocks() const { return kv_->n_window_blocks(); }
+
 Status CudaDecoder::init_common(const CudaModelOptions& options) {
   opt_ = options;
   const Dims d = dims_of(cfg_);
@@ -86,6 +88,17 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
     if (!c.ok()) return c.error();
     codec_ = std::move(*c);
     kl.row_bytes = codec_->row_bytes();
+  }
+  // Window paging needs both kinds of layer (a model of sliding layers only keeps one pool).
+  if (opt_.kv_window_blocks > 0 && kv_layers_ == 0 && cfg_.sliding_window > 0) {
+    for (int l = 0; l < cfg_.n_layers; ++l) kl.window_layers.push_back(cfg_.is_sliding(l) ? 1 : 0);
+    if (kl.window_paged() && !kl.block_parts().empty()) {
+      kl.window_blocks = opt_.kv_window_blocks;
+      kl.window_exact = opt_.kv_window_exact;
+      max_window_ = cfg_.sliding_window;
+    } else {
+      kl.window_layers.clear();
+    }
   }
   auto kv = KvBlockPool::create(kl, opt_.kv_cache_bytes);
   if (!kv.ok()) return kv.error();
@@ -404,6 +417,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
       if (id < 0 || id >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "block id " + std::to_string(id) + " outside the KV pool of " + std::to_string(kv_->n_blocks()));
       tables[s * opt_.max_blocks_per_seq + b] = id;
     }
+    if (max_window_ > 0) STRATA_RETURN_IF_ERROR(fill_window_table(sp, s, need));
     q_start[s] = int32_t(t);
     pos0[s] = sp.pos0;
     for (int32_t i = 0; i < sp.n_tokens; ++i, ++t) {
@@ -413,6 +427,7 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
       tokens[t] = id;
       positions[t] = pos;
       slots[t] = int64_t(sp.block_table[size_t(pos / bs)]) * bs + pos % bs;
+      if (max_window_ > 0) B.host<int64_t>(B.off_window_slots)[t] = int64_t(sp.window_block_table[size_t(pos / bs)]) * bs + pos % bs;
     }
     for (int32_t q0 = 0; q0 < sp.n_tokens; q0 += tpt) {
       tile_seq[n_tiles] = int32_t(s);
@@ -539,6 +554,31 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
   launch_argmax({B.logits, B.argmax, int32_t(n), int32_t(d.V)}, st);
 }
 
+Status CudaDecoder::fill_window_table(const SeqSpan& sp, int64_t s, int64_t need) {
+  Buffers& B = *buf_;
+  const int32_t bs = opt_.block_size;
+  if (int64_t(sp.window_block_table.size()) < need) {
+    return make_error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(s) + ": window block table of " +
+                                                       std::to_string(sp.window_block_table.size()) + " blocks does not cover " +
+                                                       std::to_string(int64_t(sp.pos0) + sp.n_tokens) + " positions");
+  }
+  // Blocks wholly behind the window of the span's first query may be gone (-1): no key of them
+  // is read. Every later one must be a window-pool block.
+  const int64_t first_key = int64_t(sp.pos0) - max_window_ + 1;
+  int32_t* table = B.host<int32_t>(B.off_window_tables) + s * opt_.max_blocks_per_seq;
+  for (int64_t b = 0; b < need; ++b) {
+    const int32_t id = sp.window_block_table[size_t(b)];
+    const bool gone_ok = (b + 1) * bs <= first_key;
+    if ((id < 0 && !(id == -1 && gone_ok)) || id >= kv_->n_window_blocks()) {
+      return make_error(ErrorCode::kOutOfRange, "window block id " + std::to_string(id) + " (block " + std::to_string(b) +
+                                                    " of sequence " + std::to_string(s) + ") outside the window pool of " +
+                                                    std::to_string(kv_->n_window_blocks()));
+    }
+    table[b] = id;
+  }
+  return Status();
+}
+
 QkvPostArgs CudaDecoder::qkv_post_args(size_t l) const {
   const Dims d = dims_of(cfg_);
   const Buffers& B = *buf_;
@@ -550,7 +590,9 @@ QkvPostArgs CudaDecoder::qkv_post_args(size_t l) const {
   qa.k_norm = L.k_norm;
   qa.positions = B.dev<int32_t>(B.off_positions);
   qa.inv_freq = B.rope_inv_freq[size_t(L.rope)];
-  qa.slot_mapping = B.dev<int64_t>(B.off_slots);
+  // Sliding-window layers paged apart write their own pool's slots.
+  const bool windowed = max_window_ > 0 && L.window > 0;
+  qa.slot_mapping = B.dev<int64_t>(windowed ? B.off_window_slots : B.off_slots);
   qa.q_out = B.q;
   const int kvl = L.kv_layer >= 0 ? L.kv_layer : int(l);  // the pool layer (hybrids, Gemma 4)
   qa.k_pool = kv_->k(kvl);
@@ -575,7 +617,7 @@ PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l)
   const int kvl = L.kv_layer >= 0 ? L.kv_layer : int(l);
   pa.k_pool = kv_->k(kvl);
   pa.v_pool = kv_->v(kvl);
-  pa.block_tables = B.dev<int32_t>(B.off_tables);
+  pa.block_tables = B.dev<int32_t>(max_window_ > 0 && L.window > 0 ? B.off_window_tables : B.off_tables);
   pa.seq_q_start = B.dev<int32_t>(B.off_q_start);
   pa.seq_pos0 = B.dev<int32_t>(B.off_pos0);
   pa.tile_seq = B.dev<int32_t>(B.off_tile_seq);
@@ -667,7 +709,7 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     qa.n = int32_t(n);
     const PagedAttentionArgs pa = attention_args(shape, l);
     if (codec_) {
-      codec_->run_layer(int32_t(l), qa, pa, B.dev<int64_t>(B.off_slots), kv_->part(int(2 * l)), kv_->part(int(2 * l + 1)),
+      codec_->run_layer(int32_t(l), qa, pa, qa.slot_mapping, kv_->part(int(2 * l)), kv_->part(int(2 * l + 1)),
                         shape.codec_splits, st);
     } else {
       launch_qkv_post(qa, st);
@@ -762,7 +804,7 @@ int64_t CudaDecoder::kv_block_bytes() const { return kv_->layout().bytes_per_blo
 Status CudaDecoder::read_kv_block(int32_t block, uint8_t* out) {
   if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
   const KvPoolLayout& kl = kv_->layout();
-  for (int p = 0; p < 2 * kl.n_layers; ++p) {
+  for (int p : kl.block_parts()) {
     const size_t part = size_t(kl.part_bytes(p));
     STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->part(p) + size_t(block) * part, part, cudaMemcpyDeviceToHost, stream_));
     out += part;
@@ -774,7 +816,7 @@ Status CudaDecoder::read_kv_block(int32_t block, uint8_t* out) {
 Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
   if (block < 0 || block >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "KV block " + std::to_string(block) + " outside the pool");
   const KvPoolLayout& kl = kv_->layout();
-  for (int p = 0; p < 2 * kl.n_layers; ++p) {
+  for (int p : kl.block_parts()) {
     const size_t part = size_t(kl.part_bytes(p));
     STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->part(p) + size_t(block) * part, in, part, cudaMemcpyHostToDevice, stream_));
     in += part;

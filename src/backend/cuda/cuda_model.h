@@ -10,8 +10,9 @@
 // h = norm_post(x), with the residual adds fused into the next RMSNorm.
 // Gemma 2/3 (family_kernels.h): (1 + w) norms, sandwich norms (each branch output is normed
 // before its residual add), embedding times sqrt(hidden), GELU-tanh, query_pre_attn_scalar,
-// attention and final logit soft-caps. Sliding-window layers keep full KV in the one pool
-// (every layer's block table is the sequence's table); the window is applied in attention.
+// attention and final logit soft-caps. Sliding-window layers page in a pool of their own
+// (CudaModelOptions::kv_window_blocks, SeqSpan::window_block_table) or keep full KV in the one
+// pool (every layer's block table is the sequence's table); attention applies the window.
 // MoE layers (qwen3_moe, moe.h): router GEMM, device top-k routing, experts as grouped GEMMs
 // over the tokens sorted by expert. Gemma 4 (gemma4_text, cuda_gemma4.cpp): per-layer head
 // dims, value norm, partial ('proportional') RoPE on full layers, per-layer input embeddings,
@@ -80,6 +81,13 @@ struct CudaModelOptions {
   // codec rows and every step's attention runs through KvCodecStep (cuda_kv_codec_step.h);
   // no fused decode. Not for the hybrid families.
   std::vector<KvCodecSpec> kv_codecs;
+  // Sliding-window layers page in a KV pool of their own, as the engine's window pool (Gemma 2/3/4
+  // with both kinds of layer): > 0, its blocks (at most this many, fewer when kv_cache_bytes
+  // cannot give each pool its share; exactly this many with kv_window_exact), which such layers
+  // read and write through SeqSpan::window_block_table. 0: every layer keeps full KV in the one
+  // pool and reads the sequence's table (the window applied in attention only).
+  int32_t kv_window_blocks = 0;
+  bool kv_window_exact = false;
 };
 
 class CudaDecoder {
@@ -98,6 +106,8 @@ class CudaDecoder {
 
   const ModelConfig& config() const { return cfg_; }
   int32_t n_kv_blocks() const;
+  // Blocks of the sliding-window layers' pool (0: those layers read the full pool).
+  int32_t n_kv_window_blocks() const;
   cudaStream_t stream() const { return stream_; }
   // Bytes of all weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -136,11 +146,12 @@ class CudaDecoder {
   int64_t n_logit_rows() const { return n_logit_rows_; }
   const CudaModelOptions& options() const { return opt_; }
 
-  // Bytes of one KV block over every layer: per layer the K rows then the V rows,
-  // [block_size, n_kv_heads] rows each (bf16 [head_dim], or the layer's codec rows).
+  // Bytes of one KV block over every layer of the full pool (sliding-window layers paged apart
+  // are not in it): per layer the K rows then the V rows, [block_size, n_kv_heads] rows each
+  // (bf16 [head_dim], or the layer's codec rows).
   int64_t kv_block_bytes() const;
-  // Copies KV block `block` of every layer to / from host bytes laid out as kv_block_bytes()
-  // says (waits for the stream).
+  // Copies KV block `block` of every layer of the full pool to / from host bytes laid out as
+  // kv_block_bytes() says (waits for the stream).
   Status read_kv_block(int32_t block, uint8_t* out);
   Status write_kv_block(int32_t block, const uint8_t* in);
   // The KV pool (batched block copies, kv_transfer.h).
@@ -155,7 +166,8 @@ class CudaDecoder {
   int64_t state_floats() const;
   Status save_state(int32_t slot, float* dst);
   Status load_state(int32_t slot, const float* src);
-  // The engine's per-layer KV and recurrent-state layouts of this model.
+  // The engine's per-layer KV and recurrent-state layouts of this model (windows only when the
+  // sliding-window layers page apart; Gemma 4's per-layer geometry and shared KV).
   std::vector<KvLayerSpec> kv_layout() const;
   std::vector<StateLayerSpec> state_layout() const;
 
@@ -191,6 +203,8 @@ class CudaDecoder {
   Status fill_hybrid_meta(const StepBatch& batch);
   void launch_hybrid_step(const StepShape& shape, bool record_copy);
   void launch_hybrid_ffn(size_t layer, int64_t n, cudaStream_t stream);
+  // Window paging: span s's window block table into the step metadata (need: its blocks).
+  Status fill_window_table(const SeqSpan& span, int64_t s, int64_t need);
   QkvPostArgs qkv_post_args(size_t layer) const;
   PagedAttentionArgs attention_args(const StepShape& shape, size_t layer) const;
 
@@ -215,6 +229,7 @@ class CudaDecoder {
   ModelConfig attn_cfg_;  // the config as parsed when cfg_ is reshaped (Gemma 4), for KvCodecStep
   std::unique_ptr<Hybrid> hybrid_;  // the hybrid families' layers, state and step metadata
   int32_t kv_layers_ = 0;           // layers of the KV pool (0: every layer)
+  int32_t max_window_ = 0;          // largest window of a layer paged apart (0: none page apart)
   int32_t ple_dim_ = 0;   // Gemma 4 per-layer input width (0: none)
   float ple_embed_scale_ = 1.0f;
   int64_t weight_bytes_ = 0;

@@ -122,6 +122,9 @@ struct CudaDecoder::Buffers {
   size_t meta_bytes = 0;
   size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_tables = 0, off_q_start = 0, off_pos0 = 0,
          off_tile_seq = 0, off_tile_q0 = 0, off_row_map = 0;
+  // Window paging (CudaModelOptions::kv_window_blocks): the sliding-window layers' block tables
+  // [S, max_blocks_per_seq] and slot mapping [T] (empty otherwise).
+  size_t off_window_tables = 0, off_window_slots = 0;
   cudaEvent_t meta_copied = nullptr;
   bool meta_pending = false;
 

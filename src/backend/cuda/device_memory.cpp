@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "backend/cuda/cuda_check.h"
@@ -47,9 +48,25 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& lay
     return make_error(ErrorCode::kInvalidArgument, "KV pool layout: " + std::to_string(layout.row_bytes.size()) +
                                                        " row sizes for " + std::to_string(layout.n_layers) + " layers");
   }
+  if (!layout.window_layers.empty() && layout.window_layers.size() != size_t(layout.n_layers)) {
+    return make_error(ErrorCode::kInvalidArgument, "KV pool layout: " + std::to_string(layout.window_layers.size()) +
+                                                       " window flags for " + std::to_string(layout.n_layers) + " layers");
+  }
   const int64_t per_block = layout.bytes_per_block();
+  const int64_t per_window_block = layout.window_bytes_per_block();
   if (per_block <= 0) return make_error(ErrorCode::kInvalidArgument, "KV pool layout has no bytes per block");
-  const int64_t n_blocks = bytes / per_block;
+  int64_t n_window = 0;
+  if (per_window_block > 0) {
+    if (layout.window_blocks < 1) return make_error(ErrorCode::kInvalidArgument, "KV pool layout: window layers without window blocks");
+    n_window = layout.window_exact ? layout.window_blocks
+                                   : std::min<int64_t>(layout.window_blocks, bytes / (per_block + per_window_block));
+    if (n_window < 1 || n_window * per_window_block >= bytes) {
+      return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) + " hold no sliding-window block (" +
+                                                         std::to_string(layout.window_blocks) + " asked, one takes " +
+                                                         std::to_string(per_window_block) + " bytes) beside a full one");
+    }
+  }
+  const int64_t n_blocks = (bytes - n_window * per_window_block) / per_block;
   if (n_blocks < 1) {
     return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) +
                                                        " hold no block (one block takes " + std::to_string(per_block) + ")");
@@ -58,10 +75,16 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& lay
   auto pool = std::make_unique<KvBlockPool>();
   pool->layout_ = layout;
   pool->n_blocks_ = int32_t(n_blocks);
+  pool->n_window_blocks_ = int32_t(n_window);
+  // Full-attention regions first, back to back in part order, then the window layers'.
+  pool->part_offset_.assign(size_t(2 * layout.n_layers), 0);
   size_t total = 0;
-  for (int part = 0; part < 2 * layout.n_layers; ++part) {
-    pool->part_offset_.push_back(total);
-    total += size_t(n_blocks) * size_t(layout.part_bytes(part));
+  for (int window = 0; window < 2; ++window) {
+    for (int part = 0; part < 2 * layout.n_layers; ++part) {
+      if (int(layout.window_part(part)) != window) continue;
+      pool->part_offset_[size_t(part)] = total;
+      total += size_t(pool->n_blocks(part)) * size_t(layout.part_bytes(part));
+    }
   }
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, total);

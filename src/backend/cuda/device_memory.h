@@ -4,6 +4,10 @@
 //  - KvBlockPool: the paged KV cache, one allocation sized in bytes, split into blocks of
 //    `block_size` tokens; per layer a K and a V region [n_blocks, block_size, n_kv_heads] rows,
 //    bf16 [head_dim] rows or the rows of a KV codec (kv_codec.h; KvPoolLayout::row_bytes).
+//    Sliding-window layers may page apart (KvPoolLayout::window_layers, as the engine's window
+//    pool): their regions hold n_window_blocks() blocks, indexed by SeqSpan::window_block_table;
+//    the others hold n_blocks(), indexed by SeqSpan::block_table. The full-attention regions lie
+//    first, back to back, so a block copy (kv_transfer.h) strides over them alone.
 #pragma once
 
 #include <cstddef>
@@ -52,20 +56,48 @@ struct KvPoolLayout {
   // Bytes of one (token, KV head) row of each part (part 2 l: layer l's K, 2 l + 1: its V);
   // empty: bf16 rows (head_dim * 2 bytes) in every part.
   std::vector<int32_t> row_bytes = {};
+  // Per layer: nonzero when the layer's parts page in the sliding-window pool; empty: none do.
+  std::vector<uint8_t> window_layers = {};
+  // Blocks of the window pool: exactly window_blocks when window_exact, else at most that many,
+  // fewer when the pool's bytes cannot give every window its share (KvBlockPool::create).
+  int32_t window_blocks = 0;
+  bool window_exact = false;
+  bool window_part(int part) const { return !window_layers.empty() && window_layers[size_t(part / 2)] != 0; }
+  bool window_paged() const {
+    for (uint8_t w : window_layers) {
+      if (w != 0) return true;
+    }
+    return false;
+  }
+  // The parts a full-attention block id indexes, in order: what a block copy moves.
+  std::vector<int> block_parts() const {
+    std::vector<int> v;
+    for (int p = 0; p < 2 * n_layers; ++p) {
+      if (!window_part(p)) v.push_back(p);
+    }
+    return v;
+  }
   // Bytes of one block of one part.
   int64_t part_bytes(int part) const {
     return int64_t(block_size) * n_kv_heads * (row_bytes.empty() ? int64_t(head_dim) * 2 : int64_t(row_bytes[size_t(part)]));
   }
-  // Bytes of one block over all layers (K and V).
+  // Bytes of one full-attention block over its layers (K and V): block_parts().
   int64_t bytes_per_block() const {
     int64_t b = 0;
-    for (int p = 0; p < 2 * n_layers; ++p) b += part_bytes(p);
+    for (int p = 0; p < 2 * n_layers; ++p) b += window_part(p) ? 0 : part_bytes(p);
     return b;
   }
-  // Every part's blocks have the same bytes (bf16, or one codec whose K and V rows match).
+  // Bytes of one window-pool block over the window layers (0: none page apart).
+  int64_t window_bytes_per_block() const {
+    int64_t b = 0;
+    for (int p = 0; p < 2 * n_layers; ++p) b += window_part(p) ? part_bytes(p) : 0;
+    return b;
+  }
+  // Every block part has the same bytes (bf16, or one codec whose K and V rows match).
   bool uniform_parts() const {
-    for (int p = 1; p < 2 * n_layers; ++p) {
-      if (part_bytes(p) != part_bytes(0)) return false;
+    const std::vector<int> parts = block_parts();
+    for (int p : parts) {
+      if (part_bytes(p) != part_bytes(parts[0])) return false;
     }
     return true;
   }
@@ -78,11 +110,18 @@ class KvBlockPool {
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
-  // As many blocks as fit in `bytes` (at least one, else an Error naming the sizes).
+  // As many blocks as fit in `bytes` (at least one, else an Error naming the sizes). With
+  // window layers: the window pool takes its blocks (layout.window_blocks, or with window_exact
+  // unset at most bytes / (full + window block bytes)) and the full-attention parts the rest.
   static Result<std::unique_ptr<KvBlockPool>> create(const KvPoolLayout& layout, int64_t bytes);
 
   const KvPoolLayout& layout() const { return layout_; }
+  // Blocks of the full-attention parts (the ids of SeqSpan::block_table).
   int32_t n_blocks() const { return n_blocks_; }
+  // Blocks of the window layers' parts (0: none page apart).
+  int32_t n_window_blocks() const { return n_window_blocks_; }
+  // Blocks in part p's region.
+  int32_t n_blocks(int part) const { return layout_.window_part(part) ? n_window_blocks_ : n_blocks_; }
   // Layer `layer`'s pools, [n_blocks, block_size, n_kv_heads, head_dim] bf16 bits (bf16 rows).
   uint16_t* k(int layer) const { return reinterpret_cast<uint16_t*>(part(2 * layer)); }
   uint16_t* v(int layer) const { return reinterpret_cast<uint16_t*>(part(2 * layer + 1)); }
@@ -92,6 +131,7 @@ class KvBlockPool {
  private:
   KvPoolLayout layout_;
   int32_t n_blocks_ = 0;
+  int32_t n_window_blocks_ = 0;
   std::vector<size_t> part_offset_;  // bytes from base_ to each part's region
   uint8_t* base_ = nullptr;
 };

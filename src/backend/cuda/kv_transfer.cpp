@@ -55,12 +55,16 @@ Result<std::unique_ptr<KvTransfer>> KvTransfer::create(const KvBlockPool& pool, 
   const KvPoolLayout& l = pool.layout();
   t->n_blocks_ = pool.n_blocks();
   t->block_bytes_ = l.bytes_per_block();
-  t->layout_.base = reinterpret_cast<uint8_t*>(pool.k(0));
+  // A block is its full-attention parts (sliding-window layers that page apart are not part of
+  // it), whose regions lie back to back in the pool: one stride between them.
+  const std::vector<int> parts = l.block_parts();
+  if (parts.empty()) return make_error(ErrorCode::kUnsupported, "KV transfer: the pool has no full-attention parts");
+  t->layout_.base = pool.part(parts[0]);
   // One gather kernel moves parts of one size (bf16, or one codec with K and V rows alike).
   if (!l.uniform_parts()) return make_error(ErrorCode::kUnsupported, "KV transfer: the pool's parts differ in size");
-  t->layout_.part_bytes = l.part_bytes(0);
-  t->layout_.part_stride = int64_t(reinterpret_cast<uint8_t*>(pool.v(0)) - reinterpret_cast<uint8_t*>(pool.k(0)));
-  t->layout_.n_parts = 2 * l.n_layers;
+  t->layout_.part_bytes = l.part_bytes(parts[0]);
+  t->layout_.part_stride = parts.size() > 1 ? int64_t(pool.part(parts[1]) - pool.part(parts[0])) : 0;
+  t->layout_.n_parts = int32_t(parts.size());
   t->stream_ = stream;
   if (t->block_bytes_ <= 0) return make_error(ErrorCode::kInvalidArgument, "KV transfer: the pool's blocks have no bytes");
   t->chunk_blocks_ = int32_t(std::clamp<int64_t>(staging_bytes / 4 / t->block_bytes_, 1, kKvTransferMaxBlocks));
