@@ -3,6 +3,7 @@
 // counts and chunking, and block conversion between codecs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -145,7 +146,7 @@ TEST(KvCodecFormat, RoundTripErrorBounds) {
   for (int32_t d : dims) {
     const int n = 200;
     const auto x = gaussian(size_t(n) * d, 11 + uint64_t(d), 2.0f);
-    for (KvRowKind kind : {KvRowKind::kBf16, KvRowKind::kFp8, KvRowKind::kAffine8, KvRowKind::kAffine4}) {
+    for (KvRowKind kind : {KvRowKind::kBf16, KvRowKind::kAffine8, KvRowKind::kAffine4}) {
       const KvRowFormat f{kind, d, kind == KvRowKind::kAffine8 || kind == KvRowKind::kAffine4 ? std::min(64, d) : 0};
       std::vector<uint8_t> row(size_t(f.bytes()));
       std::vector<float> y(static_cast<size_t>(d));
@@ -153,14 +154,11 @@ TEST(KvCodecFormat, RoundTripErrorBounds) {
         const float* xr = x.data() + size_t(r) * d;
         reference::kv_encode_row(f, xr, row.data(), 0);
         reference::kv_decode_row(f, row.data(), y.data(), 0);
-        float amax = 0.0f;
-        for (int i = 0; i < d; ++i) amax = std::max(amax, std::fabs(xr[i]));
         for (int i = 0; i < d; ++i) {
           const float err = std::fabs(y[size_t(i)] - xr[i]);
           float bound = 0.0f;
           switch (kind) {
             case KvRowKind::kBf16: bound = std::ldexp(std::fabs(xr[i]), -8); break;
-            case KvRowKind::kFp8: bound = std::max(std::ldexp(std::fabs(xr[i]), -4), std::ldexp(amax / 448.0f, -10)) * 1.0001f; break;
             default: {
               // Half a step, plus what rounding the stored bf16 scale and bias can add.
               const float* g = xr + (i / f.group) * f.group;
@@ -173,6 +171,76 @@ TEST(KvCodecFormat, RoundTripErrorBounds) {
           ASSERT_LE(err, bound) << "kind " << int(kind) << " dim " << d << " row " << r << " i " << i << " x " << xr[i];
         }
       }
+    }
+  }
+}
+
+// Squared error of an fp8 row (decoded in double, so only the codes and the stored scale count).
+double fp8_row_error(const uint8_t* row, const float* x, int32_t d) {
+  float scale;
+  std::memcpy(&scale, row, 4);
+  double err = 0.0;
+  for (int i = 0; i < d; ++i) err += std::pow(double(e4m3_to_f32(row[4 + i])) * scale - x[i], 2);
+  return err;
+}
+
+// The fp8 encoder against the plain one (scale amax / 448, codes e4m3(x / scale)) on Gaussian
+// rows, rows with one large outlier, constant rows and zero rows. The plain codes are among the
+// encoder's candidates and their least-squares rescale cannot add error, so the encoder's row
+// error is at most the plain one plus what rounding the stored scale to f32 adds
+// (|x|^2 * 2^-48 at most; the slack allows 2^-44).
+TEST(KvCodecFormat, Fp8EncoderNoWorseThanAmaxScale) {
+  for (int32_t d : {8, 64, 128, 256}) {
+    const KvRowFormat f{KvRowKind::kFp8, d, 0};
+    const int n = 300;
+    auto x = gaussian(size_t(n) * d, 101 + uint64_t(d), 1.5f);
+    for (int r = 0; r < n; ++r) {
+      float* xr = x.data() + size_t(r) * d;
+      if (r % 3 == 1) xr[(r * 7) % d] *= 40.0f;                         // an outlier
+      if (r % 50 == 2) std::fill(xr, xr + d, r % 100 == 2 ? -0.37f : 0.0f);  // constant or zero
+    }
+    std::vector<uint8_t> row(size_t(f.bytes())), plain(size_t(f.bytes()));
+    double sum_new[2] = {}, sum_plain[2] = {};
+    for (int r = 0; r < n; ++r) {
+      const float* xr = x.data() + size_t(r) * d;
+      reference::kv_encode_row(f, xr, row.data(), 0);
+      float amax = 0.0f;
+      double norm2 = 0.0;
+      for (int i = 0; i < d; ++i) amax = std::max(amax, std::fabs(xr[i])), norm2 += double(xr[i]) * xr[i];
+      const float scale = amax / 448.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      std::memcpy(plain.data(), &scale, 4);
+      for (int i = 0; i < d; ++i) plain[size_t(4 + i)] = f32_to_e4m3(xr[i] * inv);
+      const double e_new = fp8_row_error(row.data(), xr, d), e_plain = fp8_row_error(plain.data(), xr, d);
+      ASSERT_LE(e_new, e_plain + std::ldexp(norm2, -44)) << "dim " << d << " row " << r;
+      if (norm2 == 0.0) {
+        for (uint8_t b : row) ASSERT_EQ(b, 0) << "zero row, dim " << d;  // scale 0, codes 0
+      }
+      sum_new[r % 3 == 1] += e_new;
+      sum_plain[r % 3 == 1] += e_plain;
+    }
+    // The search pays on both kinds of rows (measured: 0.31 to 0.89 of the plain error, the
+    // gain shrinking with the dim).
+    for (int k = 0; k < 2; ++k) EXPECT_LT(sum_new[k], 0.95 * sum_plain[k]) << "dim " << d << (k ? " outlier rows" : " gaussian rows");
+  }
+}
+
+// turbo3's stored scale makes the decoded (rotated) vector's projection on y equal |y|^2.
+TEST(KvCodecFormat, TurboScaleKeepsTheProjection) {
+  for (int32_t d : {8, 64, 128}) {
+    const KvRowFormat f{KvRowKind::kTurbo3, d, 0};
+    std::vector<float> signs(static_cast<size_t>(d)), y(static_cast<size_t>(d)), out(static_cast<size_t>(d));
+    kv_rotation_signs(kv_rotation_seed(2, 0), d, signs.data());
+    const auto xs = gaussian(size_t(50) * d, 9 + uint64_t(d));
+    std::vector<uint8_t> row(size_t(f.bytes()));
+    for (int r = 0; r < 50; ++r) {
+      const float* xr = xs.data() + size_t(r) * d;
+      reference::kv_encode_row(f, xr, row.data(), kv_rotation_seed(2, 0));
+      reference::kv_decode_row(f, row.data(), out.data(), kv_rotation_seed(2, 0), /*rotated=*/true);
+      std::copy(xr, xr + d, y.begin());
+      reference::kv_rotate(y.data(), d, signs.data());
+      double dot = 0.0, yy = 0.0;
+      for (int i = 0; i < d; ++i) dot += double(out[size_t(i)]) * y[size_t(i)], yy += double(y[size_t(i)]) * y[size_t(i)];
+      EXPECT_NEAR(dot / yy, 1.0, 1e-5) << "dim " << d << " row " << r;
     }
   }
 }
@@ -208,7 +276,7 @@ TEST(KvCodecFormat, TurboRotationAndDistortion) {
       for (int i = 0; i < d; ++i) err += std::pow(double(out[size_t(i)] - xr[i]), 2), mag += double(xr[i]) * xr[i];
     }
     EXPECT_LT(err / mag, d >= 64 ? 0.045 : 0.08) << "dim " << d;
-    EXPECT_GT(err / mag, 0.02) << "dim " << d;  // it is a 3-bit code, not a copy
+    EXPECT_GT(err / mag, 0.01) << "dim " << d;  // it is a 3-bit code, not a copy
   }
 }
 

@@ -27,6 +27,16 @@ uint64_t splitmix(uint64_t x) {
 // Max (1960), 8 levels for a unit-variance Gaussian; the decision thresholds are the midpoints.
 const float kLloydMax3[8] = {-2.1520f, -1.3440f, -0.7560f, -0.2451f, 0.2451f, 0.7560f, 1.3440f, 2.1520f};
 
+// 2^(j/16), j = 0..15, each the float nearest to it.
+const float kKvFp8ScaleSteps[kKvFp8ScaleCandidates] = {
+    1.0f,       1.0442737f, 1.0905077f, 1.1387886f, 1.1892071f, 1.2418578f, 1.2968396f, 1.3542556f,
+    1.4142135f, 1.4768262f, 1.5422108f, 1.6104903f, 1.6817929f, 1.7562522f, 1.8340081f, 1.9152066f};
+
+// 2^(j/32), j = -8..8, each the float nearest to it.
+const float kKvTurboScaleSteps[kKvTurboScaleCandidates] = {
+    0.8408964f, 0.8593097f, 0.8781261f, 0.89735454f, 0.91700405f, 0.93708384f, 0.9576033f, 0.9785721f, 1.0f,
+    1.0218972f, 1.0442737f, 1.0671405f, 1.0905077f,  1.1143868f,  1.1387886f,  1.1637249f, 1.1892071f};
+
 const char* kv_codec_name(KvCodec c) {
   switch (c) {
     case KvCodec::kAuto: return "auto";
@@ -195,6 +205,40 @@ int nearest_level(float z) {
   return c;
 }
 
+// The encoders' fits. Each sums <y, c> and <c, c> in index order in double, c being the codes'
+// values at unit scale; every product is exact in double (a float times an e4m3 value or a
+// float level), so only the additions round and any correct implementation summing in the same
+// order gets the same bits.
+struct Fit {
+  double yc = 0.0, cc = 0.0;
+  // Squared error after the least-squares rescale is |y|^2 - yc^2 / cc: larger is better.
+  double score() const { return yc * yc / cc; }
+};
+
+// e4m3 codes of y / s.
+Fit fp8_fit(const float* y, int32_t dim, float s) {
+  const float inv = 1.0f / s;
+  Fit f;
+  for (int32_t d = 0; d < dim; ++d) {
+    const double c = e4m3_to_f32(f32_to_e4m3(y[d] * inv));
+    f.yc += double(y[d]) * c;
+    f.cc += c * c;
+  }
+  return f;
+}
+
+// Lloyd-Max codes of y / s.
+Fit turbo_fit(const float* y, int32_t dim, float s) {
+  const float inv = 1.0f / s;
+  Fit f;
+  for (int32_t d = 0; d < dim; ++d) {
+    const double c = kLloydMax3[nearest_level(y[d] * inv)];
+    f.yc += double(y[d]) * c;
+    f.cc += c * c;
+  }
+  return f;
+}
+
 }  // namespace
 
 void kv_rotate(float* x, int32_t dim, const float* signs) {
@@ -223,9 +267,20 @@ void kv_encode_row(const KvRowFormat& f, const float* x, uint8_t* row, uint64_t 
       std::memset(row, 0, size_t(f.bytes()));
       float amax = 0.0f;
       for (int32_t d = 0; d < f.dim; ++d) amax = std::max(amax, std::fabs(x[d]));
-      const float scale = amax / 448.0f;
+      const float base = amax / 448.0f;
+      // The codes come from the candidate scale whose codes leave the least squared error
+      // after the least-squares rescale (first wins ties); that rescale is the stored scale.
+      float pick = base, scale = base;
+      if (base > 0.0f) {
+        double best = 0.0;
+        for (int i = 0; i < kKvFp8ScaleCandidates; ++i) {
+          const float s = base * kKvFp8ScaleSteps[i];
+          const Fit fit = fp8_fit(x, f.dim, s);
+          if (fit.score() > best) best = fit.score(), pick = s, scale = float(fit.yc / fit.cc);
+        }
+      }
       std::memcpy(row, &scale, 4);
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
       for (int32_t d = 0; d < f.dim; ++d) row[4 + d] = f32_to_e4m3(x[d] * inv);
       return;
     }
@@ -241,8 +296,27 @@ void kv_encode_row(const KvRowFormat& f, const float* x, uint8_t* row, uint64_t 
       double ss = 0.0;
       for (int32_t d = 0; d < f.dim; ++d) ss += double(y[d]) * double(y[d]);
       const float rms = float(std::sqrt(ss / double(f.dim)));
-      std::memcpy(row, &rms, 4);
-      const float inv = rms > 0.0f ? 1.0f / rms : 0.0f;
+      // Codes: those of the candidate scale rms * step with the least squared error after the
+      // least-squares rescale (first wins ties), refit twice (scale <y, c> / <c, c>, codes
+      // re-picked). Stored scale |y|^2 / <y, c>: the decoded vector's projection on y is y's
+      // norm (no shrinkage toward zero), which attention's weighted sums prefer.
+      float pick = rms, scale = rms;
+      if (rms > 0.0f) {
+        double best = 0.0;
+        for (int i = 0; i < kKvTurboScaleCandidates; ++i) {
+          const float s = rms * kKvTurboScaleSteps[i];
+          const double score = turbo_fit(y, f.dim, s).score();
+          if (score > best) best = score, pick = s;
+        }
+        for (int it = 0; it < 2; ++it) {
+          const Fit fit = turbo_fit(y, f.dim, pick);
+          pick = float(fit.yc / fit.cc);
+        }
+        const Fit fit = turbo_fit(y, f.dim, pick);
+        scale = float(ss / fit.yc);
+      }
+      std::memcpy(row, &scale, 4);
+      const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
       uint8_t* codes = row + 4;
       for (int32_t d = 0; d < f.dim; ++d) {
         const uint32_t c = uint32_t(nearest_level(y[d] * inv));

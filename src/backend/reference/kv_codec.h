@@ -7,15 +7,27 @@
 // Row formats (dim = head dim; every row is a whole number of 4-byte words):
 //   f32      dim x f32
 //   bf16     dim x bf16
-//   fp8      f32 scale, then dim x e4m3 (OCP, max 448): x = e4m3 * scale, scale = amax / 448
+//   fp8      f32 scale, then dim x e4m3 (OCP, max 448): x = e4m3 * scale. The encoder tries
+//            the scales amax / 448 * 2^(j/16), j = 0..15 (kKvFp8ScaleSteps: none clips the
+//            largest element, and they cover every alignment of the row to the e4m3 grid;
+//            larger ones only push small elements into subnormals); each gives codes
+//            e4m3(x / s) and their least-squares scale <x,c>/<c,c> (c the codes' values at
+//            unit scale). It keeps the codes whose rescaled row has the least squared error
+//            (the first candidate on ties) and stores that least-squares scale. All-zero rows:
+//            scale 0, codes 0.
 //   affine8  dim bytes packed as MLX packs 8-bit (uint32 words, 4 values, low bits first),
 //            then n_groups bf16 scales, then n_groups bf16 biases: x = q * scale + bias
 //   affine4  dim / 2 bytes packed as MLX packs 4-bit (uint32 words, 8 values, low bits
 //            first), then the scales and biases as for affine8
-//   turbo3   f32 scale (the vector's RMS after rotation), then dim 3-bit Lloyd-Max codes
-//            (unit Gaussian codebook), 8 codes per 3 bytes, low bits first. The codes hold
-//            the vector after a sign-randomized Walsh-Hadamard rotation y = H (s . x) / sqrt(dim);
-//            the signs s come from a seed fixed per layer and KV head.
+//   turbo3   f32 scale, then dim 3-bit Lloyd-Max codes (unit Gaussian codebook), 8 codes per
+//            3 bytes, low bits first: y = level[code] * scale. The codes hold the vector after
+//            a sign-randomized Walsh-Hadamard rotation y = H (s . x) / sqrt(dim); the signs s
+//            come from a seed fixed per layer and KV head. The encoder picks the codes
+//            nearest to y / p: p starts as the candidate rms(y) * 2^(j/32), j = -8..8
+//            (kKvTurboScaleSteps), whose codes leave the least squared error after their
+//            least-squares rescale <y,c>/<c,c> (the first on ties), then is refit twice (p set
+//            to <y,c>/<c,c> of the codes at p). The stored scale is |y|^2 / <y,c>, so the
+//            decoded vector's projection on y has y's length. Zero vectors: scale 0, code 3.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +83,14 @@ float e4m3_to_f32(uint8_t c);
 
 // The 8 reconstruction levels of the 3-bit Lloyd-Max quantizer for N(0, 1), ascending.
 extern const float kLloydMax3[8];
+
+// The encoders' candidate scale multipliers (see the row formats above), ascending:
+// 2^(j/16) for j = 0..15 (fp8) and 2^(j/32) for j = -8..8 (turbo3), as the nearest floats.
+// Products base * step are rounded once, in float: other encoders must form them the same way.
+constexpr int kKvFp8ScaleCandidates = 16;
+constexpr int kKvTurboScaleCandidates = 17;
+extern const float kKvFp8ScaleSteps[kKvFp8ScaleCandidates];
+extern const float kKvTurboScaleSteps[kKvTurboScaleCandidates];
 
 }  // namespace strata
 
