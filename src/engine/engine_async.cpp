@@ -17,8 +17,9 @@
 // - Device sampling draws come from each request's own RNG in its own order (a dropped
 //   token's draw belongs to a request that has ended).
 // Requests that need the newest token on the host before the next step (prompt logprobs,
-// penalties, checkpoints, and logprobs unless the executor computes them with the token:
-// device_logprobs()) are host-bound: while one is live, steps run one at a time (step()
+// checkpoints, logprobs unless the executor computes them with the token: device_logprobs(),
+// and penalties unless it adds the fed token to their history: device_penalties()) are
+// host-bound: while one is live, steps run one at a time (step()
 // collects the step in flight before planning).
 #include <string>
 #include <vector>
@@ -43,7 +44,8 @@ void Engine::setup_overlap() {
 
 void Engine::admit_overlap(Active& a) {
   const SamplingParams& p = a.sampler.params();
-  const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  const bool penalties = (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
+                         !core_->runner.device_penalties();
   const bool on_device = argmax_only(a.req, a.sampler, core_->runner.vocab()) || core_->runner.device_sampling();
   const bool logprobs_on_device = a.req.logprobs < 0 || (core_->runner.device_sampling() && core_->runner.device_logprobs());
   a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && !a.req.prompt_logprobs &&

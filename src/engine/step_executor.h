@@ -93,6 +93,11 @@ class StepExecutor {
   // them with the token and hands them back in StepRows (no logits transfer for those rows).
   // Implies device_sampling().
   virtual bool device_logprobs() const { return false; }
+  // True when enqueue() takes RowSamples whose samplers have penalties (repetition, presence,
+  // frequency): a fed row's previous token, which its sampler has not accept()ed yet when the
+  // step is queued, joins the row's penalty history on the device, so the tokens are those of
+  // one step at a time. Implies supports_overlap() and device_sampling().
+  virtual bool device_penalties() const { return false; }
 
   // Overlapped steps (supports_overlap()): enqueue() queues a step and returns without waiting
   // for the device; collect() waits for the oldest queued step and hands its rows (argmax and

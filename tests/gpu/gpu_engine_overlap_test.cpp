@@ -5,12 +5,14 @@
 // prompt prefixes (prefix-cache hits), varied max_tokens, and, with batch-invariant kernels
 // (--deterministic, so a request's logits do not depend on the step's other rows), stop ids
 // and EOS that end requests mid-pipeline, a cancellation, a request with logprobs (computed by
-// the device sampler, so it overlaps) and a host-bound one (a repetition penalty) that makes
+// the device sampler, so it overlaps), one with penalties (its fed token joins its penalty
+// history on the device, so it overlaps too) and a host-bound one (prompt logprobs) that makes
 // the engine fall back to single steps while it lives. With the default kernels only
 // max_tokens ends requests: overlapped scheduling then plans the very same steps, so even
 // batch-dependent kernels give the same bits. Requests with logprobs: the device's logprobs,
-// overlapped or not, against the host's (Sampler::logprobs over copied logits rows). Needs a
-// GPU.
+// overlapped or not, against the host's (Sampler::logprobs over copied logits rows). Requests
+// with repetition, presence and frequency penalties: overlapped, one step at a time, and with
+// the host's sampler. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -34,7 +36,8 @@ constexpr int32_t kBatchTokens = 96;
 constexpr int32_t kMaxLen = 256;
 constexpr int32_t kPoolBlocks = 40;  // 640 tokens for up to 16 sequences of up to 256: preemptions
 
-std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic, bool device_logprobs = true) {
+std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic, bool device_logprobs = true,
+                                    bool device_sampling = true) {
   auto cfg = load_model_config(model_path(name));
   EXPECT_TRUE(cfg.ok());
   if (!cfg.ok()) return nullptr;
@@ -52,6 +55,8 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
   EXPECT_TRUE(parts->executor->supports_overlap());
   EXPECT_TRUE(parts->executor->device_logprobs()) << "the device logprobs buffers are taken";
   parts->executor->set_device_logprobs(device_logprobs);
+  parts->executor->set_device_sampling(device_sampling);
+  EXPECT_EQ(parts->executor->device_penalties(), device_sampling) << "overlapped steps take rows with penalties";
   EngineOptions eo;
   eo.block_size = 16;
   eo.max_batch_tokens = kBatchTokens;
@@ -207,8 +212,9 @@ TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
     if (t.size() >= 4) reqs[i].stop_ids = {t[t.size() / 2]};
   }
   for (size_t i = 2; i < reqs.size(); i += 6) reqs[i].ignore_eos = false;  // EOS (id 2) may end these
-  // In the middle of the queue: a request with logprobs (answered by the device, overlapped)
-  // and a host-bound one (single steps while it lives).
+  // In the middle of the queue: a request with logprobs (answered by the device, overlapped),
+  // one with a repetition penalty (overlapped too) and a host-bound one, with prompt logprobs
+  // (single steps while it lives).
   GenerationRequest lp = reqs[20];
   lp.id = "logprobs";
   lp.sampling = SamplingParams{};
@@ -222,8 +228,13 @@ TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
   pen.sampling.seed = 77;
   pen.sampling.has_seed = true;
   pen.max_tokens = 8;
+  GenerationRequest echo = reqs[35];
+  echo.id = "prompt_logprobs";
+  echo.prompt_logprobs = true;
+  echo.max_tokens = 5;
   reqs.insert(reqs.begin() + 20, lp);
   reqs.insert(reqs.begin() + 31, pen);
+  reqs.insert(reqs.begin() + 37, echo);
   // Cancelled after its third token: a long greedy request early in the queue.
   reqs[5].max_tokens = 48;
   reqs[5].stop_ids.clear();
@@ -261,6 +272,116 @@ TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
   expect_same(on, off, "", name);
   EXPECT_EQ(on.stats.steps, off.stats.steps) << "the same plans";
   EXPECT_EQ(on.stats.preemptions, off.stats.preemptions);
+  EXPECT_GT(on.stats.preemptions, 0);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
+  for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;
+}
+
+// Repetition, presence and frequency penalties (strong enough to change most tokens of the
+// tiny models) on every kind of request but every fourth: greedy, seeded top-k, seeded
+// top-p/min-p, greedy with a logit bias; some with logprobs.
+void add_penalties(std::vector<GenerationRequest>& reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SamplingParams& p = reqs[i].sampling;
+    switch (i % 8) {
+      case 0: p.repetition_penalty = 1.8f; break;
+      case 1:
+        p.repetition_penalty = 1.4f;
+        p.frequency_penalty = 0.6f;
+        break;
+      case 2: p.presence_penalty = 1.5f; break;
+      case 3: break;  // none: rows without penalties beside them
+      case 4:
+        p.frequency_penalty = 1.2f;
+        p.presence_penalty = 0.5f;
+        break;
+      case 5:
+        p.repetition_penalty = 0.7f;  // below 1: favours what was seen
+        p.presence_penalty = -0.5f;
+        break;
+      case 6:
+        p.repetition_penalty = 1.3f;
+        p.presence_penalty = 0.8f;
+        p.frequency_penalty = 0.8f;
+        break;
+      default: break;
+    }
+    if (i % 5 == 1) reqs[i].logprobs = 3;
+  }
+}
+
+// Penalties with batch-invariant kernels: stop ids and EOS that end requests mid-pipeline, a
+// cancellation, preemptions in the small pool, prefix hits. Overlapped steps give the tokens of
+// single steps and overlap most steps (penalty rows are not host-bound); single steps with the
+// host's sampler (the penalty lists applied on the host) give the same tokens too.
+TEST_P(GpuEngineOverlap, PenaltiesMatchSingleSteps) {
+  const std::string name = GetParam();
+  std::vector<GenerationRequest> reqs = base_workload(41);
+  add_penalties(reqs);
+  auto pilot_engine = make_engine(name, false, true);
+  ASSERT_NE(pilot_engine, nullptr);
+  const RunResult pilot = run_workload(*pilot_engine, reqs, "");
+  for (size_t i = 0; i < reqs.size(); i += 5) {
+    const auto& t = pilot.out.at(reqs[i].id).tokens;
+    if (t.size() >= 4) reqs[i].stop_ids = {t[t.size() / 2]};
+  }
+  for (size_t i = 2; i < reqs.size(); i += 6) reqs[i].ignore_eos = false;
+  reqs[9].max_tokens = 48;
+  reqs[9].stop_ids.clear();
+  reqs[9].ignore_eos = true;
+  const std::string cancel_id = reqs[9].id;
+
+  auto off_engine = make_engine(name, false, true);
+  auto on_engine = make_engine(name, true, true);
+  auto host_engine = make_engine(name, false, true, false, false);
+  ASSERT_NE(off_engine, nullptr);
+  ASSERT_NE(on_engine, nullptr);
+  ASSERT_NE(host_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, cancel_id);
+  const RunResult on = run_workload(*on_engine, reqs, cancel_id);
+  const RunResult host = run_workload(*host_engine, reqs, cancel_id);
+  expect_same(on, off, cancel_id, name + " overlapped");
+  expect_same(host, off, cancel_id, name + " host sampler");
+  EXPECT_EQ(off.stats.overlapped_steps, 0);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2) << on.stats.steps << " steps: rows with penalties overlap";
+  EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
+  EXPECT_GT(on.stats.prefix_hit_tokens, 0) << "shared prefixes hit the cache";
+  EXPECT_GT(on.stats.finished[int(FinishReason::kStop)], 0) << "stop ids end requests";
+  EXPECT_EQ(on.out.at(cancel_id).reason, FinishReason::kCancelled);
+  // The penalties matter: the same workload without them differs for most penalized requests.
+  std::vector<GenerationRequest> plain = base_workload(41);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    plain[i].stop_ids = reqs[i].stop_ids;
+    plain[i].ignore_eos = reqs[i].ignore_eos;
+  }
+  auto plain_engine = make_engine(name, false, true);
+  ASSERT_NE(plain_engine, nullptr);
+  const RunResult unpenalized = run_workload(*plain_engine, plain, "");
+  int32_t changed = 0, penalized = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const SamplingParams& p = reqs[i].sampling;
+    if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) continue;
+    if (reqs[i].id == cancel_id || reqs[i].max_tokens < 8) continue;
+    ++penalized;
+    if (unpenalized.out.at(reqs[i].id).tokens != off.out.at(reqs[i].id).tokens) ++changed;
+  }
+  EXPECT_GT(changed, penalized / 2) << changed << " of " << penalized << " penalized requests changed by their penalties";
+}
+
+// Penalties where max_tokens alone ends requests, with the default (batch-dependent) kernels:
+// overlapped steps plan the same steps as single ones and give the same bits.
+TEST_P(GpuEngineOverlap, PenaltiesLengthOnlyBitExactWithDefaultKernels) {
+  const std::string name = GetParam();
+  std::vector<GenerationRequest> reqs = base_workload(43);
+  add_penalties(reqs);
+  auto off_engine = make_engine(name, false, false);
+  auto on_engine = make_engine(name, true, false);
+  ASSERT_NE(off_engine, nullptr);
+  ASSERT_NE(on_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, "");
+  const RunResult on = run_workload(*on_engine, reqs, "");
+  expect_same(on, off, "", name);
+  EXPECT_EQ(on.stats.steps, off.stats.steps) << "the same plans";
   EXPECT_GT(on.stats.preemptions, 0);
   EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
   for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;

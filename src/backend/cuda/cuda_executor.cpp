@@ -116,7 +116,8 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
   setup_overlap();
 }
 
-void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned) {
+void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned,
+                                          std::span<const int32_t> pending, const int32_t* pending_tokens) {
   Sampling& s = *sampling_;
   s.h_rows.clear();
   s.h_row_index.clear();
@@ -152,6 +153,8 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
       }
     }
     row.counts_count = int32_t(s.h_count_ids.size()) - row.counts_begin;
+    const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (penalties && r < pending.size()) row.pending = pending[r];
     s.h_rows.push_back(row);
     s.h_row_index.push_back(int32_t(r));
   }
@@ -166,10 +169,8 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
   // that each sampled row's logits stay where the step wrote them (stride = vocab, base at
   // the row), one launch per run of consecutive rows.
   const cudaStream_t stream = decoder_->stream();
-  // Staged through pinned memory (overlapped steps), a copy never waits for the device.
-  if (pinned != nullptr && (!s.h_seen.empty() || !s.h_count_ids.empty())) {
-    throw std::runtime_error("device sampling: penalty rows in an overlapped step");
-  }
+  // Staged through pinned memory (overlapped steps: sampling_stage_bytes() of room), a copy
+  // never waits for the device.
   size_t staged = 0;
   auto up = [&](void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
@@ -204,6 +205,7 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
     b.seen_ids = s.seen_ids;
     b.count_ids = s.count_ids;
     b.count_values = s.count_values;
+    b.pending_tokens = pending_tokens;
     b.tokens = s.tokens + i;
     b.workspace = s.workspace;
     b.workspace_bytes = s.workspace_bytes;

@@ -62,6 +62,9 @@ class CudaExecutor final : public StepExecutor {
   bool device_logprobs() const override { return device_sampling() && logprobs_ != nullptr && logprobs_on_; }
   // Off: rows with logprobs copy their logits to the host instead. Set before the engine runs.
   void set_device_logprobs(bool on) { logprobs_on_ = on; }
+  // Overlapped steps take rows with penalties: a fed row's previous token joins its penalty
+  // history on the device (SamplingRow::pending).
+  bool device_penalties() const override { return device_sampling() && overlap_ != nullptr; }
   // The hybrid families' recurrent state slots on the device (CudaDecoder::save_state).
   int64_t state_floats() const override { return decoder_->state_floats(); }
   void save_state(int32_t slot, float* dst) override;
@@ -121,12 +124,18 @@ class CudaExecutor final : public StepExecutor {
   bool logprobs_on_ = true;
   // Uploads the step's sampled rows and launches the sampler over the device logits. pinned:
   // null, the uploads read the host lists and the tokens come back to Sampling::h_tokens;
-  // else the uploads are staged there (no penalty lists) and the tokens stay on the device.
-  void launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned = nullptr);
+  // else the uploads are staged there (sampling_stage_bytes(samples) of room) and the tokens
+  // stay on the device. pending [logit rows] (overlapped steps): for a row with penalties, the
+  // index in pending_tokens (device) of its sequence's previous token, which its sampler has
+  // not accepted yet (-1: none).
+  void launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned = nullptr,
+                              std::span<const int32_t> pending = {}, const int32_t* pending_tokens = nullptr);
+  static size_t sampling_stage_bytes(std::span<const RowSample> samples);
   // Packs the plan's spans into batch_ (token ids from each sequence's tokens).
   void pack(const StepPlan& plan);
   // Overlapped steps: device and pinned buffers, the queue of at most two steps (null: off).
   std::unique_ptr<CudaExecutorOverlap, CudaExecutorOverlapFree> overlap_;
+  std::vector<int32_t> pending_;  // [logit rows] of the step being queued (launch_device_sampling)
   void setup_overlap();
   int32_t overlap_queued() const;
   void overlap_interrupted();  // a run() step: the next overlapped step feeds nothing

@@ -4,8 +4,10 @@
 // replays both), the device sampler, the merge of every row's token into one buffer, and that
 // buffer's copy into the step's pinned slot, with the logprobs of the rows that ask for them.
 // collect() waits for the copies; the next step's feed kernel reads the same buffer on the
-// device before the next merge overwrites it. Two slots of pinned memory: a step's slot is
-// reused two steps later, after it was collected.
+// device before the next merge overwrites it, and so does the device sampler: a fed row with
+// penalties counts the previous step's token (SamplingRow::pending), which its host sampler
+// accepts only when that step is collected, after this one was queued. Two slots of pinned
+// memory: a step's slot is reused two steps later, after it was collected.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,7 +32,8 @@ struct CudaExecutorOverlap {
     int32_t* h_desc = nullptr;        // pinned [1 + 2 * max_seqs]
     int32_t* h_row_sample = nullptr;  // pinned [max_rows]: sampled-token index of each row, -1: argmax
     int32_t* h_tokens = nullptr;      // pinned [max_rows]: the step's tokens, copied back
-    uint8_t* h_stage = nullptr;       // pinned: device sampler uploads (rows, logit bias)
+    uint8_t* h_stage = nullptr;       // pinned [stage_bytes]: device sampler uploads (rows, lists)
+    size_t stage_bytes = 0;           // grows with the penalty lists of the steps queued
     void* h_logprobs = nullptr;       // pinned LogprobsHost::bytes(max_rows): the step's logprobs
     LogprobsHost lp;                  // views into h_logprobs, by sampled row
     std::vector<int32_t> lp_top_n;    // [sampled rows] their top_logprobs; empty: none asked
@@ -42,7 +45,6 @@ struct CudaExecutorOverlap {
     double enqueue_ms = 0;
   };
   Slot slot[2];
-  size_t stage_bytes = 0;
   int32_t head = 0, queued = 0;
   int32_t last_rows = -1;  // rows of the last enqueued step (-1: none, or a run() since)
   // STRATA_PROFILE_STEPS: timed events before and after each step's work, a ring indexed by
@@ -102,9 +104,10 @@ void CudaExecutor::setup_overlap() {
   const CudaModelOptions& mo = decoder_->options();
   o->max_seqs = mo.max_seqs;
   o->max_rows = int32_t(mo.max_logit_rows);
-  // Sampler uploads: a SamplingRow per row and up to 1024 logit_bias entries per row (the
-  // scratch's capacity, sampling_bias_capacity), each piece aligned to 256 bytes.
-  o->stage_bytes = size_t(o->max_rows) * (sizeof(SamplingRow) + 1024 * 8) + 8 * 256;
+  // Sampler uploads: at first a SamplingRow per row and up to 1024 logit_bias entries per row
+  // (the scratch's capacity, sampling_bias_capacity), each piece aligned to 256 bytes; a step
+  // whose penalty lists need more grows its slot's (ensure_stage).
+  const size_t stage_bytes = size_t(o->max_rows) * (sizeof(SamplingRow) + 1024 * 8) + 8 * 256;
   const size_t desc = size_t(1 + 2 * o->max_seqs) * 4;
   const size_t rows = size_t(o->max_rows) * 4;
   bool ok = cudaMalloc(reinterpret_cast<void**>(&o->d_desc), desc) == cudaSuccess &&
@@ -119,8 +122,11 @@ void CudaExecutor::setup_overlap() {
       sl.h_tokens = sl.h_row_sample + o->max_rows;
     }
     void* st = nullptr;
-    ok = ok && cudaMallocHost(&st, o->stage_bytes) == cudaSuccess;
-    if (ok) sl.h_stage = static_cast<uint8_t*>(st);
+    ok = ok && cudaMallocHost(&st, stage_bytes) == cudaSuccess;
+    if (ok) {
+      sl.h_stage = static_cast<uint8_t*>(st);
+      sl.stage_bytes = stage_bytes;
+    }
     ok = ok && cudaMallocHost(&sl.h_logprobs, LogprobsHost::bytes(o->max_rows)) == cudaSuccess;
     if (ok) sl.lp = LogprobsHost::at(sl.h_logprobs, o->max_rows);
     ok = ok && cudaMalloc(reinterpret_cast<void**>(&sl.d_row_sample), rows) == cudaSuccess;
@@ -140,6 +146,40 @@ void CudaExecutor::setup_overlap() {
   decoder_->set_token_feed(overlap_->d_desc, overlap_->d_tokens);
 }
 
+size_t CudaExecutor::sampling_stage_bytes(std::span<const RowSample> samples) {
+  // As launch_device_sampling fills the lists: penalty lists only where their penalty is on.
+  size_t rows = 0, bias = 0, seen = 0, counts = 0;
+  for (const RowSample& r : samples) {
+    if (r.sampler == nullptr) continue;
+    const SamplingParams& p = r.sampler->params();
+    ++rows;
+    bias += p.logit_bias.size();
+    if (p.repetition_penalty != 1.0f) seen += r.sampler->seen_ids().size();
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) counts += r.sampler->token_counts().size();
+  }
+  return rows * sizeof(SamplingRow) + bias * 8 + seen * 4 + counts * 8 + 6 * 256;
+}
+
+namespace {
+
+// Room for `bytes` of sampler uploads in the slot's pinned staging. The slot's earlier step
+// was collected (its copies are done), so its buffer may go; grows by half again at least, so
+// a growing context reallocates rarely.
+void ensure_stage(CudaExecutorOverlap::Slot& sl, size_t bytes) {
+  if (bytes <= sl.stage_bytes) return;
+  const size_t want = std::max(bytes, sl.stage_bytes + sl.stage_bytes / 2);
+  void* p = nullptr;
+  if (cudaMallocHost(&p, want) != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("CUDA step: pinned staging of " + std::to_string(want) + " bytes for the sampler's penalty lists");
+  }
+  cudaFreeHost(sl.h_stage);
+  sl.h_stage = static_cast<uint8_t*>(p);
+  sl.stage_bytes = want;
+}
+
+}  // namespace
+
 void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
                            std::span<const RowSample> samples, std::span<const TokenFeed> feed) {
   STRATA_CHECK(overlap_ != nullptr, "enqueue() without overlapped steps");
@@ -155,12 +195,24 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
   }
   if (!samples.empty() && int64_t(samples.size()) != n_rows) throw std::invalid_argument("CUDA step: samples has one entry per logit row");
   if (n_rows > o.max_rows || int64_t(feed.size()) > o.max_seqs) throw std::invalid_argument("CUDA step: too many rows or fed spans");
-  // Feed: the index of each fed span's token in the step's token ids.
+  // Feed: the index of each fed span's token in the step's token ids. The fed span's logit
+  // row (its sampler has not seen the fed token yet) takes the token into its penalties.
   sl.h_desc[0] = int32_t(feed.size());
+  pending_.assign(size_t(n_rows), -1);
   if (!feed.empty()) {
     if (o.last_rows < 0) throw std::logic_error("CUDA step: a feed without a previous overlapped step");
     std::vector<int32_t> first(plan.spans.size() + 1, 0);
-    for (size_t i = 0; i < plan.spans.size(); ++i) first[i + 1] = first[i] + plan.spans[i].n_tokens;
+    std::vector<int32_t> row_of(plan.spans.size(), -1);  // the logit row of one-row spans
+    int32_t rows = 0;
+    for (size_t i = 0; i < plan.spans.size(); ++i) {
+      const ScheduledSpan& sp = plan.spans[i];
+      first[i + 1] = first[i] + sp.n_tokens;
+      if (sp.logits_all) {
+        rows += sp.n_tokens;
+      } else if (sp.sample) {
+        row_of[i] = rows++;
+      }
+    }
     for (size_t k = 0; k < feed.size(); ++k) {
       const TokenFeed& f = feed[k];
       if (f.span < 0 || size_t(f.span) >= plan.spans.size() || plan.spans[size_t(f.span)].n_tokens != 1 || f.prev_row < 0 ||
@@ -170,6 +222,8 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
       }
       sl.h_desc[1 + k] = f.prev_row;
       sl.h_desc[1 + o.max_seqs + k] = first[size_t(f.span)];
+      const int32_t r = row_of[size_t(f.span)];
+      if (r >= 0 && r < n_rows) pending_[size_t(r)] = f.prev_row;
     }
   }
   int32_t n_sampled = 0;
@@ -178,6 +232,7 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
     sl.h_row_sample[r] = dev ? n_sampled++ : -1;
   }
   if (n_sampled > 0 && sampling_ == nullptr) throw std::logic_error("CUDA step: rows handed for device sampling without its scratch");
+  if (n_sampled > 0) ensure_stage(sl, sampling_stage_bytes(samples));
   auto check = [](cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA step: ") + what + ": " + cudaGetErrorString(e));
   };
@@ -190,7 +245,10 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
     cudaMemsetAsync(o.d_desc, 0, 4, stream);  // no later step may take this feed
     throw std::runtime_error("CUDA step: " + st.error().to_string());
   }
-  if (n_sampled > 0 && batch_.n_tokens() > 0) launch_device_sampling(samples, sl.h_stage);
+  if (n_sampled > 0 && batch_.n_tokens() > 0) {
+    // The sampler runs before this step's merge: o.d_tokens still holds the previous step's.
+    launch_device_sampling(samples, sl.h_stage, pending_, o.d_tokens);
+  }
   if (n_rows > 0) {
     check(cudaMemcpyAsync(sl.d_row_sample, sl.h_row_sample, size_t(n_rows) * 4, cudaMemcpyHostToDevice, stream), "row upload");
     MergeTokensArgs m;

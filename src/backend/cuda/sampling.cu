@@ -60,6 +60,8 @@ struct Shared {
   u64 before;
   int32_t found;
   int32_t n_cand;
+  int32_t pending_seen;     // the row's pending token is in its repetition list
+  int32_t pending_counted;  // ... in its presence/frequency list
 };
 
 // ---- the host's arithmetic (sampling/vector_math.h, logits_processors.h), uncontracted ----
@@ -518,8 +520,11 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
   float* work = static_cast<float*>(b.workspace) + int64_t(row_index) * stride;
   const float* raw = b.logits + int64_t(row_index) * b.logits_stride;
   const bool greedy = !(P.temperature > 0.0f);
-  const bool rep_on = P.repetition_penalty != 1.0f && P.seen_count > 0;
-  const bool pf_on = (P.presence_penalty != 0.0f || P.frequency_penalty != 0.0f) && P.counts_count > 0;
+  // A token of the previous step the lists miss (overlapped steps): counted with them.
+  const int32_t pend = P.pending >= 0 && b.pending_tokens != nullptr ? b.pending_tokens[P.pending] : -1;
+  const bool pend_on = pend >= 0 && pend < n;
+  const bool rep_on = P.repetition_penalty != 1.0f && (P.seen_count > 0 || pend_on);
+  const bool pf_on = (P.presence_penalty != 0.0f || P.frequency_penalty != 0.0f) && (P.counts_count > 0 || pend_on);
   const bool edits = P.bias_count > 0 || rep_on || pf_on;
   const bool copy = !greedy || edits;
   const bool want_lp = P.top_logprobs >= 0 && b.chosen_logprob != nullptr;
@@ -573,30 +578,50 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
   if (edits) {
     __syncthreads();
     if (threadIdx.x == 0) {
+      sh.pending_seen = 0;
+      sh.pending_counted = 0;
       for (int e = 0; e < P.bias_count; ++e) {
         const int32_t id = b.bias_ids[P.bias_begin + e];
         if (id >= 0 && id < n) work[id] = __fadd_rn(work[id], b.bias_values[P.bias_begin + e]);
       }
     }
     __syncthreads();
+    // The lists hold distinct ids: one thread per id, and the pending token once more only
+    // where its list lacks it (the host adds it to the list when it accepts the token).
+    auto repeat = [&](int32_t id) {
+      const float l = work[id];
+      work[id] = l > 0.0f ? __fdiv_rn(l, P.repetition_penalty) : __fmul_rn(l, P.repetition_penalty);
+    };
     if (rep_on) {
       for (int e = threadIdx.x; e < P.seen_count; e += kThreads) {
         const int32_t id = b.seen_ids[P.seen_begin + e];
         if (id < 0 || id >= n) continue;
-        const float l = work[id];
-        work[id] = l > 0.0f ? __fdiv_rn(l, P.repetition_penalty) : __fmul_rn(l, P.repetition_penalty);
+        if (id == pend) sh.pending_seen = 1;
+        repeat(id);
       }
     }
     __syncthreads();
+    if (rep_on && pend_on && threadIdx.x == 0 && sh.pending_seen == 0) repeat(pend);
+    __syncthreads();
+    auto penalize = [&](int32_t id, int32_t count) {
+      const float sub = __fadd_rn(__fmul_rn(P.frequency_penalty, float(count)), P.presence_penalty);
+      work[id] = __fsub_rn(work[id], sub);
+    };
     if (pf_on) {
       for (int e = threadIdx.x; e < P.counts_count; e += kThreads) {
         const int32_t id = b.count_ids[P.counts_begin + e];
-        const int32_t count = b.count_values[P.counts_begin + e];
-        if (id < 0 || id >= n || count <= 0) continue;
-        const float sub = __fadd_rn(__fmul_rn(P.frequency_penalty, float(count)), P.presence_penalty);
-        work[id] = __fsub_rn(work[id], sub);
+        int32_t count = b.count_values[P.counts_begin + e];
+        if (id < 0 || id >= n) continue;
+        if (id == pend) {
+          sh.pending_counted = 1;
+          ++count;
+        }
+        if (count <= 0) continue;
+        penalize(id, count);
       }
     }
+    __syncthreads();
+    if (pf_on && pend_on && threadIdx.x == 0 && sh.pending_counted == 0) penalize(pend, 1);
     __syncthreads();
     best_v = -INFINITY;
     best_i = INT_MAX;

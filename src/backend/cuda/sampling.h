@@ -50,6 +50,11 @@ struct SamplingRow {
   int32_t counts_begin = 0;         // distinct (id, occurrences among generated tokens)
   int32_t counts_count = 0;
   int32_t top_logprobs = -1;        // -1: no logprobs for this row; 0..20: chosen + that many
+  // Overlapped steps: index into SamplingBatch::pending_tokens of a token the row's sequence
+  // generated in the previous step that its lists above do not hold yet (the host has not
+  // seen it). The penalties count it once more: seen by repetition, and one more occurrence
+  // for presence/frequency. -1: the lists are complete.
+  int32_t pending = -1;
 };
 
 // The fields of row that come from a request's SamplingParams (everything but the draw, the
@@ -67,6 +72,8 @@ struct SamplingBatch {
   const int32_t* seen_ids = nullptr;       // device, indexed by the rows' seen ranges
   const int32_t* count_ids = nullptr;      // device, indexed by the rows' counts ranges
   const int32_t* count_values = nullptr;
+  const int32_t* pending_tokens = nullptr;  // device, indexed by the rows' pending (may be null);
+                                            // ids outside the row's vocabulary add nothing
   int32_t* tokens = nullptr;       // [n_rows] out: the sampled token; -1 where every logit of
                                    // the row's vocabulary is -inf or NaN (the host refuses those)
   // Logprobs, written for rows with top_logprobs >= 0 (may be null when no row asks):
