@@ -11,6 +11,12 @@
 //    not by the bf16 floor alone. The greedy ids of all 9 rows are the CPU's where its top two
 //    are not a near tie within that tolerance (at least 10 compared over a model's codecs: the
 //    coarse codecs leave few rows of these tiny models outside their tolerance);
+//  - gemma3-tiny (sliding windows of 16 keys) and gemma4-tiny (windows, KV shared by the last
+//    layers) on a 37-token prompt, past the windows: the default f32 rows of the f32
+//    checkpoint against the CPU's exact f32 KV within 1e-2 (a bf16 KV cache alone is 3e-2 to
+//    1e-1 off on these models); every codec within 2e-2 + e + b, b = the row's error of the
+//    GPU's bf16 attention (explicit bf16 rows, bf16 q) against the CPU's exact KV: the codec
+//    kernels read q in bf16, which these models amplify past the codec's own error e;
 //  - prefill against decode: a prompt prefilled in one step and the same prompt fed in a chunk
 //    and then one token per step, in steps shared with another sequence's prefill chunks
 //    (mixed steps): on the tiny models within 2e-2 (and the same argmax off near ties); on a
@@ -25,6 +31,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -172,7 +179,7 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
     const std::vector<KvCodecSpec> specs = layer_specs(cfg, cc.config);
     const CpuRun ref = cpu_greedy(**cpu, specs, prompt, kSteps);
     const CpuRun exact = cpu_greedy(**cpu, {}, prompt, kSteps, &ref.ids);
-    auto gpu = CudaDecoder::load(model_path(name), test_options(specs));
+    auto gpu = CudaDecoder::load(copy.string(), test_options(specs));
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
     CudaDecoder& m = **gpu;
     EXPECT_LT(m.kv_block_bytes(), int64_t(cfg.n_layers) * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 2 + 1)
@@ -216,6 +223,81 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuKvCodecModel, ::testing::Values("llama3-tiny", "qwen3-tiny"));
+
+// GPU rows of `specs` (empty: the default, f32 rows for this f32 checkpoint) on the prompt and
+// the steps forced to `ids`: the logits of each row.
+std::vector<std::vector<float>> gpu_forced(const std::string& dir, const std::vector<KvCodecSpec>& specs, const std::vector<int32_t>& prompt,
+                                           const std::vector<int32_t>& ids) {
+  std::vector<std::vector<float>> rows;
+  auto gpu = CudaDecoder::load(dir, test_options(specs));
+  EXPECT_TRUE(gpu.ok()) << (gpu.ok() ? "" : gpu.error().to_string());
+  if (!gpu.ok()) return rows;
+  StepBatch b;
+  b.tokens = prompt;
+  b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
+  int32_t am = -1;
+  for (size_t s = 0; s < ids.size(); ++s) {
+    std::vector<float> got(static_cast<size_t>((*gpu)->config().vocab_size));
+    EXPECT_TRUE((*gpu)->forward(b, &am, got.data()).ok());
+    rows.push_back(std::move(got));
+    b.seqs[0].pos0 += b.seqs[0].n_tokens;
+    b.seqs[0].n_tokens = 1;
+    b.tokens = {ids[s]};
+  }
+  return rows;
+}
+
+TEST(GpuKvCodecModelSteps, WindowsAndSharedKvMatchTheCpu) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const char* name : {"gemma3-tiny", "gemma4-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::filesystem::path copy =
+        std::filesystem::temp_directory_path() / ("strata_codec_window_" + std::string(name) + "_" + std::to_string(::getpid()));
+    write_bf16_rounded_copy(model_path(name), copy);
+    ThreadPool pool(2);
+    auto cpu = load_model(copy.string(), pool);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+    const ModelConfig& cfg = (*cpu)->config();
+    ASSERT_GT(cfg.sliding_window, 0);
+    constexpr int32_t kSteps = 8;
+    const std::vector<int32_t> prompt = prompt_ids(cfg.vocab_size, 37, 1234);
+    const CpuRun exact = cpu_greedy(**cpu, {}, prompt, kSteps);
+    // The default rows: f32, f32 attention.
+    const auto f32_rows = gpu_forced(copy.string(), {}, prompt, exact.ids);
+    ASSERT_EQ(f32_rows.size(), exact.logits.size());
+    double worst_f32 = 0.0;
+    std::vector<double> floor(exact.logits.size());
+    for (size_t s = 0; s < f32_rows.size(); ++s) {
+      const double err = max_norm_rel(f32_rows[s], exact.logits[s]);
+      worst_f32 = std::max(worst_f32, err);
+      EXPECT_LE(err, 1e-2) << "f32 rows, step " << s;
+    }
+    const auto bf16_rows = gpu_forced(copy.string(), std::vector<KvCodecSpec>(size_t(cfg.n_layers), KvCodecSpec{KvCodec::kBf16, 0}),
+                                      prompt, exact.ids);
+    ASSERT_EQ(bf16_rows.size(), exact.logits.size());
+    for (size_t s = 0; s < bf16_rows.size(); ++s) floor[s] = max_norm_rel(bf16_rows[s], exact.logits[s]);
+    std::printf("%s f32 rows vs CPU exact KV: worst %.3e; bf16 rows: worst %.3e\n", name, worst_f32,
+                *std::max_element(floor.begin(), floor.end()));
+    for (const CodecCase& cc : codec_cases()) {
+      SCOPED_TRACE(cc.name);
+      const std::vector<KvCodecSpec> specs = layer_specs(cfg, cc.config);
+      const CpuRun ref = cpu_greedy(**cpu, specs, prompt, kSteps, &exact.ids);
+      const auto rows = gpu_forced(copy.string(), specs, prompt, exact.ids);
+      ASSERT_EQ(rows.size(), ref.logits.size());
+      double worst = 0.0, worst_codec = 0.0;
+      for (size_t s = 0; s < rows.size(); ++s) {
+        const double e = max_norm_rel(ref.logits[s], exact.logits[s]);
+        const double err = max_norm_rel(rows[s], ref.logits[s]);
+        worst = std::max(worst, err);
+        worst_codec = std::max(worst_codec, e);
+        EXPECT_LE(err, 2e-2 + e + floor[s]) << "step " << s << " (codec error on the CPU " << e << ", bf16 floor " << floor[s] << ")";
+      }
+      std::printf("%s %-22s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e\n", name, cc.name, worst_codec,
+                  worst);
+    }
+    std::filesystem::remove_all(copy);
+  }
+}
 
 // Seq A: the prompt in one step, every position's logits. Seq B: the same prompt as a 5-token
 // chunk, then one token per step; seq C (another prompt) is prefilled in 6-token chunks in
@@ -449,6 +531,15 @@ TEST(GpuKvCodecModelSteps, EngineSupportAcceptsCodecsAndNamesRefusals) {
   auto llama = load_model_config(model_path("llama3-tiny"));
   ASSERT_TRUE(llama.ok());
   for (const CodecCase& cc : codec_cases()) EXPECT_TRUE(check_cuda_engine_support(*llama, cc.config).ok()) << cc.name;
+  // Sliding windows (Gemma 3) and shared KV with per-layer geometry (Gemma 4) take codecs too.
+  for (const char* name : {"gemma3-tiny", "gemma4-tiny", "gemma4moe-tiny"}) {
+    auto cfg = load_model_config(model_path(name));
+    ASSERT_TRUE(cfg.ok());
+    for (const CodecCase& cc : codec_cases()) {
+      const Status st = check_cuda_engine_support(*cfg, cc.config);
+      EXPECT_TRUE(st.ok()) << name << " " << cc.name << ": " << (st.ok() ? "" : st.error().message);
+    }
+  }
   KvCodecConfig quant;
   quant.default_spec.codec = KvCodec::kInt8;
   quant.quant_start = 64;

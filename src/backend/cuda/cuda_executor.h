@@ -180,8 +180,8 @@ struct CudaEngineParts {
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
 // CudaDecoder lacks (cuda_family.h; recurrent state among them), KV codecs the device cannot
-// store for this model (KvCodecStep::supported: sliding-window or shared-KV families, head
-// dims the codec kernels lack), --kv-quant-start.
+// store for this model (KvCodecStep::supported: linear-attention layers, head dims or GQA
+// groups the codec kernels lack), --kv-quant-start.
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
 
 // Loads (or draws) the model in `dir` on the current device and sizes its KV pool, in the
