@@ -31,11 +31,14 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/cuda/kv_codec_common.cuh"
+#include "backend/cuda/kv_codec_encode.cuh"
 #include "backend/cuda/pdl.cuh"
 
 // Defined with the row formats (backend/reference/kv_codec.cpp); that header is C++20.
 namespace strata {
 extern const float kLloydMax3[8];
+extern const float kKvFp8ScaleSteps[16];
+extern const float kKvTurboScaleSteps[17];
 uint64_t kv_rotation_seed(int32_t layer, int32_t kv_head);
 void kv_rotation_signs(uint64_t seed, int32_t dim, float* signs);
 }  // namespace strata
@@ -84,30 +87,21 @@ __device__ __forceinline__ uint32_t f32_to_bf16_bits(float x) {
 // ---------------------------------------------------------------------------------------------
 // Encoder
 
-// reference f32_to_e4m3: round to nearest even, saturating at +-448, subnormals below 2^-6.
-__device__ uint32_t f32_to_e4m3(float x) {
-  const uint32_t sign = signbit(x) ? 0x80u : 0u;
-  float a = fabsf(x);
-  if (!(a < 448.0f)) a = 448.0f;
-  if (a < 0.015625f) return sign | uint32_t(rintf(a * 512.0f));
-  int e = 0;
-  frexpf(a, &e);
-  int q = int(rintf(ldexpf(a, 3 - (e - 1))));
-  int biased = e - 1 + 7;
-  if (q == 16) {
-    q = 8;
-    ++biased;
-  }
-  return sign | uint32_t(biased << 3) | uint32_t(q - 8);
-}
-
 __device__ __forceinline__ void or_byte(uint32_t* w, int byte, uint32_t v) {
   atomicOr(w + (byte >> 2), v << (8 * (byte & 3)));
 }
 
+EncodeSteps encode_steps() {
+  EncodeSteps e{};
+  for (int i = 0; i < kFp8Candidates; ++i) e.fp8[i] = kKvFp8ScaleSteps[i];
+  for (int i = 0; i < kTurboCandidates; ++i) e.turbo[i] = kKvTurboScaleSteps[i];
+  return e;
+}
+
 constexpr int kEncWarps = 4;
 
-__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc) {
+__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc,
+                                                                       EncodeSteps es) {
   __shared__ float xs[kEncWarps][kMaxDim];
   __shared__ uint32_t ws[kEncWarps][kMaxRowWords];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -140,8 +134,24 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
       float amax = 0.0f;
       for (int d = lane; d < dim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
       amax = warp_max(amax);
-      const float scale = amax / 448.0f;
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      // The reference's search: lane i fits candidate i; the best codes' least-squares scale.
+      const float base = amax / 448.0f;
+      float pick = base, scale = base;
+      if (base > 0.0f) {
+        Fit fit{0.0, 0.0};
+        double score = 0.0;
+        if (lane < kFp8Candidates) {
+          fit = fp8_fit(x, dim, base * es.fp8[lane]);
+          score = fit.yc * fit.yc / fit.cc;
+        }
+        const int best = warp_best_fit(score);
+        if (best >= 0) {
+          const double yc = __shfl_sync(0xffffffffu, fit.yc, best), cc = __shfl_sync(0xffffffffu, fit.cc, best);
+          pick = base * es.fp8[best];
+          scale = float(yc / cc);
+        }
+      }
+      const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
       if (lane == 0) w[0] = __float_as_uint(scale);
       for (int d = lane; d < dim; d += 32) or_byte(w, 4 + d, f32_to_e4m3(x[d] * inv));
       break;
@@ -200,12 +210,31 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
       }
       ss = __shfl_sync(0xffffffffu, ss, 0);
       const float rms = float(sqrt(ss / double(dim)));
-      const float inv = rms > 0.0f ? 1.0f / rms : 0.0f;
-      if (lane == 0) w[0] = __float_as_uint(rms);
+      // The reference's search (lane i fits candidate i), then its two refits and the scale
+      // |y|^2 / <y, c> on lane 0, in its order.
+      float pick = rms, scale = rms;
+      if (rms > 0.0f) {
+        double score = 0.0;
+        if (lane < kTurboCandidates) {
+          const Fit fit = turbo_fit(x, dim, rms * es.turbo[lane], tc.levels);
+          score = fit.yc * fit.yc / fit.cc;
+        }
+        const int best = warp_best_fit(score);
+        if (best >= 0) pick = rms * es.turbo[best];
+        if (lane == 0) {
+          for (int it = 0; it < 2; ++it) {
+            const Fit fit = turbo_fit(x, dim, pick, tc.levels);
+            pick = float(fit.yc / fit.cc);
+          }
+          scale = float(ss / turbo_fit(x, dim, pick, tc.levels).yc);
+        }
+        pick = __shfl_sync(0xffffffffu, pick, 0);
+        scale = __shfl_sync(0xffffffffu, scale, 0);
+      }
+      const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
+      if (lane == 0) w[0] = __float_as_uint(scale);
       for (int d = lane; d < dim; d += 32) {
-        const float z = x[d] * inv;
-        uint32_t c = 0;
-        while (c < 7 && z > 0.5f * (tc.levels[c] + tc.levels[c + 1])) ++c;
+        const uint32_t c = nearest_level(x[d] * inv, tc.levels);
         const int bit = 3 * d;
         atomicOr(w + 1 + (bit >> 5), c << (bit & 31));
         if ((bit & 31) > 29) atomicOr(w + 2 + (bit >> 5), c >> (32 - (bit & 31)));
@@ -869,7 +898,7 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
   }
   const TurboConsts tc = a.fmt.kind == Kind::kTurbo3 ? turbo_consts(a.seed_layer, a.n_kv_heads, a.fmt.dim) : TurboConsts{};
   launch_pdl(kv_codec_write_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps)), kEncWarps * 32, 0, stream, a,
-             tc);
+             tc, encode_steps());
 }
 
 void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stream) {
