@@ -115,6 +115,26 @@ void gemm_only_decode(cudaStream_t st, double bw, int64_t gemv_rows) {
                   static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(gemv_blocks(s.n)), us,
                   100.0 * double(s.n * s.k * 2) / (us * 1e-6) / bw);
     }
+    // The QKV shape with two warps per row (the fused decode's QKV GEMV).
+    const Shape q = shapes[0];
+    const std::vector<double> tq = time_runs(st, 2, 10, [&] {
+      for (int64_t l = 0; l < L; ++l) {
+        GemvArgs a{};
+        a.x = x;
+        a.w = w + offs[size_t(4 * l)];
+        a.y = y;
+        a.m = 1;
+        a.n = q.n;
+        a.k = q.k;
+        a.in = GemvIn::kPlain;
+        a.out = GemvOut::kF32;
+        a.warps_per_row = 2;
+        launch_gemv(a, st);
+      }
+    });
+    const double us = 1000.0 * median(tq) / double(L);
+    std::printf("  GEMV m=1 qkv, 2 warps per row (%lld blocks): %.2f us per launch -> %.1f%% of copy bandwidth\n",
+                static_cast<long long>(2 * gemv_blocks(q.n)), us, 100.0 * double(q.n * q.k * 2) / (us * 1e-6) / bw);
   }
   g->reset();
   cudaFree(w);
@@ -673,6 +693,7 @@ int main(int argc, char** argv) {
       int32_t skip = 0;  // LaunchTuning::decode_profile_skip: parts left out, to time the rest
       int32_t norm_block = -1;    // LaunchTuning::gemv_norm_block (-1: the default)
       int32_t gated_unroll = -1;  // LaunchTuning::gemv_gated_unroll (-1: the default)
+      int32_t qkv_warps = -1;     // LaunchTuning::decode_qkv_warps_per_row (-1: the default)
     };
     const LaunchTuning saved = launch_tuning();
     // Unfused with 4 loads in flight is the step before the fused layer; fused with 16 loads and
@@ -683,12 +704,13 @@ int main(int argc, char** argv) {
         {true, 0, 512, 1, 4},         {true, 2, 512, 1, 16},  {true, 2, 512, 1, 16, false}, {false, 2, 512, 1, 8},
         {true, 0, 2048, 1, 4},        {true, 2, 2048, 1, 16}, {true, 2, 2048, 1, 16, false}, {true, 2, 2048, 1, 8},
         {true, 0, 512, 2, 4},         {true, 2, 512, 2, 8},   {true, 0, 512, 4, 8},          {true, 2, 512, 1, 8, false},
-        {true, 2, 512, 1, 8, true, 0, 0, 0, 8}, {true, 2, 512, 1, 8}};
+        {true, 2, 512, 1, 8, true, 0, 0, 0, 8, 1}, {true, 2, 512, 1, 8}};
     // decode1: the fused step at batch 1: the settings before (nothing pulled into L2 under the
-    // attention, every warp summing the norm's parts after its dot, 8 loads per gated row)
-    // against each change and the defaults; the step with parts left out (where the time goes);
-    // 2048 tokens and batch 2, before and now; the first two again for the spread.
-    const Phase before{true, 2, 512, 1, 8, true, 0, 0, 0, 8};
+    // attention, every warp summing the norm's parts after its dot, 8 loads per gated row, one
+    // warp per QKV row) against each change and the defaults; the step with parts left out
+    // (where the time goes); 2048 tokens and batch 2, before and now; before and now three
+    // times more, alternating (steps drift by ~0.02 ms over a run).
+    const Phase before{true, 2, 512, 1, 8, true, 0, 0, 0, 8, 1};
     auto with = [](Phase p, int32_t prompt, int32_t batch, int32_t skip) {
       p.prompt = prompt;
       p.batch = batch;
@@ -699,10 +721,8 @@ int main(int argc, char** argv) {
     const std::vector<Phase> decode1_phases = {
         before,
         now,
-        {true, 2, 512, 1, 8, true, 0, 0, 1, 8},
-        {true, 2, 512, 1, 8, true, 0, 0, 0, 4},
-        {true, 2, 512, 1, 8, true, 512},
-        {true, 2, 512, 1, 8, true, -1, 0, -1, 0},  // gated rows at the unroll of the others (8)
+        {true, 2, 512, 1, 8, true, -1, 0, -1, -1, 2},  // now with two warps per QKV row
+        {true, 2, 512, 1, 8, true, 512},                // now with the L2 prefetch under the attention
         with(before, 512, 1, 1),
         with(now, 512, 1, 1),
         with(now, 512, 1, 3),
@@ -711,6 +731,10 @@ int main(int argc, char** argv) {
         with(now, 2048, 1, 0),
         with(before, 512, 2, 0),
         with(now, 512, 2, 0),
+        before,
+        now,
+        before,
+        now,
         before,
         now};
     const std::vector<Phase>& phases = decode1_only ? decode1_phases : all_phases;
@@ -736,6 +760,7 @@ int main(int argc, char** argv) {
       tune.decode_profile_skip = phase.skip;
       if (phase.norm_block >= 0) tune.gemv_norm_block = phase.norm_block != 0;
       if (phase.gated_unroll >= 0) tune.gemv_gated_unroll = phase.gated_unroll;
+      if (phase.qkv_warps >= 0) tune.decode_qkv_warps_per_row = phase.qkv_warps;
       set_launch_tuning(tune);
       m.clear_cuda_graphs();
       m.set_cuda_graphs(phase.graphs);
@@ -774,10 +799,10 @@ int main(int argc, char** argv) {
       mean /= double(step_ms.size());
       const double ceiling = bw / bytes_per_step;  // steps per second
       std::printf("decode b=%d after %lld, %s, pdl %d, fuse rows %d, GEMV unroll %d, preload %d, L2 under attention: o_proj %d "
-                  "+ gate/up rows %d, norm per block %d, gated unroll %d, left out %d: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
+                  "+ gate/up rows %d, norm per block %d, gated unroll %d, QKV warps per row %d, left out %d: median step %.3f ms, mean %.3f ms (%zu steps) -> %.1f tok/s (median)\n",
                   phase.batch, static_cast<long long>(ctx0), phase.graphs ? "CUDA graph" : "no graph", int(tune.pdl),
                   int(phase.fuse_rows), int(phase.unroll), int(phase.preload), int(tune.attn_overlap_prefetch),
-                  int(tune.attn_overlap_next_rows), int(tune.gemv_norm_block), int(tune.gemv_gated_unroll), int(phase.skip), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
+                  int(tune.attn_overlap_next_rows), int(tune.gemv_norm_block), int(tune.gemv_gated_unroll), int(tune.decode_qkv_warps_per_row), int(phase.skip), ms, mean, step_ms.size(), 1000.0 * phase.batch / ms);
       std::printf("  bytes read per step %.3f GB -> bandwidth ceiling %.1f steps/s; ratio %.3f\n", bytes_per_step * 1e-9,
                   ceiling, (1000.0 / ms) / ceiling);
     }

@@ -74,6 +74,20 @@ TEST_F(GpuKernels, GemvBf16MatchesReference) {
     launch_gemv_bf16(dx.p, dw.p, dy16.p, false, s.m, s.n, s.k, nullptr);
     EXPECT_LE(max_norm_rel(dy32.download(), ref), kF32Tol) << s.m << "x" << s.n << "x" << s.k << " f32 out";
     EXPECT_LE(max_norm_rel(bf16_to_floats(dy16.download()), ref), kBf16Tol) << s.m << "x" << s.n << "x" << s.k << " bf16 out";
+    // Two warps per row (each half of k; k % 16 != 0 falls back to one).
+    GemvArgs a{};
+    a.x = dx.p;
+    a.w = dw.p;
+    a.y = dy32.p;
+    a.m = s.m;
+    a.n = s.n;
+    a.k = s.k;
+    a.in = GemvIn::kPlain;
+    a.out = GemvOut::kF32;
+    a.warps_per_row = 2;
+    dy32.poison();
+    launch_gemv(a, nullptr);
+    EXPECT_LE(max_norm_rel(dy32.download(), ref), kF32Tol) << s.m << "x" << s.n << "x" << s.k << " f32 out, 2 warps per row";
   }
 }
 
@@ -141,8 +155,10 @@ TEST_F(GpuKernels, GemvFusedModesMatchReference) {
       a.in_ss = dss.p;
       a.in_ss_parts = 3;
       a.in_eps = 1e-5f;
+      a.warps_per_row = one_plus_w ? 2 : 1;  // the decode QKV's split rows (k % 16 == 0)
       launch_gemv(a, nullptr);
-      EXPECT_LE(max_norm_rel(dy32.download(), ref), kBf16Tol) << what << " norm-scaled f32 out";
+      EXPECT_LE(max_norm_rel(dy32.download(), ref), kBf16Tol) << what << " norm-scaled f32 out, warps per row "
+                                                              << a.warps_per_row;
 
       // Gated activation on the same input.
       std::vector<float> g(ref.size()), up(ref.size()), act_ref(ref.size());

@@ -520,7 +520,9 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     const Layer& L = layers_[l];
     const float* in_ss = l == 0 ? B.ss_embed : B.ss_parts;
     const int32_t in_parts = l == 0 ? 1 : parts;
-    launch_gemv(gemv(B.h, L.qkv, B.qkv, d.qkv_rows, d.H, GemvIn::kNormScaled, in_ss, in_parts, GemvOut::kF32), st);
+    GemvArgs qkv = gemv(B.h, L.qkv, B.qkv, d.qkv_rows, d.H, GemvIn::kNormScaled, in_ss, in_parts, GemvOut::kF32);
+    qkv.warps_per_row = tune.decode_qkv_warps_per_row;
+    launch_gemv(qkv, st);
     PagedAttentionArgs pa = attention_args(shape, l);
     pa.post = qkv_post_args(l);
     pa.split_counters = B.split_counters;

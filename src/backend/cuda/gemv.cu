@@ -6,6 +6,8 @@
 // move the small kernels of a decode layer into the GEMVs around them: the RMSNorm scale of
 // the input (from per-block partial sums of squares left by the previous GEMV), the residual
 // add, the next norm's weight and its sums of squares in the epilogue, the gated activation.
+// Optionally (GemvArgs::warps_per_row) two warps share a row, each half of k: twice the blocks
+// for a grid of a wave and a half.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -76,13 +78,13 @@ __device__ __forceinline__ void load_step(const uint4* const (&wr)[S], int64_t c
 
 // The arithmetic of one step on weights already loaded (wv from load_step at chunk c).
 template <int M, int S, int U>
-__device__ __forceinline__ void use_step(const uint4 (&wv)[S][U], const uint4* xr, int64_t chunks, int64_t c,
+__device__ __forceinline__ void use_step(const uint4 (&wv)[S][U], const uint4* xr, int64_t x_stride, int64_t c,
                                          float (&acc)[S][M]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const uint4 xv = __ldg(xr + m * chunks + c + 32 * u);
+      const uint4 xv = __ldg(xr + m * x_stride + c + 32 * u);
 #pragma unroll
       for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
     }
@@ -90,27 +92,27 @@ __device__ __forceinline__ void use_step(const uint4 (&wv)[S][U], const uint4* x
 }
 
 template <int M, int S, int U>
-__device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t c,
+__device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t c,
                                          float (&acc)[S][M]) {
   uint4 wv[S][U];
   load_step<S, U>(wr, c, wv);
-  use_step<M, S, U>(wv, xr, chunks, c, acc);
+  use_step<M, S, U>(wv, xr, x_stride, c, acc);
 }
 
 // Steps of U chunks while they fit, then halving steps for the tail (no single-load loop over
 // a long remainder).
 template <int M, int S, int U>
-__device__ __forceinline__ void dot_span(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int64_t& c,
-                                         float (&acc)[S][M]) {
-  for (; c + 32 * (U - 1) < chunks; c += 32 * U) dot_step<M, S, U>(wr, xr, chunks, c, acc);
-  if constexpr (U > 1) dot_span<M, S, U / 2>(wr, xr, chunks, c, acc);
+__device__ __forceinline__ void dot_span(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t chunks,
+                                         int64_t& c, float (&acc)[S][M]) {
+  for (; c + 32 * (U - 1) < chunks; c += 32 * U) dot_step<M, S, U>(wr, xr, x_stride, c, acc);
+  if constexpr (U > 1) dot_span<M, S, U / 2>(wr, xr, x_stride, chunks, c, acc);
 }
 
 // The warp's S dot products for M activation rows over the whole of k, reduced across lanes;
 // with `first` the weights of the step at chunk `lane` are already in registers (loaded before
 // the wait).
 template <int M, int S, int U>
-__device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t chunks, int lane,
+__device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t chunks, int lane,
                                          const uint4 (&first_w)[S][U], bool first, float (&acc)[S][M]) {
 #pragma unroll
   for (int s = 0; s < S; ++s)
@@ -118,28 +120,33 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
     for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
   if (first) {
-    use_step<M, S, U>(first_w, xr, chunks, c, acc);
+    use_step<M, S, U>(first_w, xr, x_stride, c, acc);
     c += 32 * U;
   }
-  dot_span<M, S, U>(wr, xr, chunks, c, acc);
+  dot_span<M, S, U>(wr, xr, x_stride, chunks, c, acc);
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s][m] = warp_sum(acc[s][m]);
 }
 
-template <int M, int kIn, int kOut, int U>
+// KS warps per weight row (GemvArgs::warps_per_row), warp `kpart` of them taking the kpart-th
+// k / KS of the row; their sums meet in shared memory (part 0 + part 1, the same order always).
+template <int M, int kIn, int kOut, int U, int KS>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes, int32_t preload,
                                                                         int32_t norm_block) {
   constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
+  constexpr int kRows = kWarpsPerBlock / KS;  // weight rows per block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const int kpart = warp % KS;
+  const int64_t row = int64_t(blockIdx.x) * kRows + warp / KS;
   const int64_t n = a.n, k = a.k;
   const bool active = row < n;
-  const int64_t chunks = k / 8;
+  const int64_t x_stride = k / 8;         // 16-byte chunks per activation row
+  const int64_t chunks = x_stride / KS;   // this warp's chunks of its row
   const uint4* wr[S];
 #pragma unroll
-  for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k);
+  for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k) + kpart * chunks;
   // The first step's weights (the whole row when k <= 256 U) go into registers before the
   // wait: a block that became resident under the previous kernel's tail has its stream in
   // flight by the time x is ready (LaunchTuning::gemv_preload).
@@ -155,7 +162,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   if (pf > 0 && lane < 2 * S) {
     const int half = int(gridDim.x + 1) / 2;
     const int s = lane % S, h = lane / S;
-    const int64_t r = h == 0 ? row : (a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kWarpsPerBlock : n);
+    const int64_t r = h == 0 ? row : (a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kRows : n);
     const int64_t from = h == 0 && first ? int64_t(32 * U * 16) : 0;
     const int64_t to = (pf < k * 2 ? pf : k * 2) & ~int64_t(15);
     if (r < n && to > from) l2_prefetch(reinterpret_cast<const char*>(a.w + (r + s * n) * k) + from, to - from);
@@ -187,7 +194,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
       }
   }
   float acc[S][M];
-  if (active) dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x), chunks, lane, first_w, first, acc);
+  if (active) {
+    dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x) + kpart * chunks, x_stride, chunks, lane, first_w, first, acc);
+  }
+  if constexpr (KS > 1) {
+    __shared__ float split_acc[kWarpsPerBlock][S][M];
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int m = 0; m < M; ++m) split_acc[warp][s][m] = active ? acc[s][m] : 0.0f;
+    }
+    __syncthreads();
+    if (kpart == 0) {
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float sum = split_acc[warp][s][m];
+#pragma unroll
+          for (int j = 1; j < KS; ++j) sum += split_acc[warp + j][s][m];
+          acc[s][m] = sum;
+        }
+    }
+  }
   if (kIn == int(GemvIn::kNormScaled)) {
     // The parts are summed in the same order in every warp and block: the scale is identical
     // across warps and blocks, and across runs.
@@ -250,7 +280,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
     }
     return;
   }
-  if (!active || lane != 0) return;
+  if (!active || lane != 0 || kpart != 0) return;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     if (kOut == int(GemvOut::kF32)) {
@@ -266,8 +296,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
 
 template <int M, int kIn, int kOut, int U>
 void launch_unrolled(const GemvArgs& a, const LaunchTuning& t, cudaStream_t stream) {
+  // Two warps per row only where the epilogue is one plain store (kF32).
+  if constexpr (kOut == int(GemvOut::kF32)) {
+    if (a.warps_per_row == 2 && a.k % 16 == 0) {
+      const unsigned grid = unsigned((a.n + kWarpsPerBlock / 2 - 1) / (kWarpsPerBlock / 2));
+      launch_pdl(gemv_kernel<M, kIn, kOut, U, 2>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
+                 int32_t(t.gemv_preload), int32_t(t.gemv_norm_block));
+      return;
+    }
+  }
   const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  launch_pdl(gemv_kernel<M, kIn, kOut, U>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
+  launch_pdl(gemv_kernel<M, kIn, kOut, U, 1>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
              int32_t(t.gemv_preload), int32_t(t.gemv_norm_block));
 }
 

@@ -206,6 +206,9 @@ struct GemvArgs {
   // after this one reads first, for a GEMV behind the decode attention.
   const void* ahead[2] = {nullptr, nullptr};
   int64_t ahead_bytes = 0;
+  // 2: two warps per weight row, each half of k (kF32 output with k % 16 == 0; else 1): twice
+  // the blocks, each half as long, for grids of a wave and a half (the decode QKV projection).
+  int32_t warps_per_row = 1;
 };
 int64_t gemv_blocks(int64_t n);
 void launch_gemv(const GemvArgs& a, cudaStream_t stream);
@@ -224,17 +227,22 @@ struct LaunchTuning {
   // Fused decode: while the attention runs (it reads little memory), the o_proj GEMV's blocks
   // pull the rest of its weight rows (past the preloaded step) into L2, and the first
   // attn_overlap_next_rows gate rows and as many up rows of the gate/up GEMV after it
-  // (GemvArgs::ahead), one bulk prefetch per row or slice. Measured at batch 1 after 512: no
-  // gain (4.151-4.169 ms against 4.151-4.167 without; 2048 rows 4.218), and 0.09 ms slower
-  // with the attention left out; off.
+  // (GemvArgs::ahead), one bulk prefetch per row or slice. Measured at batch 1 after 512: within
+  // the spread of the step (4.151-4.169 ms against 4.151-4.167 without; later 4.127-4.147
+  // against 4.129-4.174), 2048 rows 4.218, and 0.09 ms slower with the attention left out; off.
   bool attn_overlap_prefetch = false;
   int32_t attn_overlap_next_rows = 0;
   // The norm-scaled GEMV sums the partial sums of squares once per block, loaded before its dot
-  // (off: every warp reads all of them after its dot).
+  // (off: every warp reads all of them after its dot). With gemv_gated_unroll 4 the batch-1 step
+  // after 512 ran 0.02-0.04 ms faster than both off / 8 in each of three calls.
   bool gemv_norm_block = true;
   // Loads in flight per lane and weight row of the gated-activation GEMV (two rows per warp);
   // 0: gemv_unroll.
   int32_t gemv_gated_unroll = 4;
+  // GemvArgs::warps_per_row of the fused decode's QKV GEMV. 2 streams the QKV shape alone
+  // faster (13.30 against 13.98 us per launch) but made the batch-1 step slower in the same
+  // call (4.141-4.155 ms against 4.098-4.100 with 1): 1.
+  int32_t decode_qkv_warps_per_row = 1;
   // Benchmarks only, outputs wrong: 1 leaves out the fused decode's attention, 2 its lm_head
   // and argmax, 3 both (what the rest of the step costs in place).
   int32_t decode_profile_skip = 0;
