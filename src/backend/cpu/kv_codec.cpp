@@ -81,10 +81,10 @@ inline void decode_row(const KvRowFormat& f, const uint8_t* row, float* out) {
       return;
     }
     case KvRowKind::kTurbo3: {
-      float rms;
-      std::memcpy(&rms, row, 4);
+      float scale;
+      std::memcpy(&scale, row, 4);
       float level[8];
-      for (int c = 0; c < 8; ++c) level[c] = kLloydMax3[c] * rms;
+      for (int c = 0; c < 8; ++c) level[c] = kLloydMax3[c] * scale;
       const uint8_t* codes = row + 4;
       // 8 codes per 3 bytes (dim is a power of two >= 8).
       for (int32_t d = 0; d < f.dim; d += 8) {

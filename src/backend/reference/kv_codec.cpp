@@ -299,7 +299,7 @@ void kv_encode_row(const KvRowFormat& f, const float* x, uint8_t* row, uint64_t 
       // Codes: those of the candidate scale rms * step with the least squared error after the
       // least-squares rescale (first wins ties), refit twice (scale <y, c> / <c, c>, codes
       // re-picked). Stored scale |y|^2 / <y, c>: the decoded vector's projection on y is y's
-      // norm (no shrinkage toward zero), which attention's weighted sums prefer.
+      // length (no shrinkage toward zero).
       float pick = rms, scale = rms;
       if (rms > 0.0f) {
         double best = 0.0;
@@ -346,14 +346,14 @@ void kv_decode_row(const KvRowFormat& f, const uint8_t* row, float* x, uint64_t 
     case KvRowKind::kAffine8:
     case KvRowKind::kAffine4: decode_affine(f, row, x); return;
     case KvRowKind::kTurbo3: {
-      float rms;
-      std::memcpy(&rms, row, 4);
+      float scale;
+      std::memcpy(&scale, row, 4);
       const uint8_t* codes = row + 4;
       for (int32_t d = 0; d < f.dim; ++d) {
         const int64_t bit = 3 * int64_t(d);
         uint32_t c = uint32_t(codes[bit / 8]) >> (bit % 8);
         if (bit % 8 > 5) c |= uint32_t(codes[bit / 8 + 1]) << (8 - bit % 8);
-        x[d] = kLloydMax3[c & 7u] * rms;
+        x[d] = kLloydMax3[c & 7u] * scale;
       }
       if (!rotated) {
         float signs[1024];
