@@ -3,8 +3,9 @@
 // Encoder: one warp per (token, KV head) row. The row is built in shared memory as 32-bit words
 // (bytes little-endian, codes OR-ed in) and stored whole. Every value is computed with the
 // reference's own arithmetic (IEEE division and square root, round-to-nearest-even, the
-// Walsh-Hadamard butterflies in the same pairing, the turbo RMS summed in double in index
-// order), so the bytes are the reference's.
+// Walsh-Hadamard butterflies in the same pairing, the turbo RMS and the fp8 / turbo3 scale
+// searches' fits summed in double in index order, one candidate per lane, the first best kept),
+// so the bytes are the reference's.
 //
 // Attention, two split kernels. The tensor-core kernel (head dims 64 and 128, GQA groups up to
 // 8; kv_codec_mma.cu) runs by default. The CUDA-core kernel below takes
