@@ -95,7 +95,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   co.kv_codecs = eo->kv_codecs;
   auto parts = cuda::make_cuda_engine_parts(dir, co);
   if (!parts.ok()) return parts.error();
-  eo->kv_codecs = cuda::cuda_kv_codecs(eo->kv_codecs);
+  eo->kv_codecs = parts->kv_codecs;
   eo->kv_blocks = parts->executor->n_kv_blocks();
   out.model = std::move(parts->shape);
   out.executor = std::move(parts->executor);

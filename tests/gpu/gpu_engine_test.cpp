@@ -56,7 +56,7 @@ std::unique_ptr<Engine> start_gpu_engine(const std::string& name, int32_t max_ba
   eo.max_num_seqs = 8;
   eo.max_model_len = 256;
   eo.max_queued = 1024;
-  eo.kv_codecs = cuda_kv_codecs();
+  eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
   const int32_t device_blocks = parts->executor->n_kv_blocks();
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
@@ -250,7 +250,7 @@ TEST(GpuEngineTiers, HostTierHitMatchesTheDeviceCacheHit) {
   eo.max_batch_tokens = 64;
   eo.max_num_seqs = 8;
   eo.max_model_len = 256;
-  eo.kv_codecs = cuda_kv_codecs();
+  eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = "llama3-tiny";
   eo.kv_host_bytes = 64 * l.bytes_per_block();
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
@@ -287,6 +287,26 @@ TEST(GpuEngineTiers, HostTierHitMatchesTheDeviceCacheHit) {
   EXPECT_GT(t.host_hit_blocks, 0) << "the repeat was served from the host tier";
   EXPECT_GT(t.demoted_blocks, 0);
   engine.shutdown();
+}
+
+// An f32 checkpoint keeps f32 KV rows by default, and the engine's codec config says so (it names
+// the prefix-cache namespace); bf16 asked for by name gives bf16 rows, half the bytes a block.
+TEST(GpuEngineExecutor, KvRowsAreF32ForF32CheckpointsUnlessBf16IsAsked) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  CudaEngineOptions o = small_device(64);
+  o.kv_cache_bytes = int64_t(8) << 20;
+  auto f32 = make_cuda_engine_parts(model_path("llama3-tiny"), o);
+  ASSERT_TRUE(f32.ok()) << f32.error().to_string();
+  EXPECT_TRUE(f32->executor->decoder().kv_f32_rows());
+  EXPECT_EQ(f32->kv_codecs.default_spec.codec, KvCodec::kAuto);
+  EXPECT_EQ(codec_namespace(f32->kv_codecs), codec_namespace(KvCodecConfig{}));
+  o.kv_codecs.default_spec.codec = KvCodec::kBf16;
+  auto bf16 = make_cuda_engine_parts(model_path("llama3-tiny"), o);
+  ASSERT_TRUE(bf16.ok()) << bf16.error().to_string();
+  EXPECT_FALSE(bf16->executor->decoder().kv_f32_rows());
+  EXPECT_EQ(bf16->kv_codecs.default_spec.codec, KvCodec::kBf16);
+  EXPECT_NE(codec_namespace(bf16->kv_codecs), codec_namespace(f32->kv_codecs));
+  EXPECT_EQ(f32->executor->decoder().kv_block_bytes(), 2 * bf16->executor->decoder().kv_block_bytes());
 }
 
 TEST(GpuEngineExecutor, UnsupportedModelsAreRefusedNamingTypeAndDevice) {

@@ -441,8 +441,9 @@ void CudaExecutor::unregister_host_memory(void* p) {
   }
 }
 
-KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested) {
+KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested, bool f32_rows) {
   KvCodecConfig c = requested;
+  if (f32_rows) return c;
   if (c.default_spec.codec == KvCodec::kAuto) c.default_spec.codec = KvCodec::kBf16;
   for (auto& l : c.layers) {
     if (l.spec.codec == KvCodec::kAuto) l.spec.codec = KvCodec::kBf16;
@@ -521,6 +522,10 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
   if (codecs) mo.kv_codecs = *layer_codecs;
+  // bf16 asked for by name (default or any layer) keeps bf16 rows for f32 checkpoints too.
+  mo.auto_kv_f32 = o.kv_codecs.default_spec.codec == KvCodec::kAuto &&
+                   std::none_of(o.kv_codecs.layers.begin(), o.kv_codecs.layers.end(),
+                                [](const KvLayerCodec& l) { return l.spec.codec == KvCodec::kBf16; });
   if (o.window_paging) {
     const int32_t window = cuda_window_pool_window(*cfg);
     if (window > 0) {
@@ -579,7 +584,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   }
   log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
-            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs)),
+            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows())),
             (*dec)->n_kv_window_blocks() > 0
                 ? ", sliding-window layers in " + std::to_string((*dec)->n_kv_window_blocks()) + " blocks of their own (" +
                       std::to_string((int64_t((*dec)->n_kv_window_blocks()) * (*dec)->kv_pool().layout().window_bytes_per_block()) >> 20) +
@@ -587,6 +592,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
                 : std::string(),
             o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
   CudaEngineParts parts;
+  parts.kv_codecs = cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows());
   parts.shape = std::make_unique<ShapeModel>(**dec);
   parts.executor = std::make_unique<CudaExecutor>(std::move(dec).value());
   return parts;

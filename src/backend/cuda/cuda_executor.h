@@ -176,6 +176,10 @@ struct CudaEngineOptions {
 struct CudaEngineParts {
   std::unique_ptr<Model> shape;  // config and KV layout for the Engine; no forward
   std::unique_ptr<CudaExecutor> executor;
+  // The KV codec config the Engine must use with this pool: the request with kAuto as the
+  // rows the device keeps (bf16, or f32 for split f32/f16 checkpoints), so the prefix-cache
+  // namespace and the tiers' block bytes name what the pool holds.
+  KvCodecConfig kv_codecs;
 };
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
@@ -185,14 +189,15 @@ struct CudaEngineParts {
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
 
 // Loads (or draws) the model in `dir` on the current device and sizes its KV pool, in the
-// codecs of options.kv_codecs. The KV codec config the engine must then use is
-// cuda_kv_codecs(options.kv_codecs).
+// codecs of options.kv_codecs. The KV codec config the engine must then use is the parts'
+// kv_codecs. kAuto rows are f32 for f32/f16 checkpoints (split weights) unless bf16 was asked
+// for by name, else bf16.
 Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const CudaEngineOptions& options);
 
-// The engine's KV codec config for the device pool: `requested` with auto as bf16 (the
-// device's exact rows), so the prefix-cache namespace and the tiers' block bytes name the
-// codecs the pool holds.
-KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested = KvCodecConfig{});
+// The engine's KV codec config for a device pool whose kAuto rows are bf16 (f32_rows false)
+// or f32: `requested` with auto as bf16 in the first case, unchanged in the second (the
+// engine's kAuto is f32 rows).
+KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested = KvCodecConfig{}, bool f32_rows = false);
 
 // The window a model's sliding-window layers page apart with on the GPU (both kinds of layer,
 // no linear attention); 0: none page apart.

@@ -72,7 +72,7 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   // and so is the attention (the bf16 KV cache alone exceeds the goldens' bound for Gemma 3/4).
   std::vector<KvCodecSpec> specs = opt_.kv_codecs;
   const ModelConfig& attn_cfg = attn_cfg_.n_layers > 0 ? attn_cfg_ : cfg_;
-  bool auto_f32 = auto_f32_kv_ && kv_layers_ == 0;
+  bool auto_f32 = auto_f32_kv_ && opt_.auto_kv_f32 && kv_layers_ == 0;
   if (auto_f32 && specs.empty()) {
     specs.assign(size_t(std::max(cfg_.n_layers, 0)), KvCodecSpec{});
     if (const Status s = KvCodecStep::supported(attn_cfg, specs, true); !s.ok()) {
@@ -83,6 +83,7 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
       log::info("CUDA {}: split weights, KV cache kept as f32 rows with f32 attention (KvRowKind::kF32)", cfg_.model_type);
     }
   }
+  kv_f32_rows_ = auto_f32 && std::any_of(specs.begin(), specs.end(), [](const KvCodecSpec& x) { return x.codec == KvCodec::kAuto; });
   if (KvCodecStep::any_codec(specs, auto_f32)) {
     auto c = KvCodecStep::create(attn_cfg, specs, opt_.max_tokens, opt_.max_seqs, auto_f32);
     if (!c.ok()) return c.error();

@@ -88,6 +88,9 @@ struct CudaModelOptions {
   // pool and reads the sequence's table (the window applied in attention only).
   int32_t kv_window_blocks = 0;
   bool kv_window_exact = false;
+  // Whether kAuto rows may be f32 with split weights (kv_codecs above). false: the caller asked
+  // for bf16 rows by name (--kv-cache-dtype bf16), so they stay bf16 for any checkpoint dtype.
+  bool auto_kv_f32 = true;
 };
 
 class CudaDecoder {
@@ -150,6 +153,10 @@ class CudaDecoder {
   // are not in it): per layer the K rows then the V rows, [block_size, n_kv_heads] rows each
   // (bf16 [head_dim], or the layer's codec rows).
   int64_t kv_block_bytes() const;
+  // Whether the pool keeps the kAuto layers' rows as f32 (split weights; else bf16): the
+  // engine's KV codec config must say so (cuda_kv_codecs), as it names the prefix-cache
+  // namespace and the tiers' block bytes.
+  bool kv_f32_rows() const { return kv_f32_rows_; }
   // Copies KV block `block` of every layer of the full pool to / from host bytes laid out as
   // kv_block_bytes() says (waits for the stream).
   Status read_kv_block(int32_t block, uint8_t* out);
@@ -226,6 +233,7 @@ class CudaDecoder {
   bool gemma4_ = false;   // launch_gemma4_step computes the layers
   // Split weights: kAuto KV rows are f32 (set by the loaders before init_common).
   bool auto_f32_kv_ = false;
+  bool kv_f32_rows_ = false;  // init_common's decision: every kAuto layer holds f32 rows
   ModelConfig attn_cfg_;  // the config as parsed when cfg_ is reshaped (Gemma 4), for KvCodecStep
   std::unique_ptr<Hybrid> hybrid_;  // the hybrid families' layers, state and step metadata
   int32_t kv_layers_ = 0;           // layers of the KV pool (0: every layer)
