@@ -260,9 +260,9 @@ TEST_P(GpuEngineOverlap, MixedWorkloadMatchesSingleSteps) {
   EXPECT_EQ(on.out.at("logprobs").logprob_ids.size(), on.out.at("logprobs").tokens.size());
 }
 
-TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
-  const std::string name = GetParam();
-  const std::vector<GenerationRequest> reqs = base_workload(23);
+// A workload where max_tokens alone ends requests, with the default (batch-dependent) kernels:
+// overlapped steps plan the same steps as single ones, preempt alike and give the same bits.
+void expect_length_only_bit_exact(const std::string& name, const std::vector<GenerationRequest>& reqs) {
   auto off_engine = make_engine(name, false, false);
   auto on_engine = make_engine(name, true, false);
   ASSERT_NE(off_engine, nullptr);
@@ -275,6 +275,10 @@ TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
   EXPECT_GT(on.stats.preemptions, 0);
   EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
   for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;
+}
+
+TEST_P(GpuEngineOverlap, LengthOnlyWorkloadIsBitExactWithDefaultKernels) {
+  expect_length_only_bit_exact(GetParam(), base_workload(23));
 }
 
 // Repetition, presence and frequency penalties (strong enough to change most tokens of the
@@ -368,23 +372,11 @@ TEST_P(GpuEngineOverlap, PenaltiesMatchSingleSteps) {
   EXPECT_GT(changed, penalized / 2) << changed << " of " << penalized << " penalized requests changed by their penalties";
 }
 
-// Penalties where max_tokens alone ends requests, with the default (batch-dependent) kernels:
-// overlapped steps plan the same steps as single ones and give the same bits.
+// The same with penalties on most requests.
 TEST_P(GpuEngineOverlap, PenaltiesLengthOnlyBitExactWithDefaultKernels) {
-  const std::string name = GetParam();
   std::vector<GenerationRequest> reqs = base_workload(43);
   add_penalties(reqs);
-  auto off_engine = make_engine(name, false, false);
-  auto on_engine = make_engine(name, true, false);
-  ASSERT_NE(off_engine, nullptr);
-  ASSERT_NE(on_engine, nullptr);
-  const RunResult off = run_workload(*off_engine, reqs, "");
-  const RunResult on = run_workload(*on_engine, reqs, "");
-  expect_same(on, off, "", name);
-  EXPECT_EQ(on.stats.steps, off.stats.steps) << "the same plans";
-  EXPECT_GT(on.stats.preemptions, 0);
-  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2);
-  for (const auto& [id, o] : on.out) EXPECT_EQ(o.reason, FinishReason::kLength) << id << ": " << o.message;
+  expect_length_only_bit_exact(GetParam(), reqs);
 }
 
 // Device logprobs against host logprobs of the same row: the same chosen token, logprobs within
