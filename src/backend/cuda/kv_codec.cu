@@ -3,9 +3,10 @@
 // Encoder: one warp per (token, KV head) row. The row is built in shared memory as 32-bit words
 // (bytes little-endian, codes OR-ed in) and stored whole. Every value is computed with the
 // reference's own arithmetic (IEEE division and square root, round-to-nearest-even, the
-// Walsh-Hadamard butterflies in the same pairing, the turbo RMS and the fp8 / turbo3 scale
-// searches' fits summed in double in index order, one candidate per lane, the first best kept),
-// so the bytes are the reference's.
+// Walsh-Hadamard butterflies in the same pairing, the turbo |y|^2 and the fp8 / turbo3 scale
+// searches' fits summed in double in the reference's order: each lane sums its dims l, l + 32,
+// ..., then the xor butterfly combines the lanes; every candidate is fitted by the whole warp,
+// the first best kept), so the bytes are the reference's.
 //
 // Attention, two split kernels. The tensor-core kernel (head dims 64 and 128, GQA groups up to
 // 8; kv_codec_mma.cu) runs by default. The CUDA-core kernel below takes
@@ -135,21 +136,21 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
       float amax = 0.0f;
       for (int d = lane; d < dim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
       amax = warp_max(amax);
-      // The reference's search: lane i fits candidate i; the best codes' least-squares scale.
+      // The reference's search, each candidate fitted by the whole warp (every lane gets the
+      // same sums, so every lane makes the same first-best choice); the best codes'
+      // least-squares scale.
       const float base = amax / 448.0f;
       float pick = base, scale = base;
       if (base > 0.0f) {
-        Fit fit{0.0, 0.0};
-        double score = 0.0;
-        if (lane < kFp8Candidates) {
-          fit = fp8_fit(x, dim, base * es.fp8[lane]);
-          score = fit.yc * fit.yc / fit.cc;
-        }
-        const int best = warp_best_fit(score);
-        if (best >= 0) {
-          const double yc = __shfl_sync(0xffffffffu, fit.yc, best), cc = __shfl_sync(0xffffffffu, fit.cc, best);
-          pick = base * es.fp8[best];
-          scale = float(yc / cc);
+        float xr[kEncDimsPerLane];
+#pragma unroll
+        for (int i = 0; i < kEncDimsPerLane; ++i) xr[i] = lane + 32 * i < dim ? x[lane + 32 * i] : 0.0f;
+        double best = 0.0;
+        for (int c = 0; c < kFp8Candidates; ++c) {
+          const float s = base * es.fp8[c];
+          const Fit fit = fp8_fit(xr, lane, dim, s);
+          const double score = fit.yc * fit.yc / fit.cc;
+          if (score > best) best = score, pick = s, scale = float(fit.yc / fit.cc);
         }
       }
       const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
@@ -205,32 +206,31 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
       const float norm = 1.0f / sqrtf(float(dim));
       for (int d = lane; d < dim; d += 32) x[d] *= norm;
       __syncwarp();
+      float xr[kEncDimsPerLane];
       double ss = 0.0;
-      if (lane == 0) {
-        for (int d = 0; d < dim; ++d) ss += double(x[d]) * double(x[d]);  // index order, as the reference
+#pragma unroll
+      for (int i = 0; i < kEncDimsPerLane; ++i) {
+        xr[i] = lane + 32 * i < dim ? x[lane + 32 * i] : 0.0f;
+        if (lane + 32 * i < dim) ss += double(xr[i]) * double(xr[i]);
       }
-      ss = __shfl_sync(0xffffffffu, ss, 0);
+      ss = warp_tree_sum(ss);  // the reference's order
       const float rms = float(sqrt(ss / double(dim)));
-      // The reference's search (lane i fits candidate i), then its two refits and the scale
-      // |y|^2 / <y, c> on lane 0, in its order.
+      // The reference's search, its two refits and the scale |y|^2 / <y, c>, each fit by the
+      // whole warp (every lane gets the same sums and makes the same choices).
       float pick = rms, scale = rms;
       if (rms > 0.0f) {
-        double score = 0.0;
-        if (lane < kTurboCandidates) {
-          const Fit fit = turbo_fit(x, dim, rms * es.turbo[lane], tc.levels);
-          score = fit.yc * fit.yc / fit.cc;
+        double best = 0.0;
+        for (int c = 0; c < kTurboCandidates; ++c) {
+          const float s = rms * es.turbo[c];
+          const Fit fit = turbo_fit(xr, lane, dim, s, tc.levels);
+          const double score = fit.yc * fit.yc / fit.cc;
+          if (score > best) best = score, pick = s;
         }
-        const int best = warp_best_fit(score);
-        if (best >= 0) pick = rms * es.turbo[best];
-        if (lane == 0) {
-          for (int it = 0; it < 2; ++it) {
-            const Fit fit = turbo_fit(x, dim, pick, tc.levels);
-            pick = float(fit.yc / fit.cc);
-          }
-          scale = float(ss / turbo_fit(x, dim, pick, tc.levels).yc);
+        for (int it = 0; it < 2; ++it) {
+          const Fit fit = turbo_fit(xr, lane, dim, pick, tc.levels);
+          pick = float(fit.yc / fit.cc);
         }
-        pick = __shfl_sync(0xffffffffu, pick, 0);
-        scale = __shfl_sync(0xffffffffu, scale, 0);
+        scale = float(ss / turbo_fit(xr, lane, dim, pick, tc.levels).yc);
       }
       const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
       if (lane == 0) w[0] = __float_as_uint(scale);

@@ -42,21 +42,36 @@ struct EncodeSteps {
   float turbo[kTurboCandidates];
 };
 
-// <x, c> and <c, c> for the codes of x / s (c at unit scale), summed in index order in double
-// as the reference does; the products are exact, so the sums match it bit for bit.
+// Dims per lane of a row held in registers (head dims up to 256).
+constexpr int kEncDimsPerLane = 8;
+
+// The reference's fixed order of the encoders' sums: the lane's partial (its dims l, l + 32,
+// ... in index order) combined by the xor butterfly, own value first (the reference's partial
+// l += partial l + o); a + b == b + a exactly, so every lane ends with the reference's sum.
+__device__ __forceinline__ double warp_tree_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// <x, c> and <c, c> for the codes of x / s (c at unit scale), the whole warp fitting one
+// candidate: xr[i] is dim lane + 32 i (n dims in the row). The products are exact in double, so
+// the sums match the reference bit for bit; every lane returns the same fit.
 struct Fit {
   double yc, cc;
 };
 
-__device__ inline Fit fp8_fit(const float* x, int dim, float s) {
+__device__ __forceinline__ Fit fp8_fit(const float (&xr)[kEncDimsPerLane], int lane, int dim, float s) {
   const float inv = 1.0f / s;
-  Fit f{0.0, 0.0};
-  for (int d = 0; d < dim; ++d) {
-    const double c = e4m3_value(f32_to_e4m3(x[d] * inv));
-    f.yc += double(x[d]) * c;
-    f.cc += c * c;
+  double yc = 0.0, cc = 0.0;
+#pragma unroll
+  for (int i = 0; i < kEncDimsPerLane; ++i) {
+    if (lane + 32 * i < dim) {
+      const double c = e4m3_value(f32_to_e4m3(xr[i] * inv));
+      yc += double(xr[i]) * c;
+      cc += c * c;
+    }
   }
-  return f;
+  return Fit{warp_tree_sum(yc), warp_tree_sum(cc)};
 }
 
 __device__ __forceinline__ uint32_t nearest_level(float z, const float* levels) {
@@ -65,29 +80,19 @@ __device__ __forceinline__ uint32_t nearest_level(float z, const float* levels) 
   return c;
 }
 
-__device__ inline Fit turbo_fit(const float* x, int dim, float s, const float* levels) {
+__device__ __forceinline__ Fit turbo_fit(const float (&xr)[kEncDimsPerLane], int lane, int dim, float s,
+                                         const float* levels) {
   const float inv = 1.0f / s;
-  Fit f{0.0, 0.0};
-  for (int d = 0; d < dim; ++d) {
-    const double c = levels[nearest_level(x[d] * inv, levels)];
-    f.yc += double(x[d]) * c;
-    f.cc += c * c;
+  double yc = 0.0, cc = 0.0;
+#pragma unroll
+  for (int i = 0; i < kEncDimsPerLane; ++i) {
+    if (lane + 32 * i < dim) {
+      const double c = levels[nearest_level(xr[i] * inv, levels)];
+      yc += double(xr[i]) * c;
+      cc += c * c;
+    }
   }
-  return f;
-}
-
-// The lane whose fit scores highest (yc^2 / cc, the least-squares rescale's gain), the lowest
-// lane on ties, as the reference's first-wins scan; -1 when no score is positive (lanes
-// without a candidate pass score 0).
-__device__ __forceinline__ int warp_best_fit(double score) {
-  if (!(score > 0.0)) score = 0.0;
-  int best = threadIdx.x & 31;
-  for (int o = 16; o > 0; o >>= 1) {
-    const double os = __shfl_xor_sync(0xffffffffu, score, o);
-    const int ol = __shfl_xor_sync(0xffffffffu, best, o);
-    if (os > score || (os == score && ol < best)) score = os, best = ol;
-  }
-  return score > 0.0 ? best : -1;
+  return Fit{warp_tree_sum(yc), warp_tree_sum(cc)};
 }
 
 }  // namespace strata::cuda::kv_codec_detail

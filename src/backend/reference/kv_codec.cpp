@@ -205,10 +205,27 @@ int nearest_level(float z) {
   return c;
 }
 
-// The encoders' fits. Each sums <y, c> and <c, c> in index order in double, c being the codes'
-// values at unit scale; every product is exact in double (a float times an e4m3 value or a
-// float level), so only the additions round and any correct implementation summing in the same
-// order gets the same bits.
+// The encoders' sums (<y, c>, <c, c>, |y|^2) in one fixed order, shared with the GPU encoder
+// (one warp per row, lane l holding dims l, l + 32, ...): 32 partial sums in double, dim d
+// going to partial d % 32 in index order, then combined pairwise as the warp's xor butterfly
+// does (partial l += partial l + o for o = 16, 8, 4, 2, 1; the sum is partial 0). Every
+// product is exact in double (a float times an e4m3 value or a float level, or a float
+// squared), so only the additions round, and any implementation following this order gets the
+// same bits.
+constexpr int kSumLanes = 32;
+
+struct LaneSum {
+  double p[kSumLanes] = {};
+  void add(int32_t d, double v) { p[d % kSumLanes] += v; }
+  double total() {
+    for (int o = kSumLanes / 2; o > 0; o >>= 1) {
+      for (int l = 0; l < o; ++l) p[l] += p[l + o];
+    }
+    return p[0];
+  }
+};
+
+// c being the codes' values at unit scale.
 struct Fit {
   double yc = 0.0, cc = 0.0;
   // Squared error after the least-squares rescale is |y|^2 - yc^2 / cc: larger is better.
@@ -218,25 +235,25 @@ struct Fit {
 // e4m3 codes of y / s.
 Fit fp8_fit(const float* y, int32_t dim, float s) {
   const float inv = 1.0f / s;
-  Fit f;
+  LaneSum yc, cc;
   for (int32_t d = 0; d < dim; ++d) {
     const double c = e4m3_to_f32(f32_to_e4m3(y[d] * inv));
-    f.yc += double(y[d]) * c;
-    f.cc += c * c;
+    yc.add(d, double(y[d]) * c);
+    cc.add(d, c * c);
   }
-  return f;
+  return {yc.total(), cc.total()};
 }
 
 // Lloyd-Max codes of y / s.
 Fit turbo_fit(const float* y, int32_t dim, float s) {
   const float inv = 1.0f / s;
-  Fit f;
+  LaneSum yc, cc;
   for (int32_t d = 0; d < dim; ++d) {
     const double c = kLloydMax3[nearest_level(y[d] * inv)];
-    f.yc += double(y[d]) * c;
-    f.cc += c * c;
+    yc.add(d, double(y[d]) * c);
+    cc.add(d, c * c);
   }
-  return f;
+  return {yc.total(), cc.total()};
 }
 
 }  // namespace
@@ -293,8 +310,9 @@ void kv_encode_row(const KvRowFormat& f, const float* x, uint8_t* row, uint64_t 
       kv_rotation_signs(seed, f.dim, signs);
       std::memcpy(y, x, size_t(f.dim) * 4);
       kv_rotate(y, f.dim, signs);
-      double ss = 0.0;
-      for (int32_t d = 0; d < f.dim; ++d) ss += double(y[d]) * double(y[d]);
+      LaneSum sum_sq;
+      for (int32_t d = 0; d < f.dim; ++d) sum_sq.add(d, double(y[d]) * double(y[d]));
+      const double ss = sum_sq.total();
       const float rms = float(std::sqrt(ss / double(f.dim)));
       // Codes: those of the candidate scale rms * step with the least squared error after the
       // least-squares rescale (first wins ties), refit twice (scale <y, c> / <c, c>, codes

@@ -28,6 +28,9 @@
 //            least-squares rescale <y,c>/<c,c> (the first on ties), then is refit twice (p set
 //            to <y,c>/<c,c> of the codes at p). The stored scale is |y|^2 / <y,c>, so the
 //            decoded vector's projection on y has y's length. Zero vectors: scale 0, code 3.
+//   The searches' sums (<x,c>, <c,c>, |y|^2, in double) follow one fixed order, 32
+//   lane-strided partials combined pairwise (kv_codec.cpp), so every encoder writes the same
+//   bytes.
 #pragma once
 
 #include <cstdint>
