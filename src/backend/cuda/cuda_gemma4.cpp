@@ -159,9 +159,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   const bool tied = m->cfg_.lm_head_name.empty();
   auto extra = gemma4_extra_bytes(config, options);
   if (!extra.ok()) return extra.error();
-  auto arena = DeviceArena::create(arena_bytes(d, options, tied, 0) + *extra, "model weights and scratch");
-  if (!arena.ok()) return arena.error();
-  m->arena_ = std::move(*arena);
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, 0) + *extra));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(archive, m->cfg_.weight_prefix);

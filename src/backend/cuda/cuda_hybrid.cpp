@@ -180,9 +180,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   m->attn_scale_ = float(1.0 / std::sqrt(double(d.hd)));
   auto bytes = hybrid_arena_bytes(m->cfg_, options);
   if (!bytes.ok()) return bytes.error();
-  auto arena = DeviceArena::create(*bytes, "model weights and scratch");
-  if (!arena.ok()) return arena.error();
-  m->arena_ = std::move(*arena);
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(*bytes));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(archive, m->cfg_.weight_prefix);

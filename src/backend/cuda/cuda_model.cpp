@@ -107,6 +107,13 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   return Status();
 }
 
+Status CudaDecoder::take_weight_arena(size_t bytes) {
+  auto arena = DeviceArena::create(bytes, "model weights and scratch");
+  if (!arena.ok()) return arena.error();
+  arena_ = std::move(*arena);
+  return Status();
+}
+
 Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& options) {
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
@@ -141,9 +148,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   std::vector<int32_t> rope_index;
   const auto types = rope_types(m->cfg_, &rope_index);
   const bool tied = m->cfg_.lm_head_name.empty();
-  auto arena = DeviceArena::create(arena_bytes(d, options, tied, int(types.size())), "model weights and scratch");
-  if (!arena.ok()) return arena.error();
-  m->arena_ = std::move(*arena);
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, int(types.size()))));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(*archive, m->cfg_.weight_prefix);
@@ -286,9 +291,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
   std::vector<int32_t> rope_index;
   const auto types = rope_types(cfg, &rope_index);
   const bool tied = cfg.tie_embeddings;
-  auto arena = DeviceArena::create(arena_bytes(d, options, tied, int(types.size())), "model weights and scratch");
-  if (!arena.ok()) return arena.error();
-  m->arena_ = std::move(*arena);
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, int(types.size()))));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   uint64_t s = seed;

@@ -185,6 +185,8 @@ class CudaDecoder {
  private:
   CudaDecoder();  // out of line: members hold types complete in cuda_model.cpp only
   Status init_common(const CudaModelOptions& options);
+  // The device arena of the weights and step scratch (bytes from the loader's sizing).
+  Status take_weight_arena(size_t bytes);
   // Launches of one step whose metadata is already in the pinned host block; record_copy
   // records Buffers::meta_copied after the metadata copy (not while capturing a graph).
   struct StepShape {
