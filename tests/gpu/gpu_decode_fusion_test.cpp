@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/kernels.h"
+#include "gpu_oracle.h"
 #include "gpu_test_util.h"
 
 namespace strata::cuda {
@@ -14,16 +15,7 @@ namespace {
 
 using namespace strata::gpu_test;
 
-CudaModelOptions options() {
-  CudaModelOptions o;
-  o.kv_cache_bytes = int64_t(64) << 20;
-  o.block_size = 16;
-  o.max_tokens = 512;
-  o.max_seqs = 8;
-  o.max_blocks_per_seq = 32;
-  o.max_logit_rows = 8;
-  return o;
-}
+CudaModelOptions options() { return small_decoder_options(); }
 
 // Prefills `batch` sequences (prompt lengths 37 + 11 s), then decodes `steps` tokens each
 // (fixed ids, not the model's choice, so both runs see the same inputs). Returns the logits of

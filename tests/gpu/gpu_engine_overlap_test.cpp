@@ -34,7 +34,7 @@ using namespace strata::gpu_test;
 constexpr int32_t kMaxSeqs = 16;
 constexpr int32_t kBatchTokens = 96;
 constexpr int32_t kMaxLen = 256;
-constexpr int32_t kPoolBlocks = 40;  // 640 tokens for up to 16 sequences of up to 256: preemptions
+constexpr int32_t kPoolBlocks = 20;  // 320 tokens for up to 16 sequences of up to 256: preemptions
 
 std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic, bool device_logprobs = true,
                                     bool device_sampling = true) {
@@ -42,8 +42,8 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
   EXPECT_TRUE(cfg.ok());
   if (!cfg.ok()) return nullptr;
   CudaEngineOptions o;
-  // bf16 K and V rows of every layer, 16 tokens a block.
-  o.kv_cache_bytes = int64_t(kPoolBlocks) * 2 * cfg->n_layers * 16 * cfg->n_kv_heads * cfg->head_dim * 2;
+  // f32 K and V rows of every layer (these f32 checkpoints keep f32 KV), 16 tokens a block.
+  o.kv_cache_bytes = int64_t(kPoolBlocks) * 2 * cfg->n_layers * 16 * cfg->n_kv_heads * cfg->head_dim * 4;
   o.block_size = 16;
   o.max_batch_tokens = kBatchTokens;
   o.max_num_seqs = kMaxSeqs;
@@ -63,7 +63,7 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
   eo.max_num_seqs = kMaxSeqs;
   eo.max_model_len = kMaxLen;
   eo.max_queued = 1024;
-  eo.kv_codecs = cuda_kv_codecs();
+  eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
   eo.async_scheduling = overlap;
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));

@@ -61,14 +61,8 @@ class GpuGolden : public ::testing::TestWithParam<GoldenModel> {
 };
 
 CudaModelOptions small_options(bool attn_softcap = true) {
-  CudaModelOptions o;
+  CudaModelOptions o = small_decoder_options();
   o.attn_softcap = attn_softcap;
-  o.kv_cache_bytes = int64_t(64) << 20;
-  o.block_size = 16;
-  o.max_tokens = 512;
-  o.max_seqs = 8;
-  o.max_blocks_per_seq = 32;
-  o.max_logit_rows = 8;
   return o;
 }
 

@@ -43,14 +43,8 @@ using test::random_ids;
 using namespace strata::gpu_test;
 
 CudaModelOptions small_options(bool deterministic = false) {
-  CudaModelOptions o;
+  CudaModelOptions o = small_decoder_options();
   o.deterministic = deterministic;
-  o.kv_cache_bytes = int64_t(64) << 20;
-  o.block_size = 16;
-  o.max_tokens = 512;
-  o.max_seqs = 8;
-  o.max_blocks_per_seq = 32;
-  o.max_logit_rows = 8;
   return o;
 }
 
@@ -260,7 +254,7 @@ std::unique_ptr<Engine> start_engine(const std::string& name, int32_t max_batch_
   eo.max_num_seqs = 8;
   eo.max_model_len = 256;
   eo.max_queued = 1024;
-  eo.kv_codecs = cuda_kv_codecs();
+  eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
   eo.prefix_caching = prefix_caching;
   eo.state_snapshot_interval = 64;

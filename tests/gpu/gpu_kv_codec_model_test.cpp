@@ -77,7 +77,7 @@ std::vector<CodecCase> codec_cases() {
 std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCodecConfig& c) {
   std::vector<KvCodecLayerDims> dims(size_t(cfg.n_layers));
   for (auto& d : dims) d.head_dim_k = d.head_dim_v = cfg.head_dim;
-  auto r = resolve_kv_codecs(cuda_kv_codecs(c), dims);
+  auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
   return r.ok() ? *r : std::vector<KvCodecSpec>{};
 }
@@ -500,7 +500,7 @@ TEST(GpuKvCodecModelSteps, EngineWithCodecPoolGeneratesTheDecoderGreedyIds) {
     eo.max_batch_tokens = 64;  // the 37-token prompt in one chunk, decodes after it
     eo.max_num_seqs = 8;
     eo.max_model_len = 256;
-    eo.kv_codecs = cuda_kv_codecs(cc.config);
+    eo.kv_codecs = parts->kv_codecs;
     eo.model_identity = "qwen3-tiny";
     auto engine = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
     ASSERT_TRUE(engine.ok()) << engine.error().to_string();
@@ -555,7 +555,7 @@ TEST(GpuKvCodecModelSteps, EngineSupportAcceptsCodecsAndNamesRefusals) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("head dim"), std::string::npos) << s.error().message;
   // The namespace names the codecs the pool holds (auto is the device's bf16).
-  EXPECT_NE(codec_namespace(cuda_kv_codecs(KvCodecConfig{})), codec_namespace(cuda_kv_codecs(int8)));
+  EXPECT_NE(codec_namespace(cuda_kv_codecs(KvCodecConfig{}, false)), codec_namespace(cuda_kv_codecs(int8, false)));
 }
 
 }  // namespace

@@ -13,9 +13,23 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
 #include "gpu_test_util.h"
 
 namespace strata::gpu_test {
+
+// Decoder options sized for the oracle's tiny references: a 64 MiB KV pool of 16-token blocks,
+// steps of up to 512 tokens over 8 sequences of up to 512 positions, 8 logit rows.
+inline cuda::CudaModelOptions small_decoder_options() {
+  cuda::CudaModelOptions o;
+  o.kv_cache_bytes = int64_t(64) << 20;
+  o.block_size = 16;
+  o.max_tokens = 512;
+  o.max_seqs = 8;
+  o.max_blocks_per_seq = 32;
+  o.max_logit_rows = 8;
+  return o;
+}
 
 struct Case {
   std::vector<int32_t> prompt;

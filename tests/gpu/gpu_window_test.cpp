@@ -80,7 +80,7 @@ Started start(const std::string& dir, const std::string& name, const PoolSetup& 
   eo.max_num_seqs = s.max_num_seqs;
   eo.max_model_len = s.max_model_len;
   eo.max_queued = 64;
-  eo.kv_codecs = cuda_kv_codecs();
+  eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());

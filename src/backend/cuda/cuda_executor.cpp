@@ -456,7 +456,7 @@ namespace {
 // Per-layer specs of `codecs` (auto as bf16) for a model whose every layer owns its KV; empty
 // when every layer is bf16 (the plain pool, whatever the family).
 Result<std::vector<KvCodecSpec>> cuda_layer_codecs(const ModelConfig& cfg, const KvCodecConfig& codecs) {
-  KvCodecConfig c = cuda_kv_codecs(codecs);
+  KvCodecConfig c = cuda_kv_codecs(codecs, false);
   const bool all_bf16 = c.default_spec.codec == KvCodec::kBf16 &&
                         std::all_of(c.layers.begin(), c.layers.end(), [](const KvLayerCodec& l) { return l.spec.codec == KvCodec::kBf16; });
   if (all_bf16) return std::vector<KvCodecSpec>{};
@@ -582,17 +582,17 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     e.message = "--device cuda: " + e.message;
     return e;
   }
+  CudaEngineParts parts;
+  parts.kv_codecs = cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows());
   log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
-            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows())),
+            (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(parts.kv_codecs),
             (*dec)->n_kv_window_blocks() > 0
                 ? ", sliding-window layers in " + std::to_string((*dec)->n_kv_window_blocks()) + " blocks of their own (" +
                       std::to_string((int64_t((*dec)->n_kv_window_blocks()) * (*dec)->kv_pool().layout().window_bytes_per_block()) >> 20) +
                       " MiB)"
                 : std::string(),
             o.deterministic ? ", deterministic (batch-invariant) kernels" : "");
-  CudaEngineParts parts;
-  parts.kv_codecs = cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows());
   parts.shape = std::make_unique<ShapeModel>(**dec);
   parts.executor = std::make_unique<CudaExecutor>(std::move(dec).value());
   return parts;

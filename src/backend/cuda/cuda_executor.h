@@ -197,7 +197,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
 // The engine's KV codec config for a device pool whose kAuto rows are bf16 (f32_rows false)
 // or f32: `requested` with auto as bf16 in the first case, unchanged in the second (the
 // engine's kAuto is f32 rows).
-KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested = KvCodecConfig{}, bool f32_rows = false);
+KvCodecConfig cuda_kv_codecs(const KvCodecConfig& requested, bool f32_rows);
 
 // The window a model's sliding-window layers page apart with on the GPU (both kinds of layer,
 // no linear attention); 0: none page apart.
