@@ -38,7 +38,8 @@ bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32
                      [&](const KvCodecSpec& s) { return gpu_spec(s, auto_f32).codec != KvCodec::kBf16; });
 }
 
-int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs) {
+int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs,
+                                   bool quant) {
   const size_t T = size_t(max_tokens), P = size_t(partial_rows_for(max_tokens, max_seqs));
   return int64_t(2 * align256(T * size_t(n_kv_heads) * size_t(head_dim) * 2) + align256(T * 8) + 2 * align256(T * 4) +
                  align256(P * size_t(n_heads) * size_t(head_dim) * 4) + align256(P * size_t(n_heads) * 2 * 4));
@@ -67,7 +68,8 @@ Result<std::vector<KvCodecStep::LayerGeometry>> KvCodecStep::geometry(const Mode
   return g;
 }
 
-Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32) {
+Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32,
+                              const std::vector<KvCodecSpec>& quant_specs) {
   auto refuse = [](const std::string& m) { return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: " + m); };
   auto geom = geometry(cfg);
   if (!geom.ok()) return geom.error();
@@ -96,7 +98,8 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
 }
 
 Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
-                                                         int32_t max_tokens, int32_t max_seqs, bool auto_f32) {
+                                                         int32_t max_tokens, int32_t max_seqs, bool auto_f32,
+                                                         const std::vector<KvCodecSpec>& quant_specs) {
   STRATA_RETURN_IF_ERROR(supported(cfg, specs, auto_f32));
   auto geom = geometry(cfg);
   if (!geom.ok()) return geom.error();
@@ -165,12 +168,13 @@ void KvCodecStep::set_target_blocks(int64_t blocks) { g_target_blocks = std::max
 int64_t KvCodecStep::target_blocks() { return g_target_blocks; }
 
 void KvCodecStep::begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const int32_t* n_quant_blocks, int32_t block_size) {
   launch_kv_codec_query_rows({positions, seq_q_start, context_lens_, query_seq_, n_tokens, n_seqs}, stream);
 }
 
 void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
-                            uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream) {
+                            uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream,
+                            const uint8_t* qk_pool, const uint8_t* qv_pool) {
   const int32_t n = post.n;
   const LayerGeometry& g = geom_[size_t(layer)];
   const KvRowLayout& kf = k_[size_t(layer)];
@@ -228,5 +232,13 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
   }
   launch_kv_codec_attention(a, stream);
 }
+
+std::vector<int32_t> KvCodecStep::quant_row_bytes() const { return {}; }
+
+void KvCodecStep::attend(int32_t, const PagedAttentionArgs&, const float*, int64_t, const uint8_t*, const uint8_t*, int32_t,
+                         cudaStream_t, const uint8_t*, const uint8_t*) {}
+
+void KvCodecStep::convert_blocks(int32_t, const uint8_t*, const uint8_t*, uint8_t*, uint8_t*, const int32_t*, const int32_t*,
+                                 int32_t, int32_t, cudaStream_t) {}
 
 }  // namespace strata::cuda

@@ -9,6 +9,13 @@
 // earlier layer's rows without writing any (Gemma 4's shared KV). f32 rows (KvRowKind::kF32:
 // kAuto with auto_f32, the default for split f32 checkpoints) keep q, scores, softmax and sums
 // in f32. The bf16 decoder (no codec) never comes here.
+//
+// Delayed quantization (create() with quant_specs): the pool above holds EXACT rows (bf16, or
+// f32 with auto_f32) and a second pool holds codec rows. A sequence's block-table entries
+// [0, n_quant_blocks) are codec-pool ids, the rest exact-pool ids; run_layer writes the step's
+// K/V exactly, then attends over the codec keys and the exact keys in two split passes whose
+// partials one merge combines (one softmax over both). convert_blocks re-encodes full exact
+// blocks into codec blocks.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,12 +52,19 @@ class KvCodecStep {
   // layer attention over KV rows (full, sliding-window or shared; no linear attention), rows
   // the kernels handle (kv_codec_gpu_problem), GQA group 1, 2, 4 or 8; else kUnsupported
   // naming the layer or model type.
-  static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32 = false);
+  // Non-empty quant_specs (delayed quantization, one resolved spec per layer): specs must be the
+  // exact pool's rows (every layer kBf16, or kAuto: bf16, f32 with auto_f32) and quant_specs
+  // rows the kernels handle; windowed layers and layers reading another layer's KV are refused.
+  static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32 = false,
+                          const std::vector<KvCodecSpec>& quant_specs = {});
   // supported(), then scratch for steps of up to max_tokens tokens and max_seqs sequences.
   static Result<std::unique_ptr<KvCodecStep>> create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
-                                                     int32_t max_tokens, int32_t max_seqs, bool auto_f32 = false);
-  // Device bytes create() takes for these sizes (the largest layer's heads and head dim).
-  static int64_t scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs);
+                                                     int32_t max_tokens, int32_t max_seqs, bool auto_f32 = false,
+                                                     const std::vector<KvCodecSpec>& quant_specs = {});
+  // Device bytes create() takes for these sizes (the largest layer's heads and head dim); quant:
+  // with quant_specs (partials for two passes, the codec key counts).
+  static int64_t scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs,
+                               bool quant = false);
   // Whether any spec stores rows other than bf16 (else the plain bf16 pool serves).
   static bool any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32 = false);
 
@@ -58,6 +72,12 @@ class KvCodecStep {
   std::vector<int32_t> row_bytes() const;
   const KvRowLayout& k_format(int layer) const { return k_[size_t(layer)]; }
   const KvRowLayout& v_format(int layer) const { return v_[size_t(layer)]; }
+  // Delayed quantization: whether create() had quant_specs, and the codec pool's row bytes
+  // (layer l's K, then its V, as row_bytes()).
+  bool has_quant() const { return !qk_.empty(); }
+  std::vector<int32_t> quant_row_bytes() const;
+  const KvRowLayout& quant_k_format(int layer) const { return qk_[size_t(layer)]; }
+  const KvRowLayout& quant_v_format(int layer) const { return qv_[size_t(layer)]; }
 
   // Key splits of a step of n_tokens query rows: enough blocks for the device at decode sizes,
   // one for prefill-sized steps (whose query rows already fill it); 1 when deterministic (a
@@ -69,8 +89,10 @@ class KvCodecStep {
   static int64_t target_blocks();
 
   // After the step's metadata copy: each token's key count and sequence (device arrays here).
+  // Quant mode: n_quant_blocks (device, [n_seqs]; null: none) gives each sequence's codec-pool
+  // blocks (its block-table entries [0, n_quant_blocks[s])), block_size the pools' block size.
   void begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const int32_t* n_quant_blocks = nullptr, int32_t block_size = 0);
   // The attention output's lo part (bf16(o - out), [max_tokens, n_heads * head_dim]) for
   // split-input GEMMs, written by every later run_layer; null: none. With it, codec rows are
   // encoded from the post's f32 K/V rather than its bf16 staging.
@@ -81,26 +103,44 @@ class KvCodecStep {
   // layer's rows), the encode of K and V into the pool parts of the layer's KV layer (none for
   // such a layer), then attention of the step's n_tokens query rows over those rows into out.
   // attn supplies q, out, block_tables, the shapes, window, scale and softcap. k_pool / v_pool:
-  // the parts of geometry's kv_layer.
+  // the parts of geometry's kv_layer. Quant mode: k_pool / v_pool are the exact pool's parts
+  // (the step's K/V are written there as exact rows) and qk_pool / qv_pool the codec pool's; each
+  // query row attends over keys [0, n_quant_blocks * block_size) in the codec rows and the rest
+  // of its keys in the exact rows, one softmax over both.
   void run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
-                 uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream);
+                 uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream,
+                 const uint8_t* qk_pool = nullptr, const uint8_t* qv_pool = nullptr);
+  // The attention part of run_layer alone, over rows already written (tests): q (bf16, attn.q)
+  // and, for f32 rows, q_f32 (row t's head h at q_f32[t * q_stride + h * head_dim]).
+  void attend(int32_t layer, const PagedAttentionArgs& attn, const float* q_f32, int64_t q_stride, const uint8_t* k_pool,
+              const uint8_t* v_pool, int32_t n_splits, cudaStream_t stream, const uint8_t* qk_pool = nullptr,
+              const uint8_t* qv_pool = nullptr);
+  // Quant mode: encodes the exact pool's blocks src_blocks[i] (device array [n_blocks]) of
+  // `layer` into the codec pool's blocks dst_blocks[i], K and V, every position of each block:
+  // the bytes reference::kv_encode_row gives for the exact rows' values (the layer's turbo
+  // rotation seed, as run_layer). k_pool / v_pool, qk_pool / qv_pool: the layer's parts.
+  void convert_blocks(int32_t layer, const uint8_t* k_pool, const uint8_t* v_pool, uint8_t* qk_pool, uint8_t* qv_pool,
+                      const int32_t* src_blocks, const int32_t* dst_blocks, int32_t n_blocks, int32_t block_size,
+                      cudaStream_t stream);
   const LayerGeometry& layer_geometry(int layer) const { return geom_[size_t(layer)]; }
 
  private:
   KvCodecStep() = default;
   std::vector<KvRowLayout> k_, v_;
+  std::vector<KvRowLayout> qk_, qv_;  // quant mode: the codec pool's rows (empty otherwise)
   std::vector<LayerGeometry> geom_;
   uint16_t* out_lo_ = nullptr;
   int32_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0, max_tokens_ = 0;
-  int64_t partial_rows_ = 0;  // query rows x splits the partial buffers hold
+  int64_t partial_rows_ = 0;  // query rows x splits the partial buffers hold (per pass in quant mode)
   void* mem_ = nullptr;       // one allocation for everything below
   uint16_t* k_stage_ = nullptr;   // [max_tokens, n_kv_heads, head_dim] bf16
   uint16_t* v_stage_ = nullptr;   // [max_tokens, n_kv_heads, head_dim] bf16
   int64_t* stage_slots_ = nullptr;  // [max_tokens] 0, 1, 2, ...: token t's staging row
   int32_t* context_lens_ = nullptr;  // [max_tokens]
   int32_t* query_seq_ = nullptr;     // [max_tokens]
-  float* partial_out_ = nullptr;     // [partial_rows, n_heads, head_dim]
-  float* partial_ml_ = nullptr;      // [partial_rows, n_heads, 2]
+  int32_t* quant_lens_ = nullptr;    // [max_tokens] quant mode: codec keys of each query row
+  float* partial_out_ = nullptr;     // [partial_rows (x2 quant), n_heads, head_dim]
+  float* partial_ml_ = nullptr;      // [partial_rows (x2 quant), n_heads, 2]
 };
 
 }  // namespace strata::cuda
