@@ -40,8 +40,8 @@ bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32
 
 int64_t KvCodecStep::scratch_bytes(int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t max_tokens, int32_t max_seqs,
                                    bool quant) {
-  const size_t T = size_t(max_tokens), P = size_t(partial_rows_for(max_tokens, max_seqs));
-  return int64_t(2 * align256(T * size_t(n_kv_heads) * size_t(head_dim) * 2) + align256(T * 8) + 2 * align256(T * 4) +
+  const size_t T = size_t(max_tokens), P = size_t(partial_rows_for(max_tokens, max_seqs)) * (quant ? 2 : 1);
+  return int64_t(2 * align256(T * size_t(n_kv_heads) * size_t(head_dim) * 2) + align256(T * 8) + (quant ? 3 : 2) * align256(T * 4) +
                  align256(P * size_t(n_heads) * size_t(head_dim) * 4) + align256(P * size_t(n_heads) * 2 * 4));
 }
 
@@ -94,13 +94,41 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
     if (const char* p = kv_format_problem(vf); *p != '\0') return refuse(what + p);
     if (const char* p = kv_codec_gpu_problem(kv_row_layout(kf), kv_row_layout(vf)); *p != '\0') return refuse(what + p);
   }
+  if (quant_specs.empty()) return Status();
+  // Delayed quantization: exact rows in the first pool, codec rows in the second, per layer.
+  if (int64_t(quant_specs.size()) != int64_t(cfg.n_layers)) {
+    return refuse(std::to_string(quant_specs.size()) + " delayed-quantization layer codecs for " + std::to_string(cfg.n_layers) +
+                  " layers");
+  }
+  for (size_t l = 0; l < specs.size(); ++l) {
+    const LayerGeometry& g = (*geom)[l];
+    const std::string layer = "layer " + std::to_string(l);
+    const KvRowKind exact = kv_key_format(gpu_spec(specs[l], auto_f32), g.head_dim).kind;
+    if (exact != KvRowKind::kBf16 && exact != KvRowKind::kF32) {
+      return refuse(layer + ": delayed quantization keeps exact rows (bf16 or auto) in the first pool, not " +
+                    kv_codec_name(specs[l].codec));
+    }
+    if (g.window > 0) return refuse(layer + ": delayed quantization of a sliding-window layer (window " + std::to_string(g.window) + ")");
+    if (g.kv_layer != int32_t(l)) {
+      return refuse(layer + ": delayed quantization of a layer reading layer " + std::to_string(g.kv_layer) + "'s KV");
+    }
+    const KvCodecSpec q = gpu_spec(quant_specs[l], auto_f32);
+    const std::string what = std::string(kv_codec_name(q.codec)) + " (delayed quantization) of " + layer + " (head dim " +
+                             std::to_string(g.head_dim) + "): ";
+    const KvRowFormat kf = kv_key_format(q, g.head_dim), vf = kv_value_format(q, g.head_dim);
+    if (kf.kind == KvRowKind::kF32 || vf.kind == KvRowKind::kF32) return refuse(what + "f32 rows are not a codec");
+    if (const char* p = kv_format_problem(kf); *p != '\0') return refuse(what + p);
+    if (const char* p = kv_format_problem(vf); *p != '\0') return refuse(what + p);
+    if (const char* p = kv_codec_gpu_problem(kv_row_layout(kf), kv_row_layout(vf)); *p != '\0') return refuse(what + p);
+  }
   return Status();
 }
 
 Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs,
                                                          int32_t max_tokens, int32_t max_seqs, bool auto_f32,
                                                          const std::vector<KvCodecSpec>& quant_specs) {
-  STRATA_RETURN_IF_ERROR(supported(cfg, specs, auto_f32));
+  STRATA_RETURN_IF_ERROR(supported(cfg, specs, auto_f32, quant_specs));
+  const bool quant = !quant_specs.empty();
   auto geom = geometry(cfg);
   if (!geom.ok()) return geom.error();
   std::unique_ptr<KvCodecStep> s(new KvCodecStep());
@@ -111,6 +139,11 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
     const KvCodecSpec spec = gpu_spec(specs[size_t(g.kv_layer)], auto_f32);
     s->k_.push_back(kv_row_layout(kv_key_format(spec, g.head_dim)));
     s->v_.push_back(kv_row_layout(kv_value_format(spec, g.head_dim)));
+    if (quant) {
+      const KvCodecSpec q = gpu_spec(quant_specs[l], auto_f32);
+      s->qk_.push_back(kv_row_layout(kv_key_format(q, g.head_dim)));
+      s->qv_.push_back(kv_row_layout(kv_value_format(q, g.head_dim)));
+    }
     n_heads = std::max(n_heads, g.n_heads);
     n_kv_heads = std::max(n_kv_heads, g.n_kv_heads);
     head_dim = std::max(head_dim, g.head_dim);
@@ -120,7 +153,7 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
   s->head_dim_ = head_dim;
   s->max_tokens_ = max_tokens;
   s->partial_rows_ = partial_rows_for(max_tokens, max_seqs);
-  const int64_t bytes = scratch_bytes(n_heads, n_kv_heads, head_dim, max_tokens, max_seqs);
+  const int64_t bytes = scratch_bytes(n_heads, n_kv_heads, head_dim, max_tokens, max_seqs, quant);
   const cudaError_t err = cudaMalloc(&s->mem_, size_t(bytes));
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -133,12 +166,13 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
     p += align256(b);
     return at;
   };
-  const size_t T = size_t(max_tokens), P = size_t(s->partial_rows_);
+  const size_t T = size_t(max_tokens), P = size_t(s->partial_rows_) * (quant ? 2 : 1);
   s->k_stage_ = reinterpret_cast<uint16_t*>(take(T * size_t(n_kv_heads) * size_t(head_dim) * 2));
   s->v_stage_ = reinterpret_cast<uint16_t*>(take(T * size_t(n_kv_heads) * size_t(head_dim) * 2));
   s->stage_slots_ = reinterpret_cast<int64_t*>(take(T * 8));
   s->context_lens_ = reinterpret_cast<int32_t*>(take(T * 4));
   s->query_seq_ = reinterpret_cast<int32_t*>(take(T * 4));
+  if (quant) s->quant_lens_ = reinterpret_cast<int32_t*>(take(T * 4));
   s->partial_out_ = reinterpret_cast<float*>(take(P * size_t(n_heads) * size_t(head_dim) * 4));
   s->partial_ml_ = reinterpret_cast<float*>(take(P * size_t(n_heads) * 2 * 4));
   std::vector<int64_t> ids(T);
@@ -169,7 +203,13 @@ int64_t KvCodecStep::target_blocks() { return g_target_blocks; }
 
 void KvCodecStep::begin_step(const int32_t* positions, const int32_t* seq_q_start, int32_t n_tokens, int32_t n_seqs,
                              cudaStream_t stream, const int32_t* n_quant_blocks, int32_t block_size) {
-  launch_kv_codec_query_rows({positions, seq_q_start, context_lens_, query_seq_, n_tokens, n_seqs}, stream);
+  KvCodecQueryRowsArgs a{positions, seq_q_start, context_lens_, query_seq_, n_tokens, n_seqs};
+  if (has_quant()) {
+    a.n_quant_blocks = n_quant_blocks;
+    a.block_size = block_size;
+    a.quant_lens = quant_lens_;
+  }
+  launch_kv_codec_query_rows(a, stream);
 }
 
 void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
@@ -203,20 +243,30 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
     launch_kv_codec_write(kw, stream);
     launch_kv_codec_write(vw, stream);
   }
+  PagedAttentionArgs rows = attn;
+  rows.n_tokens = n;  // the query rows
+  attend(layer, rows, f32 ? qkv : nullptr, row_len, k_pool, v_pool, n_splits, stream, qk_pool, qv_pool);
+}
+
+void KvCodecStep::attend(int32_t layer, const PagedAttentionArgs& attn, const float* q_f32, int64_t q_stride,
+                         const uint8_t* k_pool, const uint8_t* v_pool, int32_t n_splits, cudaStream_t stream,
+                         const uint8_t* qk_pool, const uint8_t* qv_pool) {
+  const LayerGeometry& g = geom_[size_t(layer)];
+  const KvRowLayout& kf = k_[size_t(layer)];
   KvCodecAttentionArgs a{};
   a.q = attn.q;
   a.out = attn.out;
   a.k_pool = k_pool;
   a.v_pool = v_pool;
   a.k_fmt = kf;
-  a.v_fmt = vf;
+  a.v_fmt = v_[size_t(layer)];
   a.seed_layer = g.kv_layer;  // the rotation the rows were written with
   a.block_tables = attn.block_tables;
   a.context_lens = context_lens_;
   a.query_seq = query_seq_;
   a.partial_out = partial_out_;
   a.partial_ml = partial_ml_;
-  a.n_seqs = n;
+  a.n_seqs = attn.n_tokens;
   a.n_splits = n_splits;
   a.max_blocks_per_seq = attn.max_blocks_per_seq;
   a.block_size = attn.block_size;
@@ -226,19 +276,66 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
   a.softcap = attn.softcap;
   a.window = attn.window;
   a.out_lo = out_lo_;
-  if (f32) {
-    a.q_f32 = qkv;
-    a.q_stride = row_len;
+  if (kf.kind == KvRowKindGpu::kF32) {
+    a.q_f32 = q_f32;
+    a.q_stride = q_stride;
+  }
+  if (has_quant()) {
+    // Keys [0, quant_lens) from the codec rows into partial splits [0, n_splits), left unmerged;
+    // then keys [quant_lens, context_lens) from the exact rows into [n_splits, 2 n_splits) and the
+    // merge of both (turbo3 codec values rotated back before they join the exact ones).
+    KvCodecAttentionArgs c = a;
+    c.k_pool = qk_pool;
+    c.v_pool = qv_pool;
+    c.k_fmt = qk_[size_t(layer)];
+    c.v_fmt = qv_[size_t(layer)];
+    c.context_lens = quant_lens_;
+    c.q_f32 = nullptr;  // codec rows take the bf16 query
+    c.q_stride = 0;
+    c.merge = false;
+    c.out_lo = nullptr;
+    launch_kv_codec_attention(c, stream);
+    a.key_begin = quant_lens_;
+    a.split_base = n_splits;
+    a.rotated_splits = c.v_fmt.kind == KvRowKindGpu::kTurbo3 ? n_splits : 0;
   }
   launch_kv_codec_attention(a, stream);
 }
 
-std::vector<int32_t> KvCodecStep::quant_row_bytes() const { return {}; }
+std::vector<int32_t> KvCodecStep::quant_row_bytes() const {
+  std::vector<int32_t> b;
+  for (size_t l = 0; l < qk_.size(); ++l) {
+    b.push_back(qk_[l].bytes);
+    b.push_back(qv_[l].bytes);
+  }
+  return b;
+}
 
-void KvCodecStep::attend(int32_t, const PagedAttentionArgs&, const float*, int64_t, const uint8_t*, const uint8_t*, int32_t,
-                         cudaStream_t, const uint8_t*, const uint8_t*) {}
-
-void KvCodecStep::convert_blocks(int32_t, const uint8_t*, const uint8_t*, uint8_t*, uint8_t*, const int32_t*, const int32_t*,
-                                 int32_t, int32_t, cudaStream_t) {}
+void KvCodecStep::convert_blocks(int32_t layer, const uint8_t* k_pool, const uint8_t* v_pool, uint8_t* qk_pool, uint8_t* qv_pool,
+                                 const int32_t* src_blocks, const int32_t* dst_blocks, int32_t n_blocks, int32_t block_size,
+                                 cudaStream_t stream) {
+  if (!has_quant() || n_blocks <= 0) return;
+  const LayerGeometry& g = geom_[size_t(layer)];
+  const bool f32 = k_[size_t(layer)].kind == KvRowKindGpu::kF32;
+  for (int side = 0; side < 2; ++side) {
+    const uint8_t* src = side == 0 ? k_pool : v_pool;
+    KvCodecWriteArgs w{};
+    w.pool = side == 0 ? qk_pool : qv_pool;
+    w.fmt = side == 0 ? qk_[size_t(layer)] : qv_[size_t(layer)];
+    w.n_tokens = n_blocks * block_size;
+    w.n_kv_heads = g.n_kv_heads;
+    w.seed_layer = layer;  // as run_layer writes and reads (no shared-KV layers here)
+    if (f32) {
+      w.x_f32 = reinterpret_cast<const float*>(src);
+      w.x_stride = int64_t(g.n_kv_heads) * g.head_dim;
+    } else {
+      w.x = reinterpret_cast<const uint16_t*>(src);
+    }
+    w.src_blocks = src_blocks;
+    w.dst_blocks = dst_blocks;
+    w.block_size = block_size;
+    launch_kv_codec_write(w, stream);
+  }
+}
 
 }  // namespace strata::cuda

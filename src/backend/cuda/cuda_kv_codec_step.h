@@ -110,8 +110,9 @@ class KvCodecStep {
   void run_layer(int32_t layer, QkvPostArgs post, const PagedAttentionArgs& attn, const int64_t* slot_mapping,
                  uint8_t* k_pool, uint8_t* v_pool, int32_t n_splits, cudaStream_t stream,
                  const uint8_t* qk_pool = nullptr, const uint8_t* qv_pool = nullptr);
-  // The attention part of run_layer alone, over rows already written (tests): q (bf16, attn.q)
-  // and, for f32 rows, q_f32 (row t's head h at q_f32[t * q_stride + h * head_dim]).
+  // The attention part of run_layer alone, over rows already written (tests): attn.n_tokens
+  // query rows, q (bf16, attn.q) and, for f32 rows, q_f32 (row t's head h at
+  // q_f32[t * q_stride + h * head_dim]).
   void attend(int32_t layer, const PagedAttentionArgs& attn, const float* q_f32, int64_t q_stride, const uint8_t* k_pool,
               const uint8_t* v_pool, int32_t n_splits, cudaStream_t stream, const uint8_t* qk_pool = nullptr,
               const uint8_t* qv_pool = nullptr);

@@ -112,14 +112,21 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
   const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
   if (row >= int64_t(a.n_tokens) * a.n_kv_heads) return;
   const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
-  const int64_t slot = a.slot_mapping[t];
+  int64_t slot, src_t = t;  // destination slot, source row
+  if (a.src_blocks != nullptr) {
+    const int i = t / a.block_size, j = t - i * a.block_size;
+    slot = int64_t(a.dst_blocks[i]) * a.block_size + j;
+    src_t = int64_t(a.src_blocks[i]) * a.block_size + j;
+  } else {
+    slot = a.slot_mapping[t];
+  }
   if (slot < 0) return;
   const KvRowLayout& f = a.fmt;
   const int dim = f.dim, n_words = f.bytes / 4;
   float* x = xs[warp];
   uint32_t* w = ws[warp];
-  const uint16_t* src = a.x + row * dim;
-  const float* src_f32 = a.x_f32 != nullptr ? a.x_f32 + int64_t(t) * a.x_stride + int64_t(h) * dim : nullptr;
+  const uint16_t* src = a.x + (src_t * a.n_kv_heads + h) * dim;
+  const float* src_f32 = a.x_f32 != nullptr ? a.x_f32 + src_t * a.x_stride + int64_t(h) * dim : nullptr;
   for (int d = lane; d < dim; d += 32) x[d] = src_f32 != nullptr ? src_f32[d] : bf16_to_f32(src[d]);
   for (int i = lane; i < n_words; i += 32) w[i] = 0u;
   __syncwarp();
@@ -605,7 +612,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention
       o += wgt * s_acc[(w * G + h) * hd + d];
       sum += wgt * s_l[w][h];
     }
-    const int64_t prow = int64_t(split) * stride + int64_t(seq) * a.n_heads + kvh * G + h;
+    const int64_t prow = int64_t(a.split_base + split) * stride + int64_t(seq) * a.n_heads + kvh * G + h;
     a.partial_out[prow * hd + d] = o;
     if (d == 0) {
       a.partial_ml[prow * 2] = mx;
@@ -615,7 +622,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MinBlocks) kv_codec_attention
 }
 
 // One block of head_dim threads per (sequence, head): merges the splits, normalizes, rotates
-// turbo3 outputs back (y = s . H y / sqrt(dim)) and stores bf16.
+// turbo3 outputs back (y = s . H y / sqrt(dim); with two sources only the rotated splits' sum,
+// which then joins the others') and stores bf16.
 __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) {
   __shared__ float split_w[kMaxSplits];
   __shared__ float inv_s;
@@ -625,11 +633,13 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
   const int64_t row = blockIdx.x;  // seq * n_heads + head
   const int64_t stride = int64_t(a.n_seqs) * a.n_heads;
   const int hd = a.v_fmt.dim, d = threadIdx.x;
+  const int n_total = a.split_base + a.n_splits;
+  const int n_rot = a.v_fmt.kind == Kind::kTurbo3 ? n_total : a.rotated_splits;  // block-uniform
   if (threadIdx.x == 0) {
     float mx = -INFINITY;
-    for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, a.partial_ml[(s * stride + row) * 2]);
+    for (int s = 0; s < n_total; ++s) mx = fmaxf(mx, a.partial_ml[(s * stride + row) * 2]);
     float denom = 0.0f;
-    for (int s = 0; s < a.n_splits; ++s) {
+    for (int s = 0; s < n_total; ++s) {
       const float ms = a.partial_ml[(s * stride + row) * 2];
       const float wgt = ms == -INFINITY ? 0.0f : __expf(ms - mx);
       split_w[s] = wgt;
@@ -638,15 +648,19 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
     inv_s = denom > 0.0f ? 1.0f / denom : 0.0f;
   }
   __syncthreads();
-  float o = 0.0f;
-  for (int s = 0; s < a.n_splits; ++s) {
+  float o = 0.0f, o_rot = 0.0f;
+  for (int s = 0; s < n_total; ++s) {
     const float wgt = split_w[s];
     const float x = a.partial_out[(s * stride + row) * hd + d];
-    o += wgt != 0.0f ? wgt * x : 0.0f;
+    if (s < n_rot) {
+      o_rot += wgt != 0.0f ? wgt * x : 0.0f;
+    } else {
+      o += wgt != 0.0f ? wgt * x : 0.0f;
+    }
   }
   o *= inv_s;
-  if (a.v_fmt.kind == Kind::kTurbo3) {
-    y[d] = o;
+  if (n_rot > 0) {
+    y[d] = o_rot * inv_s;
     for (int len = 1; len < hd; len <<= 1) {
       __syncthreads();
       if (d < hd / 2) {
@@ -658,7 +672,8 @@ __global__ void kv_codec_combine_kernel(KvCodecAttentionArgs a, TurboConsts tc) 
     }
     __syncthreads();
     const int kvh = int(row % a.n_heads) / (a.n_heads / a.n_kv_heads);
-    o = y[d] * (1.0f / sqrtf(float(hd))) * sign_of(tc, kvh * hd + d);
+    const float r = y[d] * (1.0f / sqrtf(float(hd))) * sign_of(tc, kvh * hd + d);
+    o = n_rot == n_total ? r : r + o;
   }
   const uint32_t hi = f32_to_bf16_bits(o);
   a.out[row * hd + d] = uint16_t(hi);
@@ -676,9 +691,16 @@ __global__ void kv_codec_write_f32_kernel(KvCodecWriteArgs a) {
   const int64_t total = int64_t(a.n_tokens) * a.n_kv_heads * dim;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / (int64_t(a.n_kv_heads) * dim), r = i % (int64_t(a.n_kv_heads) * dim);
-    const int64_t slot = a.slot_mapping[t];
+    int64_t slot, src_t = t;  // destination slot, source row
+    if (a.src_blocks != nullptr) {
+      const int64_t b = t / a.block_size, j = t - b * a.block_size;
+      slot = int64_t(a.dst_blocks[b]) * a.block_size + j;
+      src_t = int64_t(a.src_blocks[b]) * a.block_size + j;
+    } else {
+      slot = a.slot_mapping[t];
+    }
     if (slot < 0) continue;
-    reinterpret_cast<float*>(a.pool)[slot * a.n_kv_heads * dim + r] = a.x_f32[t * a.x_stride + r];
+    reinterpret_cast<float*>(a.pool)[slot * a.n_kv_heads * dim + r] = a.x_f32[src_t * a.x_stride + r];
   }
 }
 
@@ -766,7 +788,7 @@ __global__ void __launch_bounds__(kF32Warps * 32) kv_codec_f32_attention_kernel(
   }
   if (lane == 0) s_m[warp] = m, s_l[warp] = l;
   __syncthreads();
-  const int64_t prow = int64_t(split) * a.n_seqs * a.n_heads + int64_t(seq) * a.n_heads + head;
+  const int64_t prow = int64_t(a.split_base + split) * a.n_seqs * a.n_heads + int64_t(seq) * a.n_heads + head;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float mx = -INFINITY;
     for (int w = 0; w < kF32Warps; ++w) mx = fmaxf(mx, s_m[w]);
@@ -799,6 +821,10 @@ __global__ void kv_codec_query_rows_kernel(KvCodecQueryRowsArgs a) {
   }
   a.context_lens[t] = a.positions[t] + 1;
   a.query_seq[t] = lo;
+  if (a.quant_lens != nullptr) {
+    const int n_quant = a.n_quant_blocks != nullptr ? a.n_quant_blocks[lo] * a.block_size : 0;
+    a.quant_lens[t] = min(n_quant, a.positions[t] + 1);
+  }
 }
 
 int32_t g_min_blocks = 3;  // set_kv_codec_attention_min_blocks
@@ -889,6 +915,9 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
   if (a.fmt.kind == Kind::kTurbo3 && int64_t(a.n_kv_heads) * a.fmt.dim > 32 * kMaxSignWords) {
     cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_write", "turbo3: n_kv_heads * head dim above 8192");
   }
+  if (a.src_blocks != nullptr && (a.dst_blocks == nullptr || a.block_size <= 0 || a.n_tokens % a.block_size != 0)) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_write", "block conversion needs dst_blocks and n_tokens a multiple of block_size");
+  }
   const int64_t rows = int64_t(a.n_tokens) * a.n_kv_heads;
   if (rows == 0) return;
   if (a.fmt.kind == Kind::kF32) {
@@ -911,14 +940,18 @@ void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stre
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream) {
   const char* p = kv_codec_gpu_problem(a.k_fmt, a.v_fmt);
   if (*p != '\0') cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", p);
-  if (a.n_splits < 1 || a.n_splits > kMaxSplits) {
-    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "n_splits " + std::to_string(a.n_splits) + " (1..64)");
+  if (a.n_splits < 1 || a.split_base < 0 || a.split_base + a.n_splits > kMaxSplits) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention",
+               "split_base " + std::to_string(a.split_base) + " + n_splits " + std::to_string(a.n_splits) + " (1..64)");
+  }
+  if (a.rotated_splits < 0 || a.rotated_splits > a.split_base) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "rotated_splits must lie in [0, split_base]");
   }
   if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0) {
     cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "n_heads % n_kv_heads != 0");
   }
   if (a.n_seqs == 0) return;
-  const bool turbo = a.v_fmt.kind == Kind::kTurbo3;
+  const bool turbo = a.v_fmt.kind == Kind::kTurbo3 || (a.merge && a.rotated_splits > 0);
   if (turbo && int64_t(a.n_kv_heads) * a.v_fmt.dim > 32 * kMaxSignWords) {
     cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_attention", "turbo3: n_kv_heads * head dim above 8192");
   }
@@ -940,7 +973,7 @@ void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t strea
     case Kind::kAffine4: launch_pair<Kind::kAffine4, Kind::kAffine4>(a, tc, stream); break;
     case Kind::kTurbo3: launch_pair<Kind::kAffine8, Kind::kTurbo3>(a, tc, stream); break;
   }
-  launch_pdl(kv_codec_combine_kernel, dim3(unsigned(a.n_seqs * a.n_heads)), unsigned(a.v_fmt.dim), 0, stream, a, tc);
+  if (a.merge) launch_pdl(kv_codec_combine_kernel, dim3(unsigned(a.n_seqs * a.n_heads)), unsigned(a.v_fmt.dim), 0, stream, a, tc);
 }
 
 }  // namespace strata::cuda

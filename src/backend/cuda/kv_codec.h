@@ -55,11 +55,19 @@ struct KvCodecWriteArgs {
   int32_t seed_layer;            // turbo3 only
   const float* x_f32 = nullptr;  // f32 rows: token t's head h at x_f32[t * x_stride + h * fmt.dim]
   int64_t x_stride = 0;          // floats between tokens of x_f32
+  // Block conversion (re-encoding whole blocks of another pool): with src_blocks, token t is
+  // position j = t % block_size of block i = t / block_size; it reads source row
+  // src_blocks[i] * block_size + j of x (or x_f32: that row times x_stride) and goes to slot
+  // dst_blocks[i] * block_size + j. slot_mapping is not read; n_tokens = blocks * block_size.
+  const int32_t* src_blocks = nullptr;  // [n_tokens / block_size] device
+  const int32_t* dst_blocks = nullptr;  // [n_tokens / block_size] device
+  int32_t block_size = 0;
 };
 void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 
 // Attention over codec pools, one query token per row: row s (its heads q[s]) sees the keys at
-// positions [0, context_lens[s]) of its block table (its own key included: write it first).
+// positions [0, context_lens[s]) of its block table (its own key included: write it first), or
+// [key_begin[s], context_lens[s]) with key_begin (an empty range leaves an empty partial).
 // The table is row s's own (decode: one token per sequence) or, with query_seq, row
 // query_seq[s] of block_tables: several query rows of one sequence (a prefill chunk), each
 // with its own causal limit (position + 1; launch_kv_codec_query_rows makes both arrays); with
@@ -70,7 +78,11 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 // cache), with f32 sums, and writes partial (out, max, sum);
 // launch_kv_codec_attention then merges the splits (turbo3 values: in the rotated domain, then
 // rotated back once per output vector) into out, and out_lo = bf16(o - out) when given (the
-// attention output's lo part for split-input GEMMs). f32 rows (both kinds kF32) read q from
+// attention output's lo part for split-input GEMMs).
+// Two sources (delayed quantization: a row's first keys in codec rows, the rest in exact rows):
+// a first call over the codec pool with merge = false writes partial splits [0, n1); a second
+// over the exact pool with split_base = n1 writes [n1, n1 + n2) and merges all of them, the
+// first rotated_splits (turbo3 values) rotated back before they join the rest. f32 rows (both kinds kF32) read q from
 // q_f32 and run an f32 kernel of their own (one query head per block, 32 keys per warp pass).
 struct KvCodecAttentionArgs {
   const uint16_t* q;            // [n_seqs, n_heads, k_fmt.dim] bf16
@@ -97,12 +109,19 @@ struct KvCodecAttentionArgs {
   uint16_t* out_lo = nullptr;   // [n_seqs, n_heads, v_fmt.dim] bf16 or null
   const float* q_f32 = nullptr; // f32 rows: row s's head h at q_f32[s * q_stride + h * k_fmt.dim]
   int64_t q_stride = 0;         // floats between rows of q_f32
+  const int32_t* key_begin = nullptr;  // [n_seqs] first key of each row, or null: 0
+  int32_t split_base = 0;       // this call's splits are partial splits [split_base, split_base + n_splits)
+  bool merge = true;            // false: the split kernel only (its partials wait for a later merge)
+  int32_t rotated_splits = 0;   // the merge: splits [0, rotated_splits) hold turbo3-rotated values
 };
-// Both kernels (the split blocks, then the merge). Layouts must pass kv_codec_gpu_problem.
+// Both kernels (the split blocks, then the merge of splits [0, split_base + n_splits), at most
+// 64). Layouts must pass kv_codec_gpu_problem.
 void launch_kv_codec_attention(const KvCodecAttentionArgs& a, cudaStream_t stream);
 
 // The per-query-row arrays of a packed step (tokens of sequence s at [seq_q_start[s],
-// seq_q_start[s + 1])): context_lens[t] = positions[t] + 1, query_seq[t] = s.
+// seq_q_start[s + 1])): context_lens[t] = positions[t] + 1, query_seq[t] = s, and with
+// quant_lens the row's keys in codec blocks: min(n_quant_blocks[s] * block_size, positions[t] + 1)
+// (0 without n_quant_blocks).
 struct KvCodecQueryRowsArgs {
   const int32_t* positions;    // [n_tokens]
   const int32_t* seq_q_start;  // [n_seqs + 1]
@@ -110,6 +129,9 @@ struct KvCodecQueryRowsArgs {
   int32_t* query_seq;          // [n_tokens]
   int32_t n_tokens;
   int32_t n_seqs;
+  const int32_t* n_quant_blocks = nullptr;  // [n_seqs] or null
+  int32_t block_size = 0;
+  int32_t* quant_lens = nullptr;            // [n_tokens] or null
 };
 void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stream);
 // Occupancy of the split kernel, process-wide: registers capped for 3 blocks (12 warps) per

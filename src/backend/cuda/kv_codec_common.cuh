@@ -38,11 +38,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// The keys [k_begin, k_end) of split `split` of query row `seq`: the row's keys (its last
-// `window` with a window) cut into n_splits chunks.
+// The keys [k_begin, k_end) of split `split` of query row `seq`: the row's keys (from
+// key_begin, its last `window` with a window) cut into n_splits chunks.
 __device__ __forceinline__ void split_keys(const KvCodecAttentionArgs& a, int seq, int split, int& k_begin, int& k_end) {
   const int n_keys = a.context_lens[seq];
-  const int k0 = a.window > 0 ? max(0, n_keys - a.window) : 0;
+  int k0 = a.window > 0 ? max(0, n_keys - a.window) : 0;
+  if (a.key_begin != nullptr) k0 = min(n_keys, max(k0, a.key_begin[seq]));
   const int chunk = (n_keys - k0 + a.n_splits - 1) / a.n_splits;
   k_begin = min(n_keys, k0 + split * chunk);
   k_end = min(n_keys, k_begin + chunk);

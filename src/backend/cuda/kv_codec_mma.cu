@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) kv_codec_mma_kernel
       sum += ob[(w * kMmaRows + r) * HD + d];
       l += red_m[w][r] == -INFINITY ? 0.0f : red_l[w][r] * exp2_approx(red_m[w][r] - mx);
     }
-    const int64_t prow = int64_t(split) * stride + int64_t(seq) * a.n_heads + kvh * group + r;
+    const int64_t prow = int64_t(a.split_base + split) * stride + int64_t(seq) * a.n_heads + kvh * group + r;
     a.partial_out[prow * HD + d] = sum;
     if (d == 0) {
       a.partial_ml[prow * 2] = mx == -INFINITY ? -INFINITY : mx / kLog2e;  // natural log, as the merge expects
