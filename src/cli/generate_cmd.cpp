@@ -40,7 +40,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
-  int32_t kv_quant_start = 0;
+  std::string kv_quant_start = "auto";
   DeviceArgs dev;
 };
 
@@ -158,7 +158,9 @@ int run_generate_on_engine(const GenerateArgs& a, EngineModel m, EngineOptions e
 
 int run_generate(const GenerateArgs& a) {
   if (a.max_tokens < 0) return fail(make_error(ErrorCode::kInvalidArgument, "--max-tokens must be >= 0"));
-  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, a.kv_quant_start);
+  auto quant_start = parse_kv_quant_start(a.kv_quant_start);
+  if (!quant_start.ok()) return fail(quant_start.error());
+  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, *quant_start);
   if (!kv_codecs.ok()) return fail(kv_codecs.error());
   if (a.prompt_ids.empty() == a.prompt.empty()) {
     return fail(make_error(ErrorCode::kInvalidArgument, "give exactly one of --prompt-ids and --prompt"));
@@ -202,7 +204,11 @@ int run_generate(const GenerateArgs& a) {
   log::info("loaded {} ({}) in {:.1f} ms, {} threads", a.model_dir, cfg.model_type,
             std::chrono::duration<double, std::milli>(t1 - t0).count(), pool.size());
 
-  auto kv_layout = resolve_kv_layout(**model, *kv_codecs);
+  // One sequence without the engine: every row in the codec from the start (auto means 0 here;
+  // a count > 0 needs the engine's conversion and is refused).
+  KvCodecConfig codecs = *kv_codecs;
+  if (codecs.quant_start == KvCodecConfig::kQuantStartAuto) codecs.quant_start = 0;
+  auto kv_layout = resolve_kv_layout(**model, codecs);
   if (!kv_layout.ok()) return fail(kv_layout.error());
 
   SamplingParams params = sampling_from(a, cfg);
@@ -292,7 +298,7 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-config", args->kv_config,
                   "JSON list of per-layer KV codecs: {layer_idx, codec, group_size?} or MLX's {layer_idx, bits, group_size}");
-  cmd->add_option("--kv-quant-start", args->kv_quant_start, "Tokens a sequence keeps in exact KV before conversion (0: none)")
+  cmd->add_option("--kv-quant-start", args->kv_quant_start, "Tokens a sequence keeps in exact KV before its full blocks move to the KV codec; auto: one block where the engine can convert (the block being written stays exact), 0: every row in the codec")
       ->capture_default_str();
   cmd->callback([args] { exit_code() = run_generate(*args); });
 }

@@ -59,7 +59,7 @@ struct ServeArgs {
   std::string tool_parser = "auto";
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
-  int32_t kv_quant_start = 0;
+  std::string kv_quant_start = "auto";
   int32_t state_snapshot_interval = 512;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
@@ -147,7 +147,9 @@ int run_serve(ServeArgs a) {
   }
   if (a.max_body_bytes < 1024) return fail(make_error(ErrorCode::kInvalidArgument, "--max-body-bytes must be >= 1024, got " + std::to_string(a.max_body_bytes)));
   if (a.port < 0 || a.port > 65535) return fail(make_error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535], got " + std::to_string(a.port)));
-  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, a.kv_quant_start);
+  auto quant_start = parse_kv_quant_start(a.kv_quant_start);
+  if (!quant_start.ok()) return fail(quant_start.error());
+  auto kv_codecs = make_kv_codec_config(a.kv_cache_dtype, a.kv_config, *quant_start);
   if (!kv_codecs.ok()) return fail(kv_codecs.error());
   if (a.state_snapshot_interval < 1) {
     return fail(make_error(ErrorCode::kInvalidArgument,
@@ -170,6 +172,8 @@ int run_serve(ServeArgs a) {
   device_eo.max_num_seqs = a.max_num_seqs;
   device_eo.max_model_len = a.max_model_len;
   device_eo.kv_codecs = *kv_codecs;
+  device_eo.kv_host_bytes = a.kv_host_bytes;  // tiers keep --kv-quant-start auto at 0
+  device_eo.kv_disk_dir = a.kv_disk_dir;
   auto model = load_engine_model(a.dev, a.model_dir, pool, &device_eo);
   if (!model.ok()) return fail(model.error());
   const ModelConfig cfg = model->model->config();
@@ -197,6 +201,7 @@ int run_serve(ServeArgs a) {
   eo.state_snapshot_interval = a.state_snapshot_interval;
   eo.kv_codecs = device_eo.kv_codecs;  // bf16 on cuda
   eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
+  eo.kv_quant_blocks = device_eo.kv_quant_blocks;  // the device's codec pool (--kv-quant-start)
   eo.async_scheduling = device_eo.async_scheduling;
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
@@ -323,7 +328,7 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-config", a->kv_config,
                   "JSON list of per-layer KV codecs: {layer_idx, codec, group_size?} or MLX's {layer_idx, bits, group_size}");
-  cmd->add_option("--kv-quant-start", a->kv_quant_start, "Tokens a sequence keeps in exact KV before conversion (0: none)")
+  cmd->add_option("--kv-quant-start", a->kv_quant_start, "Tokens a sequence keeps in exact KV before its full blocks move to the KV codec; auto: one block where the engine can convert (the block being written stays exact), 0: every row in the codec")
       ->capture_default_str();
   cmd->add_option("--state-snapshot-interval", a->state_snapshot_interval,
                   "Tokens between recurrent-state snapshots for prefix caching (a multiple of 64 and of the block size)")

@@ -180,6 +180,67 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   return plan;
 }
 
+int32_t default_kv_quant_start(const Model& model, const EngineOptions& o, const StepExecutor* executor) {
+  if (executor != nullptr && executor->n_kv_quant_blocks() == 0) return 0;
+  if (o.kv_host_bytes > 0 || !o.kv_disk_dir.empty()) return 0;
+  for (const auto& s : model.state_layout()) {
+    if (s.has_state) return 0;
+  }
+  KvCodecConfig codecs = o.kv_codecs;
+  codecs.quant_start = 0;
+  auto layout = resolve_kv_layout(model, codecs);
+  if (!layout.ok()) return 0;  // plan_blocks reports it
+  bool quantized = false;
+  for (const auto& s : *layout) {
+    if (s.has_kv && s.window > 0) return 0;
+    const KvCodec c = s.codec.codec;
+    quantized = quantized || (s.has_kv && s.shares_with < 0 && c != KvCodec::kAuto && c != KvCodec::kBf16);
+  }
+  return quantized ? o.block_size : 0;
+}
+
+namespace {
+
+// Engine options from an executor's pools: the engine plans with exactly its blocks, and its
+// codec pool (if any) is --kv-quant-start's. Resolves --kv-quant-start auto.
+Status adopt_executor_pools(const Model& model, const StepExecutor* executor, EngineOptions* o) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
+  if (executor != nullptr) {
+    if (o->kv_blocks != 0 && o->kv_blocks != executor->n_kv_blocks()) {
+      return bad("kv_blocks " + std::to_string(o->kv_blocks) + " differs from the executor's KV pool of " +
+                 std::to_string(executor->n_kv_blocks()) + " blocks");
+    }
+    o->kv_blocks = executor->n_kv_blocks();
+    if (const int32_t w = executor->n_kv_window_blocks(); w > 0) {
+      if (o->kv_window_blocks != 0 && o->kv_window_blocks != w) {
+        return bad("kv_window_blocks " + std::to_string(o->kv_window_blocks) + " differs from the executor's window pool of " +
+                   std::to_string(w) + " blocks");
+      }
+      o->kv_window_blocks = w;
+    }
+  }
+  if (o->kv_codecs.quant_start == KvCodecConfig::kQuantStartAuto) {
+    o->kv_codecs.quant_start = default_kv_quant_start(model, *o, executor);
+  }
+  if (executor != nullptr) {
+    const int32_t q = executor->n_kv_quant_blocks();
+    if ((q > 0) != (o->kv_codecs.quant_start > 0)) {
+      return bad("--kv-quant-start " + std::to_string(o->kv_codecs.quant_start) + " does not match the executor's " +
+                 (q > 0 ? "codec pool of " + std::to_string(q) + " blocks" : std::string("single KV pool")));
+    }
+    if (q > 0) {
+      if (o->kv_quant_blocks != 0 && o->kv_quant_blocks != q) {
+        return bad("kv_quant_blocks " + std::to_string(o->kv_quant_blocks) + " differs from the executor's codec pool of " +
+                   std::to_string(q) + " blocks");
+      }
+      o->kv_quant_blocks = q;
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options) {
   return create(std::move(model), std::move(options), nullptr);
 }
@@ -187,21 +248,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, EngineOptions options,
                                                std::unique_ptr<StepExecutor> executor) {
   if (!model) return make_error(ErrorCode::kInvalidArgument, "no model");
-  if (executor) {
-    if (options.kv_blocks != 0 && options.kv_blocks != executor->n_kv_blocks()) {
-      return make_error(ErrorCode::kInvalidArgument, "kv_blocks " + std::to_string(options.kv_blocks) +
-                                                         " differs from the executor's KV pool of " +
-                                                         std::to_string(executor->n_kv_blocks()) + " blocks");
-    }
-    options.kv_blocks = executor->n_kv_blocks();
-    if (const int32_t w = executor->n_kv_window_blocks(); w > 0) {
-      if (options.kv_window_blocks != 0 && options.kv_window_blocks != w) {
-        return make_error(ErrorCode::kInvalidArgument, "kv_window_blocks " + std::to_string(options.kv_window_blocks) +
-                                                           " differs from the executor's window pool of " + std::to_string(w) + " blocks");
-      }
-      options.kv_window_blocks = w;
-    }
-  }
+  STRATA_RETURN_IF_ERROR(adopt_executor_pools(*model, executor.get(), &options));
   STRATA_RETURN_IF_ERROR(check_model(*model));
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
   STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
@@ -215,19 +262,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
 Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_ptr<StepExecutor> executor)
     : model_(std::move(model)), options_(std::move(options)), queue_(std::max(options_.max_queued, 1)), t0_(Clock::now()) {
   if (!model_) throw std::invalid_argument("no model");
-  if (executor) {
-    if (options_.kv_blocks != 0 && options_.kv_blocks != executor->n_kv_blocks()) {
-      throw std::invalid_argument("kv_blocks " + std::to_string(options_.kv_blocks) + " differs from the executor's KV pool of " +
-                                  std::to_string(executor->n_kv_blocks()) + " blocks");
-    }
-    options_.kv_blocks = executor->n_kv_blocks();
-    if (const int32_t w = executor->n_kv_window_blocks(); w > 0) {
-      if (options_.kv_window_blocks != 0 && options_.kv_window_blocks != w) {
-        throw std::invalid_argument("kv_window_blocks " + std::to_string(options_.kv_window_blocks) +
-                                    " differs from the executor's window pool of " + std::to_string(w) + " blocks");
-      }
-      options_.kv_window_blocks = w;
-    }
+  if (auto st = adopt_executor_pools(*model_, executor.get(), &options_); !st.ok()) {
+    throw std::invalid_argument(st.error().to_string());
   }
   if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
   auto kv_plan = plan_blocks(*model_, options_);
@@ -260,12 +296,19 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   }
   core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value(), std::move(executor));
   if (kv_plan->n_quant_blocks > 0) {
-    auto* host = dynamic_cast<ModelRunner*>(&core_->runner);
-    if (host == nullptr) throw std::invalid_argument("--kv-quant-start needs the host model runner");
     n_quant_blocks_ = kv_plan->n_quant_blocks;
-    core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, n_quant_blocks_,
-                                                       prefix_namespace_salt(prefix_namespace_), core_->kv,
-                                                       host->kv_storage(), kv_plan->quant_layout);
+    const uint64_t codec_salt = prefix_namespace_salt(prefix_namespace_);
+    if (auto* host = dynamic_cast<ModelRunner*>(&core_->runner); host != nullptr) {
+      core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, n_quant_blocks_, codec_salt,
+                                                         core_->kv, host->kv_storage(), kv_plan->quant_layout);
+    } else {
+      if (core_->runner.n_kv_quant_blocks() != n_quant_blocks_) {
+        throw std::invalid_argument("--kv-quant-start " + std::to_string(options_.kv_codecs.quant_start) +
+                                    ": the executor keeps " + std::to_string(core_->runner.n_kv_quant_blocks()) +
+                                    " codec blocks, the plan " + std::to_string(n_quant_blocks_));
+      }
+      core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, codec_salt, core_->kv, core_->runner);
+    }
     core_->sched.set_kv_conversion(core_->conversion.get());
   }
   core_->stats.alive = true;
@@ -568,6 +611,7 @@ void Engine::step() {
   if (core_->conversion) {
     // Sequences past --kv-quant-start move their full blocks to the codec pool before planning.
     for (Sequence* seq : core_->sched.running()) core_->conversion->convert(seq, now, options_.prefix_caching);
+    core_->conversion->flush();
   }
   StepPlan plan;
   try {

@@ -60,6 +60,8 @@ struct EngineOptions {
   // config is part of the prefix-cache namespace. quant_start > 0 (--kv-quant-start): the pool
   // above holds exact KV and a second pool the codecs; a sequence's full blocks move there once
   // it passes quant_start tokens (engine/kv_conversion.h, which says how the bytes are split).
+  // kQuantStartAuto: default_kv_quant_start below (the CLI's default); the engine's options()
+  // then hold the resolved count.
   KvCodecConfig kv_codecs;
   int32_t kv_quant_blocks = 0;  // quant_start > 0: > 0 sets the codec pool's blocks (else derived)
   // Generation checkpoints (engine/checkpoint.h): every this many generated tokens an in-flight
@@ -82,6 +84,16 @@ struct EngineOptions {
 // dim, ...). quant_start > 0 is kUnsupported here: the engine converts sequences itself and
 // calls this with quant_start 0 for each of its two layouts.
 Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvCodecConfig& config);
+
+class StepExecutor;
+// What --kv-quant-start auto stands for: one block when some layer stores fp8, int8, int4 or
+// turbo and the engine can convert this model's KV (every attention layer full, no recurrent
+// state, no lower KV tiers, and on an executor one that keeps a codec pool); else 0 (every
+// row in the codec from the start). With one block, every full block is in the codec and the
+// block a sequence is writing stays exact: on strata-demo that cuts the mean KL of fp8 from
+// 1.8e-3 to 6.8e-4 and of int4 from 4.6e-2 to 1.9e-2 (bench/RESULTS.md) for at most two
+// exact blocks per running sequence.
+int32_t default_kv_quant_start(const Model& model, const EngineOptions& options, const StepExecutor* executor = nullptr);
 
 class Engine {
  public:
@@ -125,6 +137,8 @@ class Engine {
   int32_t n_kv_window_blocks() const { return n_window_blocks_; }
   // Blocks of the codec pool of --kv-quant-start (0: none); n_kv_blocks() is then the exact pool.
   int32_t n_kv_quant_blocks() const { return n_quant_blocks_; }
+  // The options the engine runs with (executor pools adopted, --kv-quant-start auto resolved).
+  const EngineOptions& options() const { return options_; }
   int32_t block_size() const { return options_.block_size; }
   // Bytes of KV one token takes over all layers that own KV, in their resolved codecs.
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }

@@ -86,16 +86,39 @@ KvConversion::KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t
     : quant_start_(quant_start),
       codec_salt_(codec_salt),
       exact_pool_(exact_pool),
-      exact_(exact),
+      exact_(&exact),
       pool_(n_quant_blocks, exact.block_size()),
       // Sliding-window layers never read converted blocks: their pools stay empty here.
-      storage_(quant_layout, n_quant_blocks, exact.block_size(), 0) {
+      storage_(std::make_unique<KvStorage>(quant_layout, n_quant_blocks, exact.block_size(), 0)) {
   STRATA_CHECK(quant_start_ > 0, "delayed quantization needs a start");
   for (int l = 0; l < int(quant_layout.size()); ++l) {
     const KvLayerSpec& s = quant_layout[size_t(l)];
     if (s.has_kv && s.shares_with < 0 && s.window == 0) layers_.push_back(l);
   }
-  exact_.set_quant(&storage_);
+  exact_->set_quant(storage_.get());
+}
+
+KvConversion::KvConversion(int32_t quant_start, uint64_t codec_salt, KvCacheManager& exact_pool, StepExecutor& executor)
+    : quant_start_(quant_start),
+      codec_salt_(codec_salt),
+      exact_pool_(exact_pool),
+      executor_(&executor),
+      pool_(executor.n_kv_quant_blocks(), exact_pool.block_size()) {
+  STRATA_CHECK(quant_start_ > 0, "delayed quantization needs a start");
+  STRATA_CHECK(executor.n_kv_quant_blocks() > 0, "the executor keeps no codec pool");
+}
+
+void KvConversion::flush() {
+  if (pending_src_.empty()) return;
+  if (executor_ != nullptr) {
+    executor_->convert_kv_blocks(pending_src_, pending_dst_);
+  } else {
+    for (size_t i = 0; i < pending_src_.size(); ++i) {
+      for (int l : layers_) convert_kv_block(*exact_, l, pending_src_[i], *storage_, pending_dst_[i]);
+    }
+  }
+  pending_src_.clear();
+  pending_dst_.clear();
 }
 
 uint64_t KvConversion::codec_hash(uint64_t exact_hash) const {
@@ -104,7 +127,7 @@ uint64_t KvConversion::codec_hash(uint64_t exact_hash) const {
 
 int32_t KvConversion::convert(Sequence* seq, double now, bool prefix_caching) {
   if (seq->n_computed <= quant_start_) return 0;
-  const int32_t n_full = std::min(seq->n_computed / exact_.block_size(), int32_t(seq->blocks.size()));
+  const int32_t n_full = std::min(seq->n_computed / exact_pool_.block_size(), int32_t(seq->blocks.size()));
   int32_t moved = 0;
   for (int32_t i = seq->n_quant_blocks; i < n_full; ++i) {
     const bool hashed = prefix_caching && size_t(i) < seq->block_hashes.size();
@@ -120,8 +143,8 @@ int32_t KvConversion::convert(Sequence* seq, double now, bool prefix_caching) {
     if (dst < 0) {
       dst = pool_.allocate(now);
       if (dst < 0) break;  // the codec pool is full of referenced blocks: try again next step
-      const int32_t src = seq->blocks[size_t(i)];
-      for (int l : layers_) convert_kv_block(exact_, l, src, storage_, dst);
+      pending_src_.push_back(seq->blocks[size_t(i)]);
+      pending_dst_.push_back(dst);
       if (hashed) pool_.publish(dst, h);
       ++converted_;
     }

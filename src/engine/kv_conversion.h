@@ -3,7 +3,13 @@
 // second block pool held in the configured codec, one layer at a time (each block of each
 // layer straight from its exact block into its codec block, no other scratch), and read from
 // there (Sequence::n_quant_blocks, SeqSpan::n_quant_blocks). The exact blocks go back to their
-// pool, cached if published.
+// pool, cached if published. The block a sequence is writing always stays exact, so with
+// N = one block (what --kv-quant-start auto gives) every full block is in the codec and the
+// few newest tokens, which attention weighs most, are exact.
+//
+// Where the pools live: the host (the runner's KvStorage and a codec KvStorage made here) or
+// an executor that keeps both (StepExecutor::n_kv_quant_blocks, convert_kv_blocks). convert()
+// only books the moves; flush() encodes them, all sequences' at once, before the next step.
 //
 // Prefix cache: the exact pool publishes under the exact namespace (the scheduler's salt, the
 // codec part "kv:auto") and only blocks computed while the sequence read nothing converted; the
@@ -26,6 +32,7 @@
 
 #include "core/status.h"
 #include "engine/sequence.h"
+#include "engine/step_executor.h"
 #include "kv/kv_cache_manager.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
@@ -65,11 +72,13 @@ class KvConversion {
   // (KvStorage::set_quant) so attention finds it.
   KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t codec_salt, KvCacheManager& exact_pool,
                KvStorage& exact, const std::vector<KvLayerSpec>& quant_layout);
+  // Both pools on `executor` (its n_kv_quant_blocks() codec blocks); no host storage.
+  KvConversion(int32_t quant_start, uint64_t codec_salt, KvCacheManager& exact_pool, StepExecutor& executor);
 
   int32_t quant_start() const { return quant_start_; }
   KvCacheManager& pool() { return pool_; }
   const KvCacheManager& pool() const { return pool_; }
-  KvStorage& storage() { return storage_; }
+  KvStorage& storage() { return *storage_; }  // host pools only
   int64_t converted_blocks() const { return converted_; }
   int64_t shared_blocks() const { return shared_; }
 
@@ -79,8 +88,11 @@ class KvConversion {
   // After a step: once seq has passed quant_start tokens, moves its full blocks past
   // n_quant_blocks into the codec pool (while the pool has blocks to give; the rest wait for a
   // later step). Publishes the new blocks when prefix caching is on (seq->block_hashes cover
-  // them). Returns the blocks moved.
+  // them). Returns the blocks moved. Their bytes are encoded by the next flush(), which must
+  // come before the next step (the exact blocks are back in their pool already).
   int32_t convert(Sequence* seq, double now, bool prefix_caching);
+  // Encodes every block moved since the last flush.
+  void flush();
 
   // Admission: seq holds nothing yet and block_hashes covers its prompt's full blocks. When
   // its tokens pass quant_start and the codec pool holds a longer chain of its leading blocks
@@ -101,10 +113,12 @@ class KvConversion {
   int32_t quant_start_;
   uint64_t codec_salt_;
   KvCacheManager& exact_pool_;
-  KvStorage& exact_;
+  KvStorage* exact_ = nullptr;         // host pools: the runner's storage
+  StepExecutor* executor_ = nullptr;   // else the executor's
   KvCacheManager pool_;
-  KvStorage storage_;
+  std::unique_ptr<KvStorage> storage_;  // host pools: the codec blocks
   std::vector<int> layers_;  // layers converted: own their KV and read block_table
+  std::vector<int32_t> pending_src_, pending_dst_;  // moves flush() encodes
   int64_t converted_ = 0;
   int64_t shared_ = 0;
 };

@@ -85,6 +85,15 @@ class StepExecutor {
   // Blocks of the sliding-window layers' pool when the executor holds one (the engine then plans
   // its window pool with exactly these); 0: it does not say (the engine's own rule).
   virtual int32_t n_kv_window_blocks() const { return 0; }
+  // --kv-quant-start on the executor: blocks of its second KV pool, the one in the codecs
+  // (0: none; the engine then converts only with the host ModelRunner). SeqSpan::block_table
+  // entries [0, n_quant_blocks) are ids there.
+  virtual int32_t n_kv_quant_blocks() const { return 0; }
+  // Re-encodes exact-pool blocks src[i] into codec-pool blocks dst[i] (every layer that owns
+  // full-attention KV) ahead of any later step.
+  virtual void convert_kv_blocks(std::span<const int32_t> /*src*/, std::span<const int32_t> /*dst*/) {
+    throw std::logic_error("this executor keeps no codec pool (n_kv_quant_blocks() is 0)");
+  }
   // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
   virtual bool device_argmax() const = 0;
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).

@@ -212,5 +212,52 @@ TEST(EngineKvQuant, BadValuesAreRefused) {
   EXPECT_NE(e.message.find("sliding-window"), std::string::npos) << e.message;
 }
 
+// --kv-quant-start auto: one block for the quantizing codecs on models the engine converts
+// (the same tokens and logprobs as asking for 16), none for exact or bf16 KV, sliding-window
+// or recurrent models and engines with lower KV tiers.
+TEST(EngineKvQuant, AutoStartIsOneBlockWhereTheEngineConverts) {
+  ThreadPool pool(2);
+  auto started = [&](const char* model, EngineOptions o) -> std::pair<int32_t, int32_t> {
+    auto m = load_model(model_dir(model), pool);
+    EXPECT_TRUE(m.ok());
+    if (!m.ok()) return {-9, -9};
+    auto e = Engine::create(std::move(m).value(), o);
+    EXPECT_TRUE(e.ok()) << model << ": " << e.error().to_string();
+    if (!e.ok()) return {-9, -9};
+    return {(*e)->options().kv_codecs.quant_start, (*e)->n_kv_quant_blocks()};
+  };
+  const int32_t autos = KvCodecConfig::kQuantStartAuto;
+  for (const char* codec : {"fp8", "int8", "int4", "turbo"}) {
+    const auto [start, blocks] = started("strata-demo", quant_options(codec, autos));
+    EXPECT_EQ(start, 16) << codec;
+    EXPECT_GT(blocks, 0) << codec;
+  }
+  EngineOptions o = quant_options("fp8", autos);
+  o.block_size = 32;
+  EXPECT_EQ(started("strata-demo", o).first, 32);
+  for (const char* codec : {"auto", "bf16"}) EXPECT_EQ(started("strata-demo", quant_options(codec, autos)), std::make_pair(0, 0)) << codec;
+  o = quant_options("fp8", autos);
+  o.kv_host_bytes = 1 << 20;
+  EXPECT_EQ(started("strata-demo", o), std::make_pair(0, 0));
+  EXPECT_EQ(started("gemma2-tiny", quant_options("fp8", autos)), std::make_pair(0, 0));
+  EXPECT_EQ(started("qwen3next-tiny", quant_options("fp8", autos)), std::make_pair(0, 0));
+
+  // Auto is exactly --kv-quant-start 16.
+  const auto prompt = license_ids(40);
+  ASSERT_EQ(prompt.size(), 40u);
+  Outcome out[2];
+  for (int i = 0; i < 2; ++i) {
+    EngineOptions q = quant_options("fp8", i == 0 ? autos : 16);
+    q.kv_blocks = 16;
+    q.kv_quant_blocks = 16;
+    auto e = make_engine("strata-demo", pool, q);
+    ASSERT_TRUE(e);
+    out[i] = run(*e, greedy("auto" + std::to_string(i), prompt, 40));
+    EXPECT_EQ(e->stats().kv_converted_blocks, 4);  // 79 computed tokens: 4 full blocks
+  }
+  ASSERT_EQ(out[0].tokens, out[1].tokens);
+  for (size_t i = 0; i < out[0].logprobs.size(); ++i) EXPECT_EQ(out[0].logprobs[i].chosen.logprob, out[1].logprobs[i].chosen.logprob);
+}
+
 }  // namespace
 }  // namespace strata

@@ -63,6 +63,7 @@ struct Rig {
       if (span.sample) span.seq->tokens.push_back(int32_t(span.seq->n_tokens() % 50));  // the "sampled" token
     }
     for (Sequence* s : sched.running()) conv.convert(s, now, true);
+    conv.flush();
     now += 1.0;
     return plan;
   }

@@ -130,7 +130,19 @@ TEST(KvCodecConfig, FlagsAndFile) {
   auto missing = make_kv_codec_config("", path + ".missing", 0);
   ASSERT_FALSE(missing.ok());
   expect_error(missing.error(), {"--kv-config", ".missing"});
-  EXPECT_FALSE(make_kv_codec_config("", "", -1).ok());
+  EXPECT_FALSE(make_kv_codec_config("", "", -2).ok());
+  auto autos = make_kv_codec_config("int4", "", KvCodecConfig::kQuantStartAuto);
+  ASSERT_TRUE(autos.ok());
+  EXPECT_EQ(autos->quant_start, KvCodecConfig::kQuantStartAuto);
+  // --kv-quant-start's text: auto or a count.
+  EXPECT_EQ(*parse_kv_quant_start("auto"), KvCodecConfig::kQuantStartAuto);
+  EXPECT_EQ(*parse_kv_quant_start("0"), 0);
+  EXPECT_EQ(*parse_kv_quant_start("512"), 512);
+  for (const char* text : {"-1", "", "12x", "Auto", "9999999999"}) {
+    auto q = parse_kv_quant_start(text);
+    ASSERT_FALSE(q.ok()) << text;
+    expect_error(q.error(), {"--kv-quant-start", std::string("'") + text + "'"});
+  }
   auto def = make_kv_codec_config("", "", 0);
   ASSERT_TRUE(def.ok());
   EXPECT_EQ(def->default_spec, KvCodecSpec{});

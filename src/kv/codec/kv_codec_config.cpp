@@ -117,9 +117,23 @@ Result<KvCodecConfig> make_kv_codec_config(std::string_view dtype, const std::st
     if (!layers.ok()) return layers.error();
     c.layers = std::move(*layers);
   }
-  if (quant_start < 0) return bad("--kv-quant-start: " + std::to_string(quant_start) + " is negative");
+  if (quant_start < 0 && quant_start != KvCodecConfig::kQuantStartAuto) {
+    return bad("--kv-quant-start: " + std::to_string(quant_start) + " is negative");
+  }
   c.quant_start = quant_start;
   return c;
+}
+
+Result<int32_t> parse_kv_quant_start(std::string_view text) {
+  if (text == "auto") return KvCodecConfig::kQuantStartAuto;
+  int64_t v = 0;
+  bool digits = !text.empty() && text.size() <= 9;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') digits = false;
+    else v = v * 10 + (ch - '0');
+  }
+  if (!digits) return bad("--kv-quant-start: '" + std::string(text) + "' is neither 'auto' nor a token count >= 0");
+  return int32_t(v);
 }
 
 Result<std::vector<KvCodecSpec>> resolve_kv_codecs(const KvCodecConfig& config,

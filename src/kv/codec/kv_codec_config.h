@@ -25,7 +25,11 @@ struct KvLayerCodec {
 struct KvCodecConfig {
   KvCodecSpec default_spec;          // --kv-cache-dtype, for layers the list does not name
   std::vector<KvLayerCodec> layers;  // --kv-config entries, ascending layer_idx, no duplicates
-  int32_t quant_start = 0;           // --kv-quant-start: tokens a sequence keeps in exact KV (0: none)
+  // --kv-quant-start: tokens a sequence keeps in exact KV before its full blocks move to the
+  // codec (0: every row in the codec from the start; kQuantStartAuto: the engine decides,
+  // default_kv_quant_start in engine/engine.h).
+  int32_t quant_start = 0;
+  static constexpr int32_t kQuantStartAuto = -1;
 };
 
 // What resolve_kv_codecs needs to know of each layer of the model.
@@ -43,9 +47,13 @@ Result<KvCodec> parse_kv_codec(std::string_view name, std::string_view field = "
 Result<std::vector<KvLayerCodec>> parse_kv_config_json(std::string_view text, std::string_view source);
 Result<std::vector<KvLayerCodec>> load_kv_config_file(const std::string& path);
 
-// The flags together: dtype ("" = auto), config_path ("" = none), quant_start (>= 0).
+// The flags together: dtype ("" = auto), config_path ("" = none), quant_start (>= 0, or
+// KvCodecConfig::kQuantStartAuto).
 Result<KvCodecConfig> make_kv_codec_config(std::string_view dtype, const std::string& config_path,
                                            int32_t quant_start = 0);
+
+// --kv-quant-start's value: "auto" (KvCodecConfig::kQuantStartAuto) or a token count >= 0.
+Result<int32_t> parse_kv_quant_start(std::string_view text);
 
 // One spec per layer (group sizes filled in), checked against the model: a named layer must
 // exist and own its KV; every codec must fit its layer's head dims (a group size that does not
