@@ -367,6 +367,14 @@ TEST(GpuKvCodecQuant, SupportedRefusesWhatTheCpuRefuses) {
   EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
   EXPECT_NE(s.error().message.find("layer 1"), std::string::npos) << s.error().message;
   EXPECT_TRUE(KvCodecStep::supported(win, bf16).ok());  // without delayed quantization: fine
+  // A checkpoint's config as parsed.
+  auto llama = load_model_config(model_path("llama3-tiny"));
+  ASSERT_TRUE(llama.ok());
+  const std::vector<KvCodecSpec> exact(size_t(llama->n_layers), KvCodecSpec{KvCodec::kBf16, 0});
+  for (KvCodec codec : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
+    s = KvCodecStep::supported(*llama, exact, false, std::vector<KvCodecSpec>(size_t(llama->n_layers), KvCodecSpec{codec, 0}));
+    EXPECT_TRUE(s.ok()) << kv_codec_name(codec) << ": " << s.error().message;
+  }
 }
 
 }  // namespace
