@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "backend/cuda/cuda_kv_codec_step.h"
@@ -375,6 +377,89 @@ TEST(GpuKvCodecQuant, SupportedRefusesWhatTheCpuRefuses) {
     s = KvCodecStep::supported(*llama, exact, false, std::vector<KvCodecSpec>(size_t(llama->n_layers), KvCodecSpec{codec, 0}));
     EXPECT_TRUE(s.ok()) << kv_codec_name(codec) << ": " << s.error().message;
   }
+}
+
+// Timing, not a check (run with --gtest_also_run_disabled_tests): one layer's attention at
+// Llama-3.1-8B's shape (32 heads, 8 KV heads, head dim 128), batch 64 decode rows with 8,192
+// keys, blocks of 16: the codec rows alone, against delayed quantization (the first 511 blocks
+// in the codec pool, the 16 keys of the last in bf16 rows), each median of 50 launches.
+TEST(GpuKvCodecQuant, DISABLED_TwoSourceDecodeTiming) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int32_t kSeqs = 64, kCtx = 8192, kBs = 16, kHeads = 32, kKv = 8, kHd = 128;
+  constexpr int32_t kBlocks = kCtx / kBs;
+  const ModelConfig cfg = config(kHeads, kKv, kHd);
+  std::vector<int32_t> positions(kSeqs, kCtx - 1), start(kSeqs + 1), n_quant(kSeqs, kBlocks - 1), tables(size_t(kSeqs) * kBlocks);
+  std::iota(start.begin(), start.end(), 0);
+  std::iota(tables.begin(), tables.end(), 0);  // codec ids and exact ids alike: one pool slot per block
+  std::mt19937 rng(7);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  DeviceBuffer<int32_t> d_pos(positions.size()), d_start(start.size()), d_nq(n_quant.size()), d_tables(tables.size());
+  d_pos.upload(positions);
+  d_start.upload(start);
+  d_nq.upload(n_quant);
+  d_tables.upload(tables);
+  DeviceBuffer<uint16_t> q(size_t(kSeqs) * kHeads * kHd), out(q.n);
+  launch_fill_random_bf16(q.p, int64_t(q.n), 5, 1.0f, nullptr);
+  const int64_t slots = int64_t(kSeqs) * kCtx;
+  DeviceBuffer<uint16_t> x(size_t(slots) * kKv * kHd);  // every slot's K (and V) values
+  launch_fill_random_bf16(x.p, int64_t(x.n), 9, 2.0f, nullptr);
+  std::vector<int64_t> ids(static_cast<size_t>(slots));
+  std::iota(ids.begin(), ids.end(), int64_t(0));
+  DeviceBuffer<int64_t> d_slots(ids.size());
+  d_slots.upload(ids);
+  DeviceBuffer<uint8_t> exact_k(size_t(slots) * kKv * kHd * 2), exact_v(exact_k.n);
+  ASSERT_CUDA_OK(cudaMemcpy(exact_k.p, x.p, exact_k.n, cudaMemcpyDeviceToDevice));
+  ASSERT_CUDA_OK(cudaMemcpy(exact_v.p, x.p, exact_v.n, cudaMemcpyDeviceToDevice));
+  PagedAttentionArgs attn{};
+  attn.q = q.p;
+  attn.out = out.p;
+  attn.block_tables = d_tables.p;
+  attn.n_tokens = kSeqs;
+  attn.max_blocks_per_seq = kBlocks;
+  attn.block_size = kBs;
+  attn.n_heads = kHeads;
+  attn.n_kv_heads = kKv;
+  attn.head_dim = kHd;
+  attn.scale = 1.0f / std::sqrt(float(kHd));
+  cudaEvent_t e0, e1;
+  ASSERT_CUDA_OK(cudaEventCreate(&e0));
+  ASSERT_CUDA_OK(cudaEventCreate(&e1));
+  auto median_ms = [&](const std::function<void()>& f) {
+    std::vector<float> ms;
+    f();  // warm-up
+    for (int i = 0; i < 50; ++i) {
+      cudaEventRecord(e0);
+      f();
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float t = 0.0f;
+      cudaEventElapsedTime(&t, e0, e1);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+  for (KvCodec codec : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
+    const std::vector<KvCodecSpec> codecs(2, KvCodecSpec{codec, 0}), bf16(2, KvCodecSpec{KvCodec::kBf16, 0});
+    auto single = KvCodecStep::create(cfg, codecs, kSeqs, kSeqs);
+    auto quant = KvCodecStep::create(cfg, bf16, kSeqs, kSeqs, false, codecs);
+    ASSERT_TRUE(single.ok() && quant.ok());
+    const KvRowLayout kf = (*single)->k_format(kLayer), vf = (*single)->v_format(kLayer);
+    DeviceBuffer<uint8_t> ck(size_t(slots) * kKv * size_t(kf.bytes)), cv(size_t(slots) * kKv * size_t(vf.bytes));
+    launch_kv_codec_write({x.p, d_slots.p, ck.p, kf, int32_t(slots), kKv, kLayer}, nullptr);
+    launch_kv_codec_write({x.p, d_slots.p, cv.p, vf, int32_t(slots), kKv, kLayer}, nullptr);
+    const int32_t splits = (*single)->splits_for(kSeqs, false);
+    (*single)->begin_step(d_pos.p, d_start.p, kSeqs, kSeqs, nullptr);
+    const double one = median_ms([&] { (*single)->attend(kLayer, attn, nullptr, 0, ck.p, cv.p, splits, nullptr); });
+    (*quant)->begin_step(d_pos.p, d_start.p, kSeqs, kSeqs, nullptr, d_nq.p, kBs);
+    const double two =
+        median_ms([&] { (*quant)->attend(kLayer, attn, nullptr, 0, exact_k.p, exact_v.p, splits, nullptr, ck.p, cv.p); });
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    std::printf("%-5s batch %d x %d keys, %d splits: codec rows alone %.3f ms per layer, delayed quantization %.3f ms (%.3fx)\n",
+                kv_codec_name(codec), kSeqs, kCtx, splits, one, two, two / one);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
 }
 
 }  // namespace
