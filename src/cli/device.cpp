@@ -93,10 +93,12 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   co.random_weights = d.load_format == "dummy";
   co.deterministic = d.deterministic;
   co.kv_codecs = eo->kv_codecs;
+  co.kv_tiers = eo->kv_host_bytes > 0 || !eo->kv_disk_dir.empty();
   auto parts = cuda::make_cuda_engine_parts(dir, co);
   if (!parts.ok()) return parts.error();
   eo->kv_codecs = parts->kv_codecs;
   eo->kv_blocks = parts->executor->n_kv_blocks();
+  eo->kv_quant_blocks = parts->executor->n_kv_quant_blocks();
   out.model = std::move(parts->shape);
   out.executor = std::move(parts->executor);
   return out;

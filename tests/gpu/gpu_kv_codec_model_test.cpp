@@ -540,10 +540,14 @@ TEST(GpuKvCodecModelSteps, EngineSupportAcceptsCodecsAndNamesRefusals) {
       EXPECT_TRUE(st.ok()) << name << " " << cc.name << ": " << (st.ok() ? "" : st.error().message);
     }
   }
+  // --kv-quant-start runs for full-attention models (gpu_kv_quant_test), not sliding windows.
   KvCodecConfig quant;
   quant.default_spec.codec = KvCodec::kInt8;
   quant.quant_start = 64;
-  const Status q = check_cuda_engine_support(*llama, quant);
+  EXPECT_TRUE(check_cuda_engine_support(*llama, quant).ok());
+  auto gemma = load_model_config(model_path("gemma3-tiny"));
+  ASSERT_TRUE(gemma.ok());
+  const Status q = check_cuda_engine_support(*gemma, quant);
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.error().message.find("--kv-quant-start"), std::string::npos) << q.error().message;
   ModelConfig odd = *llama;

@@ -239,9 +239,15 @@ void CudaExecutor::pack(const StepPlan& plan) {
       s.window_block_table.clear();
     }
     s.state_slot = seq.state_slot;
+    s.n_quant_blocks = seq.n_quant_blocks;
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
   }
+}
+
+void CudaExecutor::convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst) {
+  const Status st = decoder_->convert_kv_blocks(src, dst);
+  if (!st.ok()) throw std::runtime_error("--kv-quant-start: " + st.error().to_string());
 }
 
 const StepRows& CudaExecutor::run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
@@ -483,18 +489,51 @@ bool cuda_device_present() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+Result<int32_t> cuda_kv_quant_start(const ModelConfig& cfg, const KvCodecConfig& codecs, int32_t block_size, bool kv_tiers) {
+  if (codecs.quant_start == 0) return 0;
+  const bool autos = codecs.quant_start == KvCodecConfig::kQuantStartAuto;
+  if (codecs.quant_start < 0 && !autos) {
+    return make_error(ErrorCode::kInvalidArgument, "--kv-quant-start must be >= 0, got " + std::to_string(codecs.quant_start));
+  }
+  const std::string flag = "--device cuda: --kv-quant-start " + std::to_string(codecs.quant_start);
+  auto specs = cuda_layer_codecs(cfg, codecs);
+  if (!specs.ok()) return specs.error();
+  const bool quantized = std::any_of(specs->begin(), specs->end(), [](const KvCodecSpec& x) {
+    return x.codec != KvCodec::kAuto && x.codec != KvCodec::kBf16;
+  });
+  if (!quantized) {
+    if (autos) return 0;
+    return make_error(ErrorCode::kInvalidArgument, flag + ": no layer has a codec to convert to (set --kv-cache-dtype or --kv-config)");
+  }
+  if (kv_tiers) {
+    if (autos) return 0;
+    return make_error(ErrorCode::kUnsupported, flag + " with the lower KV tiers is not supported; turn one of them off");
+  }
+  if (is_hybrid_type(cfg.model_type)) {
+    if (autos) return 0;
+    return make_error(ErrorCode::kUnsupported, flag + ": models with recurrent state are not supported");
+  }
+  const std::vector<KvCodecSpec> exact(specs->size(), KvCodecSpec{KvCodec::kBf16, 0});
+  if (const Status s = KvCodecStep::supported(cfg, exact, false, *specs); !s.ok()) {
+    if (autos) return 0;
+    return make_error(ErrorCode::kUnsupported, flag + ": " + s.error().message);
+  }
+  return autos ? block_size : codecs.quant_start;
+}
+
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs) {
   auto refuse = [&](const std::string& what) {
     return make_error(ErrorCode::kUnsupported, "--device cuda: " + what);
   };
   auto family = family_flags(cfg);
   if (!family.ok()) return refuse(family.error().message + "; use --device cpu");
-  if (codecs.quant_start > 0) {
-    return refuse("--kv-quant-start is not supported on the GPU (the device pool keeps one codec per layer from the "
-                  "start; use --kv-cache-dtype or --kv-config alone)");
-  }
   auto specs = cuda_layer_codecs(cfg, codecs);
   if (!specs.ok()) return refuse(specs.error().message);
+  if (codecs.quant_start > 0) {
+    auto q = cuda_kv_quant_start(cfg, codecs, 1, false);
+    if (!q.ok()) return q.error();
+    return Status();
+  }
   if (KvCodecStep::any_codec(*specs)) {
     const Status s = KvCodecStep::supported(cfg, *specs);
     if (!s.ok()) return refuse(s.error().message + "; use --kv-cache-dtype bf16 or --device cpu");
@@ -521,7 +560,15 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
-  if (codecs) mo.kv_codecs = *layer_codecs;
+  auto quant_start = cuda_kv_quant_start(*cfg, o.kv_codecs, o.block_size, o.kv_tiers);
+  if (!quant_start.ok()) return quant_start.error();
+  if (*quant_start > 0) {
+    // The pool keeps exact rows, a second one the codecs (CudaModelOptions::kv_quant_start).
+    mo.kv_quant_start = *quant_start;
+    mo.kv_quant_codecs = *layer_codecs;
+  } else if (codecs) {
+    mo.kv_codecs = *layer_codecs;
+  }
   // bf16 asked for by name (default or any layer) keeps bf16 rows for f32 checkpoints too.
   mo.auto_kv_f32 = o.kv_codecs.default_spec.codec == KvCodec::kAuto &&
                    std::none_of(o.kv_codecs.layers.begin(), o.kv_codecs.layers.end(),
@@ -556,7 +603,9 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     // pool.
     const int64_t reserve = (int64_t(512) << 20) + KvTransfer::kDefaultStagingBytes +
                             int64_t(sampling_scratch_bytes(mo, cfg->vocab_size)) +
-                            (codecs ? KvCodecStep::scratch_bytes(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, mo.max_tokens, mo.max_seqs) : 0);
+                            (codecs ? KvCodecStep::scratch_bytes(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, mo.max_tokens,
+                                                                 mo.max_seqs, mo.kv_quant_start > 0)
+                                    : 0);
     // f32/f16 checkpoints: the matrices' lo parts, the split's buffers and the f32 KV rows'
     // scratch (weight_split.h) come on top of the arena.
     int64_t split_bytes = 0;
@@ -584,9 +633,13 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   }
   CudaEngineParts parts;
   parts.kv_codecs = cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows());
-  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}", cfg->model_type,
+  parts.kv_codecs.quant_start = *quant_start;
+  log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}{}", cfg->model_type,
             (*dec)->weight_bytes() >> 20, (*dec)->n_kv_blocks(), o.block_size,
             (int64_t((*dec)->n_kv_blocks()) * (*dec)->kv_block_bytes()) >> 20, codec_namespace(parts.kv_codecs),
+            *quant_start > 0 ? ": exact blocks, and " + std::to_string((*dec)->n_kv_quant_blocks()) +
+                                   " codec blocks the full ones move to past " + std::to_string(*quant_start) + " tokens"
+                             : std::string(),
             (*dec)->n_kv_window_blocks() > 0
                 ? ", sliding-window layers in " + std::to_string((*dec)->n_kv_window_blocks()) + " blocks of their own (" +
                       std::to_string((int64_t((*dec)->n_kv_window_blocks()) * (*dec)->kv_pool().layout().window_bytes_per_block()) >> 20) +

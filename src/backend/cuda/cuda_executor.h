@@ -51,6 +51,9 @@ class CudaExecutor final : public StepExecutor {
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
   // The sliding-window layers' pool when they page apart (CudaModelOptions::kv_window_blocks).
   int32_t n_kv_window_blocks() const override { return decoder_->n_kv_window_blocks(); }
+  // --kv-quant-start: the decoder's codec pool (CudaModelOptions::kv_quant_start).
+  int32_t n_kv_quant_blocks() const override { return decoder_->n_kv_quant_blocks(); }
+  void convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst) override;
   bool device_argmax() const override { return true; }
   // Sampled rows run through the device sampler (sampling.h) when its scratch could be taken
   // at creation (rows with logprobs only when device_logprobs()).
@@ -164,7 +167,12 @@ struct CudaEngineOptions {
   uint64_t seed = 1;
   float random_scale = 0.02f;
   bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
-  KvCodecConfig kv_codecs;          // --kv-cache-dtype / --kv-config (auto: bf16); no --kv-quant-start
+  // --kv-cache-dtype / --kv-config (auto: bf16) and --kv-quant-start: N > 0 keeps a second
+  // pool in the codecs (full-attention models; the pool bytes split as the engine's
+  // plan_kv_quant_pools does); auto is one block where that runs and the codecs quantize
+  // (fp8, int8, int4, turbo) and kv_tiers is false, else 0.
+  KvCodecConfig kv_codecs;
+  bool kv_tiers = false;  // the engine keeps lower KV tiers (--kv-quant-start auto is then 0)
   // Sliding-window layers page in a pool of their own as on the CPU (models with both kinds of
   // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what max_num_seqs
   // windows and one step's tokens need (EngineOptions::kv_window_blocks' rule), fewer when the
@@ -185,8 +193,13 @@ struct CudaEngineParts {
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
 // CudaDecoder lacks (cuda_family.h; recurrent state among them), KV codecs the device cannot
 // store for this model (KvCodecStep::supported: linear-attention layers, head dims or GQA
-// groups the codec kernels lack), --kv-quant-start.
+// groups the codec kernels lack), --kv-quant-start N > 0 on a model the conversion does not
+// run for (sliding-window or shared KV layers) or with no quantizing codec.
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
+
+// The --kv-quant-start the GPU runs for these codecs (auto resolved: block_size or 0), or the
+// refusal of check_cuda_engine_support.
+Result<int32_t> cuda_kv_quant_start(const ModelConfig& cfg, const KvCodecConfig& codecs, int32_t block_size, bool kv_tiers);
 
 // Loads (or draws) the model in `dir` on the current device and sizes its KV pool, in the
 // codecs of options.kv_codecs. The KV codec config the engine must then use is the parts'

@@ -13,6 +13,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/token_feed.h"
 #include "core/log.h"
+#include "engine/kv_conversion.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 #include "model/rope.h"
@@ -43,12 +44,47 @@ CudaDecoder::~CudaDecoder() {
     if (buf_->meta_copied != nullptr) cudaEventDestroy(buf_->meta_copied);
   }
   gemm_.reset();
+  if (convert_ids_ != nullptr) cudaFree(convert_ids_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 int32_t CudaDecoder::n_kv_blocks() const { return kv_->n_blocks(); }
 
 int32_t CudaDecoder::n_kv_window_blocks() const { return kv_->n_window_blocks(); }
+
+int32_t CudaDecoder::n_kv_quant_blocks() const { return quant_kv_ ? quant_kv_->n_blocks() : 0; }
+
+Status CudaDecoder::convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst) {
+  if (!quant_kv_) return make_error(ErrorCode::kInvalidArgument, "convert_kv_blocks: the decoder keeps no codec pool");
+  if (src.size() != dst.size()) return make_error(ErrorCode::kInvalidArgument, "convert_kv_blocks: src and dst differ in length");
+  if (src.empty()) return Status();
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i] < 0 || src[i] >= kv_->n_blocks() || dst[i] < 0 || dst[i] >= quant_kv_->n_blocks()) {
+      return make_error(ErrorCode::kOutOfRange, "convert_kv_blocks: block pair (" + std::to_string(src[i]) + ", " +
+                                                    std::to_string(dst[i]) + ") outside the pools");
+    }
+  }
+  const int64_t n = int64_t(src.size());
+  if (n > convert_cap_) {
+    // The pageable copies below and this free follow the stream's earlier work.
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (convert_ids_ != nullptr) cudaFree(convert_ids_);
+    convert_ids_ = nullptr;
+    const int64_t cap = std::max<int64_t>(n, 256);
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&convert_ids_), size_t(2 * cap) * sizeof(int32_t)));
+    convert_cap_ = cap;
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(convert_ids_, src.data(), size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(convert_ids_ + convert_cap_, dst.data(), size_t(n) * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_));
+  for (int l = 0; l < kv_->layout().n_layers; ++l) {
+    codec_->convert_blocks(l, kv_->part(2 * l), kv_->part(2 * l + 1), quant_kv_->part(2 * l), quant_kv_->part(2 * l + 1),
+                           convert_ids_, convert_ids_ + convert_cap_, int32_t(n), opt_.block_size, stream_);
+  }
+  // The host arrays may change once this returns: the copies must have read them.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return cudaGetLastError() == cudaSuccess ? Status() : make_error(ErrorCode::kInternal, "convert_kv_blocks: a launch failed");
+}
 
 Status CudaDecoder::init_common(const CudaModelOptions& options) {
   opt_ = options;
@@ -84,7 +120,18 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
     }
   }
   kv_f32_rows_ = auto_f32 && std::any_of(specs.begin(), specs.end(), [](const KvCodecSpec& x) { return x.codec == KvCodec::kAuto; });
-  if (KvCodecStep::any_codec(specs, auto_f32)) {
+  const bool quant = opt_.kv_quant_start > 0;
+  if (quant) {
+    // Delayed quantization: the exact rows (f32 or bf16) here, the codecs in a second pool.
+    if (!opt_.kv_codecs.empty() || int64_t(opt_.kv_quant_codecs.size()) != int64_t(cfg_.n_layers)) {
+      return make_error(ErrorCode::kInvalidArgument, "--kv-quant-start: the codec pool needs one codec per layer and exact rows in the first pool");
+    }
+    if (!auto_f32) specs.assign(size_t(cfg_.n_layers), KvCodecSpec{KvCodec::kBf16, 0});
+    auto c = KvCodecStep::create(attn_cfg, specs, opt_.max_tokens, opt_.max_seqs, auto_f32, opt_.kv_quant_codecs);
+    if (!c.ok()) return c.error();
+    codec_ = std::move(*c);
+    kl.row_bytes = codec_->row_bytes();
+  } else if (KvCodecStep::any_codec(specs, auto_f32)) {
     auto c = KvCodecStep::create(attn_cfg, specs, opt_.max_tokens, opt_.max_seqs, auto_f32);
     if (!c.ok()) return c.error();
     codec_ = std::move(*c);
@@ -100,6 +147,21 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
     } else {
       kl.window_layers.clear();
     }
+  }
+  if (quant) {
+    KvPoolLayout ql = kl;
+    ql.row_bytes = codec_->quant_row_bytes();
+    const int64_t bs = opt_.block_size;
+    auto pools = plan_kv_quant_pools(opt_.kv_cache_bytes, 0, 0, opt_.block_size, opt_.kv_quant_start, opt_.max_seqs,
+                                     opt_.max_tokens, kl.bytes_per_block() / bs, ql.bytes_per_block() / bs);
+    if (!pools.ok()) return pools.error();
+    auto qkv = KvBlockPool::create(ql, int64_t(pools->n_quant_blocks) * ql.bytes_per_block());
+    if (!qkv.ok()) return qkv.error();
+    quant_kv_ = std::move(*qkv);
+    auto kv = KvBlockPool::create(kl, int64_t(pools->n_exact_blocks) * kl.bytes_per_block());
+    if (!kv.ok()) return kv.error();
+    kv_ = std::move(*kv);
+    return Status();
   }
   auto kv = KvBlockPool::create(kl, opt_.kv_cache_bytes);
   if (!kv.ok()) return kv.error();
@@ -416,9 +478,21 @@ Status CudaDecoder::enqueue(const StepBatch& batch) {
                                                          " blocks does not cover " + std::to_string(end) + " positions");
     }
     if (need > opt_.max_blocks_per_seq) return make_error(ErrorCode::kOutOfRange, "sequence " + std::to_string(s) + " needs " + std::to_string(need) + " blocks, more than max_blocks_per_seq");
+    // Delayed quantization: entries [0, n_quant_blocks) are codec-pool ids, behind the tokens written.
+    const int64_t n_quant = sp.n_quant_blocks;
+    if (n_quant < 0 || (n_quant > 0 && !quant_kv_) || n_quant * bs > sp.pos0) {
+      return make_error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(s) + ": n_quant_blocks " + std::to_string(n_quant) +
+                                                         (quant_kv_ ? " reaches its first new position " + std::to_string(sp.pos0)
+                                                                    : std::string(" without a codec pool")));
+    }
+    if (quant_kv_) B.host<int32_t>(B.off_quant)[s] = int32_t(n_quant);
     for (int64_t b = 0; b < need; ++b) {
       const int32_t id = sp.block_table[size_t(b)];
-      if (id < 0 || id >= kv_->n_blocks()) return make_error(ErrorCode::kOutOfRange, "block id " + std::to_string(id) + " outside the KV pool of " + std::to_string(kv_->n_blocks()));
+      const int32_t pool_blocks = b < n_quant ? quant_kv_->n_blocks() : kv_->n_blocks();
+      if (id < 0 || id >= pool_blocks) {
+        return make_error(ErrorCode::kOutOfRange, "block id " + std::to_string(id) + " outside the " + (b < n_quant ? "codec" : "KV") +
+                                                      " pool of " + std::to_string(pool_blocks));
+      }
       tables[s * opt_.max_blocks_per_seq + b] = id;
     }
     if (max_window_ > 0) STRATA_RETURN_IF_ERROR(fill_window_table(sp, s, need));
@@ -694,7 +768,10 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(d.H), embed_scale_}, st);
   const WeightSplit* split = B.split.get();
   split_embed_lo(split, B.embed, B.dev<int32_t>(B.off_tokens), B.x, n, d.H, embed_scale_, st);
-  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
+  if (codec_) {
+    codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st,
+                       quant_kv_ ? B.dev<int32_t>(B.off_quant) : nullptr, opt_.block_size);
+  }
   const int32_t opw = one_plus_w_ ? 1 : 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -716,7 +793,8 @@ void CudaDecoder::launch_step(const StepShape& shape, bool record_copy) {
     const PagedAttentionArgs pa = attention_args(shape, l);
     if (codec_) {
       codec_->run_layer(int32_t(l), qa, pa, qa.slot_mapping, kv_->part(int(2 * l)), kv_->part(int(2 * l + 1)),
-                        shape.codec_splits, st);
+                        shape.codec_splits, st, quant_kv_ ? quant_kv_->part(int(2 * l)) : nullptr,
+                        quant_kv_ ? quant_kv_->part(int(2 * l + 1)) : nullptr);
     } else {
       launch_qkv_post(qa, st);
       launch_paged_attention(pa, st);

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,14 @@ struct CudaModelOptions {
   // Whether kAuto rows may be f32 with split weights (kv_codecs above). false: the caller asked
   // for bf16 rows by name (--kv-cache-dtype bf16), so they stay bf16 for any checkpoint dtype.
   bool auto_kv_f32 = true;
+  // Delayed quantization (--kv-quant-start, engine/kv_conversion.h): kv_quant_start > 0 with one
+  // resolved codec per layer here (kv_codecs above then empty). The pool above holds exact rows
+  // (bf16, or f32 with split weights) and a second pool the codec rows; kv_cache_bytes is split
+  // between them as the engine's plan_kv_quant_pools does. Sequences' block-table entries
+  // [0, SeqSpan::n_quant_blocks) are ids in the codec pool; every step attends through
+  // KvCodecStep over both. Full-attention models only (KvCodecStep::supported).
+  int32_t kv_quant_start = 0;
+  std::vector<KvCodecSpec> kv_quant_codecs;
 };
 
 class CudaDecoder {
@@ -111,6 +120,11 @@ class CudaDecoder {
   int32_t n_kv_blocks() const;
   // Blocks of the sliding-window layers' pool (0: those layers read the full pool).
   int32_t n_kv_window_blocks() const;
+  // Blocks of the codec pool of delayed quantization (0: none; CudaModelOptions::kv_quant_start).
+  int32_t n_kv_quant_blocks() const;
+  // Re-encodes exact-pool blocks src[i] into codec-pool blocks dst[i] (every layer), queued on
+  // stream() ahead of the next step.
+  Status convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst);
   cudaStream_t stream() const { return stream_; }
   // Bytes of all weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -247,6 +261,9 @@ class CudaDecoder {
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<KvBlockPool> kv_;
   std::unique_ptr<KvCodecStep> codec_;  // null: bf16 KV
+  std::unique_ptr<KvBlockPool> quant_kv_;  // delayed quantization's codec pool (null: none)
+  int32_t* convert_ids_ = nullptr;         // [2, convert_cap_] device: convert_kv_blocks' src, dst
+  int64_t convert_cap_ = 0;
   std::unique_ptr<Gemm> gemm_;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;

@@ -150,6 +150,7 @@ Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o
   const bool window = o.kv_window_blocks > 0;
   b->off_window_tables = place(window ? 4 * S * o.max_blocks_per_seq : 0);
   b->off_window_slots = place(window ? 8 * T : 0);
+  b->off_quant = place(o.kv_quant_start > 0 ? 4 * S : 0);
   b->meta_bytes = off;
   auto md = arena.take(off, "step metadata");
   if (!md.ok()) return md.error();

@@ -125,6 +125,8 @@ struct CudaDecoder::Buffers {
   // Window paging (CudaModelOptions::kv_window_blocks): the sliding-window layers' block tables
   // [S, max_blocks_per_seq] and slot mapping [T] (empty otherwise).
   size_t off_window_tables = 0, off_window_slots = 0;
+  // Delayed quantization: each sequence's codec-pool blocks [S] (SeqSpan::n_quant_blocks).
+  size_t off_quant = 0;
   cudaEvent_t meta_copied = nullptr;
   bool meta_pending = false;
 
