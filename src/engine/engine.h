@@ -74,8 +74,8 @@ struct EngineOptions {
   // the host commits it with placeholder tokens, plans step n+1 and queues it with n's tokens
   // fed on the device, then reads n's tokens. Only steps whose every request takes its tokens
   // from the device overlap (no prompt logprobs, checkpoints, KV tiers, recurrent state or
-  // --kv-quant-start; logprobs and penalties only where the executor handles them); the rest
-  // run one step at a time. Same tokens either way.
+  // sliding-window pools; logprobs and penalties only where the executor handles them); the
+  // rest run one step at a time. Same tokens either way.
   bool async_scheduling = true;
 };
 

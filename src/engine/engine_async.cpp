@@ -38,8 +38,12 @@ constexpr int32_t kPlaceholderToken = 0;
 
 void Engine::setup_overlap() {
   Core& c = *core_;
+  // --kv-quant-start: the conversion is queued on the device behind the step in flight (the
+  // blocks it reads are complete there) and ahead of the next one (which may reuse the exact
+  // blocks it gives back); commit hashes computed positions only, so converted blocks publish
+  // under real tokens.
   c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.tiers &&
-              !c.conversion && !c.snapshots && !c.kv_window && !c.checkpoints;
+              !c.snapshots && !c.kv_window && !c.checkpoints;
 }
 
 void Engine::admit_overlap(Active& a) {

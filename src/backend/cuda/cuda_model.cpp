@@ -45,6 +45,10 @@ CudaDecoder::~CudaDecoder() {
   }
   gemm_.reset();
   if (convert_ids_ != nullptr) cudaFree(convert_ids_);
+  for (auto& h : convert_host_) {
+    if (h.ids != nullptr) cudaFreeHost(h.ids);
+    if (h.copied != nullptr) cudaEventDestroy(h.copied);
+  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -66,23 +70,39 @@ Status CudaDecoder::convert_kv_blocks(std::span<const int32_t> src, std::span<co
   }
   const int64_t n = int64_t(src.size());
   if (n > convert_cap_) {
-    // The pageable copies below and this free follow the stream's earlier work.
+    // Kernels queued earlier may still read the old arrays.
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     if (convert_ids_ != nullptr) cudaFree(convert_ids_);
+    for (auto& h : convert_host_) {
+      if (h.ids != nullptr) cudaFreeHost(h.ids);
+      h.ids = nullptr;
+    }
     convert_ids_ = nullptr;
+    convert_cap_ = 0;
     const int64_t cap = std::max<int64_t>(n, 256);
     STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&convert_ids_), size_t(2 * cap) * sizeof(int32_t)));
+    for (auto& h : convert_host_) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&h.ids), size_t(2 * cap) * sizeof(int32_t)));
+      if (h.copied == nullptr) STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&h.copied, cudaEventDisableTiming));
+      h.pending = false;
+    }
     convert_cap_ = cap;
   }
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(convert_ids_, src.data(), size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(convert_ids_ + convert_cap_, dst.data(), size_t(n) * sizeof(int32_t),
+  // Pinned staging, two in turn: the copy is queued behind the step in flight (overlapped
+  // steps), so the host waits only for the copy of two calls ago, long done.
+  ConvertStaging& h = convert_host_[convert_turn_];
+  convert_turn_ ^= 1;
+  if (h.pending) STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(h.copied));
+  std::copy(src.begin(), src.end(), h.ids);
+  std::copy(dst.begin(), dst.end(), h.ids + convert_cap_);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(convert_ids_, h.ids, size_t(2 * convert_cap_) * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, stream_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(h.copied, stream_));
+  h.pending = true;
   for (int l = 0; l < kv_->layout().n_layers; ++l) {
     codec_->convert_blocks(l, kv_->part(2 * l), kv_->part(2 * l + 1), quant_kv_->part(2 * l), quant_kv_->part(2 * l + 1),
                            convert_ids_, convert_ids_ + convert_cap_, int32_t(n), opt_.block_size, stream_);
   }
-  // The host arrays may change once this returns: the copies must have read them.
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return cudaGetLastError() == cudaSuccess ? Status() : make_error(ErrorCode::kInternal, "convert_kv_blocks: a launch failed");
 }
 

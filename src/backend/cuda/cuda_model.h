@@ -123,7 +123,7 @@ class CudaDecoder {
   // Blocks of the codec pool of delayed quantization (0: none; CudaModelOptions::kv_quant_start).
   int32_t n_kv_quant_blocks() const;
   // Re-encodes exact-pool blocks src[i] into codec-pool blocks dst[i] (every layer), queued on
-  // stream() ahead of the next step.
+  // stream() behind the step in flight and ahead of the next step (no wait for the device).
   Status convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst);
   cudaStream_t stream() const { return stream_; }
   // Bytes of all weights on the device.
@@ -264,6 +264,13 @@ class CudaDecoder {
   std::unique_ptr<KvBlockPool> quant_kv_;  // delayed quantization's codec pool (null: none)
   int32_t* convert_ids_ = nullptr;         // [2, convert_cap_] device: convert_kv_blocks' src, dst
   int64_t convert_cap_ = 0;
+  struct ConvertStaging {
+    int32_t* ids = nullptr;          // [2, convert_cap_] pinned
+    cudaEvent_t copied = nullptr;    // its copy to convert_ids_ has run
+    bool pending = false;
+  };
+  ConvertStaging convert_host_[2];
+  int convert_turn_ = 0;
   std::unique_ptr<Gemm> gemm_;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;
