@@ -40,6 +40,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/reference/kv_codec.h"
+#include "engine/kv_conversion.h"
 #include "bench_models.h"
 #include "bench_timing.h"
 
@@ -99,6 +100,8 @@ struct QuantRow {
   double ms = 0;  // default launch settings
   int64_t exact_blocks = 0, quant_blocks = 0;
   int64_t quant_token_bytes = 0;  // one token's codec rows over every layer
+  double convert_ms = 0;          // converting batch / 16 blocks (a decode step's share)
+  int64_t capacity = 0;           // sequences of ctx tokens with max_num_seqs sized to them
 };
 
 struct Row {
@@ -250,10 +253,23 @@ int main(int argc, char** argv) {
     r.exact_blocks = m.n_kv_blocks();
     r.quant_blocks = m.n_kv_quant_blocks();
     for (const KvRowLayout& f : layer_formats(spec, L, hd)) r.quant_token_bytes += int64_t(f.bytes) * nkv;
+    // Capacity with max_num_seqs sized to it: the largest N whose pools hold N sequences.
+    const int64_t exact_token_bytes = m.kv_block_bytes() / kBlock;
+    for (int64_t n_seqs = 1;; ++n_seqs) {
+      auto pools = plan_kv_quant_pools(opt.kv_cache_bytes, 0, 0, kBlock, kQuantStart, int32_t(n_seqs), opt.max_tokens,
+                                       exact_token_bytes, r.quant_token_bytes);
+      if (!pools.ok() || int64_t(pools->n_quant_blocks) < n_seqs * seq_quant_blocks || pools->n_exact_blocks < n_seqs) break;
+      r.capacity = n_seqs;
+    }
+    // The conversion a decode step pays on average: every sequence fills a block every 16 steps,
+    // so batch / 16 blocks per step (timed as the engine queues them: one convert_kv_blocks).
+    const int32_t per_step = std::max(batch / kBlock, 1);
+    std::vector<int32_t> csrc(src.begin(), src.begin() + per_step), cdst(dst.begin(), dst.begin() + per_step);
+    r.convert_ms = median(time_runs(m.stream(), 2, steps, [&] { check_ok(m.convert_kv_blocks(csrc, cdst)); }));
     std::printf("  %-12s default (--kv-quant-start auto): %d codec blocks + 1 exact per sequence, median step %.3f ms -> %.0f tok/s; "
-                "pools %lld exact + %lld codec blocks\n",
-                r.name.c_str(), n_quant, r.ms, 1000.0 * batch / r.ms, static_cast<long long>(r.exact_blocks),
-                static_cast<long long>(r.quant_blocks));
+                "converting %d blocks (a step's share) %.3f ms; pools %lld exact + %lld codec blocks\n",
+                r.name.c_str(), n_quant, r.ms, 1000.0 * batch / r.ms, per_step, r.convert_ms,
+                static_cast<long long>(r.exact_blocks), static_cast<long long>(r.quant_blocks));
     std::fflush(stdout);
     qrows.push_back(r);
   }
@@ -275,22 +291,23 @@ int main(int argc, char** argv) {
               "max_tokens %d) from the same %.2f GiB; a %d-token sequence takes %lld codec blocks + 1 exact block\n",
               kQuantStart, n_quant, quant_pos, opt.max_seqs, opt.max_tokens, double(opt.kv_cache_bytes) / double(int64_t(1) << 30), ctx,
               static_cast<long long>(seq_quant_blocks));
-  std::printf("\n| KV | step ms | tok/s | vs bf16 decoder | vs at write | codec bytes/token (32 layers) | exact blocks | codec blocks "
-              "| %d-token sequences in the pools | vs bf16 |\n", ctx);
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| bf16 decoder (auto: no conversion) | %.3f | %.0f | 1.000 | 1.000 | %lld | %lld | 0 | %.1f | 1.000 |\n", base.ms,
+  std::printf("capacity: the most %d-token sequences N the same bytes hold when the engine runs max_num_seqs N (the exact "
+              "pool then keeps 2 blocks per sequence and one step's tokens, plan_kv_quant_pools)\n", ctx);
+  std::printf("\n| KV | step ms | conversion ms per step | tok/s with conversion | vs bf16 decoder | vs at write | codec bytes/token "
+              "(32 layers) | exact blocks | codec blocks | %d-token sequences | vs bf16 |\n", ctx);
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| bf16 decoder (auto: no conversion) | %.3f | 0 | %.0f | 1.000 | 1.000 | %lld | %lld | 0 | %.1f | 1.000 |\n", base.ms,
               1000.0 * batch / base.ms, static_cast<long long>(base.block_bytes / kBlock), static_cast<long long>(base.blocks), base_seqs);
   for (const QuantRow& q : qrows) {
     double at_write = 0;
     for (const Row& r : rows) {
       if (r.name == q.name) at_write = r.ms;
     }
-    const double by_codec = double(q.quant_blocks) / double(seq_quant_blocks);
-    const double seqs = std::min(by_codec, double(q.exact_blocks));
-    std::printf("| %s | %.3f | %.0f | %.3f | %.3f | %lld | %lld | %lld | %.1f%s | %.3f |\n", q.name.c_str(), q.ms, 1000.0 * batch / q.ms,
-                base.ms / q.ms, at_write / q.ms, static_cast<long long>(q.quant_token_bytes), static_cast<long long>(q.exact_blocks),
-                static_cast<long long>(q.quant_blocks), seqs, by_codec > double(q.exact_blocks) ? " (exact pool bound)" : "",
-                seqs / base_seqs);
+    const double total = q.ms + q.convert_ms;
+    std::printf("| %s | %.3f | %.3f | %.0f | %.3f | %.3f | %lld | %lld | %lld | %lld | %.3f |\n", q.name.c_str(), q.ms, q.convert_ms,
+                1000.0 * batch / total, base.ms / total, at_write / total, static_cast<long long>(q.quant_token_bytes),
+                static_cast<long long>(q.exact_blocks), static_cast<long long>(q.quant_blocks), static_cast<long long>(q.capacity),
+                double(q.capacity) / base_seqs);
   }
   return 0;
 }
