@@ -3,7 +3,7 @@
 # Llama-8B-shaped decode/prefill/batch benchmark with transformers on the same shapes, the
 # KV-tier TTFT benchmark, the cost of --deterministic, the KV codec benchmarks (attention alone,
 # and full-model decode per codec), and 256
-# concurrent streams through `strata bench serve`. Each part logs under $OUT/<part>/; a
+# concurrent streams through `strata bench serve` (bf16 KV, then fp8 KV by default and at write). Each part logs under $OUT/<part>/; a
 # summary line per part goes to stdout.
 # Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries)
 set -u
@@ -32,8 +32,15 @@ if [ -x "$bin/bench_kv_codec" ]; then
 fi
 if [ -x "$bin/bench_kv_codec_decode" ]; then
   part codec_decode bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 300 $bin/bench_kv_codec_decode"
-  tail -12 "$root/codec_decode/stdout.log"
+  tail -28 "$root/codec_decode/stdout.log"
 fi
 part serve env STRATA_PROFILE_STEPS=1 bash scripts/device/run_serve_bench.sh 256 1024 1024 256
 tail -30 "$root/serve/stdout.log"
+# fp8 KV through the server: the default (--kv-quant-start auto: full blocks in fp8, the block
+# being written exact) and every row in fp8 at write.
+for q in auto 0; do
+  part serve_fp8_$q env STRATA_SKIP_TESTS=1 STRATA_BENCH_TIMEOUT=200 STRATA_SERVE_ARGS="--kv-cache-dtype fp8 --kv-quant-start $q" \
+    bash scripts/device/run_serve_bench.sh 256 512 512 256
+  grep -E "CUDA engine|Output token throughput|Median TTFT|Median TPOT" "$root/serve_fp8_$q/stdout.log"
+done
 exit $status

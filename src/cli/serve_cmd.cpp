@@ -253,9 +253,14 @@ int run_serve(ServeArgs a) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
-  log::info("serving {} on {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token), max_model_len {}, tool calls: {}{})",
+  const int32_t converts_past = (*engine)->options().kv_codecs.quant_start;
+  log::info("serving {} on {} ({}, {} KV blocks of {} tokens, KV {} ({} bytes/token){}, max_model_len {}, tool calls: {}{})",
             name, model->device, cfg.model_type, (*engine)->n_kv_blocks(), (*engine)->block_size(), codec_namespace(eo.kv_codecs),
-            (*engine)->kv_bytes_per_token(), served->max_model_len,
+            (*engine)->kv_bytes_per_token(),
+            converts_past > 0 ? "; exact until " + std::to_string(converts_past) + " tokens, then full blocks in " +
+                                  std::to_string((*engine)->n_kv_quant_blocks()) + " codec blocks"
+                            : std::string(),
+            served->max_model_len,
             server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
   // Under --supervise a stopped engine loop (a device fault) ends this process: the
   // supervisor restarts it and re-sends what was in flight.

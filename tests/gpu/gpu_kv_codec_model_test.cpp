@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_model.h"
 #include "engine/engine.h"
+#include "gpu_codec_cases.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
@@ -52,35 +53,6 @@ namespace strata::cuda {
 namespace {
 
 using namespace strata::gpu_test;
-
-struct CodecCase {
-  const char* name;
-  KvCodecConfig config;
-};
-
-std::vector<CodecCase> codec_cases() {
-  std::vector<CodecCase> out;
-  for (KvCodec c : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
-    KvCodecConfig k;
-    k.default_spec.codec = c;
-    out.push_back({kv_codec_name(c), k});
-  }
-  // --kv-config: a different codec per layer (the tiny models have 3 layers).
-  KvCodecConfig mix;
-  mix.default_spec.codec = KvCodec::kInt8;
-  mix.layers = {{0, {KvCodec::kBf16, 0}}, {2, {KvCodec::kTurbo, 0}}};
-  out.push_back({"mixed bf16/int8/turbo", mix});
-  return out;
-}
-
-// Per-layer specs as the engine resolves them for a model whose layers all own their KV.
-std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCodecConfig& c) {
-  std::vector<KvCodecLayerDims> dims(size_t(cfg.n_layers));
-  for (auto& d : dims) d.head_dim_k = d.head_dim_v = cfg.head_dim;
-  auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return r.ok() ? *r : std::vector<KvCodecSpec>{};
-}
 
 CudaModelOptions test_options(const std::vector<KvCodecSpec>& specs) {
   CudaModelOptions o;
@@ -102,30 +74,6 @@ SeqSpan span_at(int32_t first_block, int32_t pos0, int32_t n_tokens, bool all) {
   s.logits_all = all;
   s.logits_last = !all;
   return s;
-}
-
-int32_t argmax_of(const float* row, int32_t vocab) { return int32_t(std::max_element(row, row + vocab) - row); }
-
-// Whether the top two of row are within tol * max|row| of each other (a near tie).
-bool near_tie(const float* row, int32_t vocab, double tol) {
-  float a = -INFINITY, b = -INFINITY, amax = 0.0f;
-  for (int32_t i = 0; i < vocab; ++i) {
-    amax = std::max(amax, std::fabs(row[i]));
-    if (row[i] > a) {
-      b = a;
-      a = row[i];
-    } else if (row[i] > b) {
-      b = row[i];
-    }
-  }
-  return double(a - b) <= tol * double(amax);
-}
-
-std::vector<int32_t> prompt_ids(int32_t vocab, int32_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
-  return ids;
 }
 
 // CPU forward of one sequence (prefill of `prompt`, then `steps` greedy steps), exact or codec

@@ -2,7 +2,8 @@
 // the codecs in a second pool, full blocks converted after each step), against the CPU's
 // delayed quantization (KvStorage::set_quant, convert_kv_block) as the reference:
 //  - the decoder on llama3-tiny and qwen3-tiny (f32 checkpoints: split weights) with bf16 exact
-//    rows (auto_kv_f32 off) and f32 exact rows, fp8 / int8 / int4 / turbo / a per-layer mix: a 37-token
+//    rows (auto_kv_f32 off) and f32 exact rows, fp8 / int8 / int4 / turbo / a per-layer mix
+//    with a bf16 layer (converted to bf16 rows): a 37-token
 //    prompt then 40 greedy steps teacher-forced on the CPU run's ids, full blocks converted
 //    after every step once the sequence passes 16 tokens (so rows read 2, 3 and 4 converted
 //    blocks and their own block exact). Per row, with e = the CPU's error of the same delayed
@@ -29,6 +30,7 @@
 #include "backend/cuda/cuda_model.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "gpu_codec_cases.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
@@ -44,56 +46,6 @@ constexpr int32_t kBs = 16;
 constexpr int32_t kStart = 16;  // what auto gives with blocks of 16
 constexpr int32_t kPrompt = 37;
 constexpr int32_t kSteps = 40;
-
-struct CodecCase {
-  const char* name;
-  KvCodecConfig config;
-};
-
-std::vector<CodecCase> codec_cases() {
-  std::vector<CodecCase> out;
-  for (KvCodec c : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
-    KvCodecConfig k;
-    k.default_spec.codec = c;
-    out.push_back({kv_codec_name(c), k});
-  }
-  KvCodecConfig mix;
-  mix.default_spec.codec = KvCodec::kInt8;
-  mix.layers = {{0, {KvCodec::kInt4, 0}}, {2, {KvCodec::kTurbo, 0}}};
-  out.push_back({"mixed int4/int8/turbo", mix});
-  return out;
-}
-
-std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCodecConfig& c) {
-  std::vector<KvCodecLayerDims> dims(size_t(cfg.n_layers));
-  for (auto& d : dims) d.head_dim_k = d.head_dim_v = cfg.head_dim;
-  auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return r.ok() ? *r : std::vector<KvCodecSpec>{};
-}
-
-std::vector<int32_t> prompt_ids(int32_t vocab, int32_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
-  return ids;
-}
-
-int32_t argmax_of(const std::vector<float>& row) { return int32_t(std::max_element(row.begin(), row.end()) - row.begin()); }
-
-bool near_tie(const std::vector<float>& row, double tol) {
-  float a = -INFINITY, b = -INFINITY, amax = 0.0f;
-  for (float x : row) {
-    amax = std::max(amax, std::fabs(x));
-    if (x > a) {
-      b = a;
-      a = x;
-    } else if (x > b) {
-      b = x;
-    }
-  }
-  return double(a - b) <= tol * double(amax);
-}
 
 // One sequence as the engine runs it with --kv-quant-start kStart: the prompt in one step, then
 // one token per step; after every step, once past kStart tokens, its full blocks are converted
@@ -120,7 +72,7 @@ std::vector<std::vector<float>> run_delayed(const std::vector<int32_t>& prompt, 
     }
     s.pos0 = computed;
     s.n_tokens = 1;
-    b.tokens = {forced != nullptr ? (*forced)[size_t(i)] : argmax_of(rows.back())};
+    b.tokens = {forced != nullptr ? (*forced)[size_t(i)] : argmax_of(rows.back().data(), int32_t(rows.back().size()))};
   }
   return rows;
 }
@@ -175,7 +127,7 @@ void compare_decoder(const std::string& name, const std::string& dir, bool f32_r
     const std::vector<KvCodecSpec> specs = layer_specs(cfg, cc.config);
     const auto ref = cpu_run(**cpu, specs, true, prompt, nullptr);
     std::vector<int32_t> ids;
-    for (const auto& r : ref) ids.push_back(argmax_of(r));
+    for (const auto& r : ref) ids.push_back(argmax_of(r.data(), int32_t(r.size())));
     const auto exact = cpu_run(**cpu, specs, false, prompt, &ids);
     auto gpu = CudaDecoder::load(dir, quant_options(specs, f32_rows));
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
@@ -203,10 +155,10 @@ void compare_decoder(const std::string& name, const std::string& dir, bool f32_r
       worst = std::max(worst, err);
       worst_e = std::max(worst_e, e);
       EXPECT_LE(err, 2e-2 + e) << "row " << r << " (the CPU's delayed-quantization error " << e << ")";
-      if (!near_tie(ref[r], 2e-2 + e)) {
+      if (!near_tie(ref[r].data(), int32_t(ref[r].size()), 2e-2 + e)) {
         ++counted;
-        same += argmax_of(got[r]) == ids[r] ? 1 : 0;
-        EXPECT_EQ(argmax_of(got[r]), ids[r]) << "row " << r;
+        same += argmax_of(got[r].data(), cfg.vocab_size) == ids[r] ? 1 : 0;
+        EXPECT_EQ(argmax_of(got[r].data(), cfg.vocab_size), ids[r]) << "row " << r;
       }
     }
     compared += counted;

@@ -1,0 +1,73 @@
+// Shared by the GPU KV-codec model tests: the codec configs they run (each codec for every
+// layer, and a per-layer mix), per-layer specs as the engine resolves them, random prompts, and
+// the greedy-id helpers of their oracle rule.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_executor.h"
+#include "kv/codec/kv_codec_config.h"
+#include "model/model_config.h"
+
+namespace strata::gpu_test {
+
+struct CodecCase {
+  const char* name;
+  KvCodecConfig config;
+};
+
+// fp8, int8, int4 and turbo in every layer, and --kv-config's mix of three codecs (the tiny
+// models have 3 layers).
+inline std::vector<CodecCase> codec_cases() {
+  std::vector<CodecCase> out;
+  for (KvCodec c : {KvCodec::kFp8, KvCodec::kInt8, KvCodec::kInt4, KvCodec::kTurbo}) {
+    KvCodecConfig k;
+    k.default_spec.codec = c;
+    out.push_back({kv_codec_name(c), k});
+  }
+  KvCodecConfig mix;
+  mix.default_spec.codec = KvCodec::kInt8;
+  mix.layers = {{0, {KvCodec::kBf16, 0}}, {2, {KvCodec::kTurbo, 0}}};
+  out.push_back({"mixed bf16/int8/turbo", mix});
+  return out;
+}
+
+// Per-layer specs as the engine resolves them for a model whose layers all own their KV.
+inline std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCodecConfig& c) {
+  std::vector<KvCodecLayerDims> dims(size_t(cfg.n_layers));
+  for (auto& d : dims) d.head_dim_k = d.head_dim_v = cfg.head_dim;
+  auto r = resolve_kv_codecs(cuda::cuda_kv_codecs(c, false), dims);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
+  return r.ok() ? *r : std::vector<KvCodecSpec>{};
+}
+
+inline std::vector<int32_t> prompt_ids(int32_t vocab, int32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
+  return ids;
+}
+
+inline int32_t argmax_of(const float* row, int32_t vocab) { return int32_t(std::max_element(row, row + vocab) - row); }
+
+// Whether the top two of row are within tol * max|row| of each other (a near tie).
+inline bool near_tie(const float* row, int32_t vocab, double tol) {
+  float a = -INFINITY, b = -INFINITY, amax = 0.0f;
+  for (int32_t i = 0; i < vocab; ++i) {
+    amax = std::max(amax, std::fabs(row[i]));
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return double(a - b) <= tol * double(amax);
+}
+
+}  // namespace strata::gpu_test
