@@ -15,7 +15,9 @@
 //    write). Median step time at the default launch settings, tokens per second, the ratio to
 //    the bf16 decoder and to the same codec at write; and the capacity: 8,192-token sequences
 //    the two pools hold together, each taking 512 codec blocks once converted plus one exact
-//    block it writes in (the smaller of the two counts), with the ratio to bf16.
+//    block it writes in (the smaller of the two counts), with the ratio to bf16. Each line also
+//    gives the conversion layer by layer (KvCodecStep::set_fused_convert(false), 64 launches)
+//    beside the default one launch for every layer.
 //
 // The contexts are not prefilled (64 x 8k tokens through the model would take minutes): each
 // layer's K and V rows are made by encoding random bf16 rows (launch_kv_codec_write, so every
@@ -101,6 +103,7 @@ struct QuantRow {
   int64_t exact_blocks = 0, quant_blocks = 0;
   int64_t quant_token_bytes = 0;  // one token's codec rows over every layer
   double convert_ms = 0;          // converting batch / 16 blocks (a decode step's share)
+  double convert_ms_layers = 0;   // the conversion layer by layer (64 launches) instead of one launch
   int64_t capacity = 0;           // sequences of ctx tokens with max_num_seqs sized to them
 };
 
@@ -266,9 +269,13 @@ int main(int argc, char** argv) {
     const int32_t per_step = std::max(batch / kBlock, 1);
     std::vector<int32_t> csrc(src.begin(), src.begin() + per_step), cdst(dst.begin(), dst.begin() + per_step);
     r.convert_ms = median(time_runs(m.stream(), 2, steps, [&] { check_ok(m.convert_kv_blocks(csrc, cdst)); }));
+    KvCodecStep::set_fused_convert(false);
+    r.convert_ms_layers = median(time_runs(m.stream(), 2, steps, [&] { check_ok(m.convert_kv_blocks(csrc, cdst)); }));
+    KvCodecStep::set_fused_convert(true);
     std::printf("  %-12s default (--kv-quant-start auto): %d codec blocks + 1 exact per sequence, median step %.3f ms -> %.0f tok/s; "
-                "converting %d blocks (a step's share) %.3f ms; pools %lld exact + %lld codec blocks\n",
-                r.name.c_str(), n_quant, r.ms, 1000.0 * batch / r.ms, per_step, r.convert_ms,
+                "converting %d blocks (a step's share) %.3f ms in one launch "
+                "(layer by layer: %.3f ms); pools %lld exact + %lld codec blocks\n",
+                r.name.c_str(), n_quant, r.ms, 1000.0 * batch / r.ms, per_step, r.convert_ms, r.convert_ms_layers,
                 static_cast<long long>(r.exact_blocks), static_cast<long long>(r.quant_blocks));
     std::fflush(stdout);
     qrows.push_back(r);

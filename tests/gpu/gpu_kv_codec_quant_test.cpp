@@ -1,6 +1,7 @@
 // Delayed quantization on the GPU (KvCodecStep with quant_specs): convert_blocks writes the
 // codec bytes reference::kv_encode_row gives for the exact rows (bf16 and f32 exact rows, every
-// codec), and the two-source attention (a row's first n_quant_blocks blocks in the codec pool,
+// codec), so does convert_all_blocks for two layers at once (one launch, and layer by layer),
+// and the two-source attention (a row's first n_quant_blocks blocks in the codec pool,
 // the rest in the exact pool) matches a plain host softmax over the decoded codec keys and the
 // exact keys within max-norm relative error 1e-2: decode rows and prefill-chunk rows with their
 // causal limits, no codec blocks, some, and all but the block being written, GQA groups 1, 4
@@ -197,6 +198,45 @@ void run_case(std::mt19937& rng, const Case& c) {
     const int64_t kd = first_diff(qk, qk_ref), vd = first_diff(qv, qv_ref);
     EXPECT_EQ(kd, -1) << "converted key bytes differ first at row " << kd / qkf.bytes() << ", byte " << kd % qkf.bytes();
     EXPECT_EQ(vd, -1) << "converted value bytes differ first at row " << vd / qvf.bytes() << ", byte " << vd % qvf.bytes();
+  }
+  // Every layer at once (convert_all_blocks; the decoder's path): layer 0 holds the same exact
+  // rows in pools of its own, its codec rows use its own turbo rotation. One launch and layer
+  // by layer give the reference's bytes in both layers.
+  {
+    std::vector<uint8_t> qk_ref0(qk_ref.size(), 0), qv_ref0(qv_ref.size(), 0);
+    for (int32_t s = 0; s < n_seqs; ++s) {
+      for (int32_t p = 0; p < c.seqs[size_t(s)].n_quant * bs; ++p) {
+        for (int32_t h = 0; h < n_kv; ++h) {
+          const size_t src = size_t(((seq_row0[size_t(s)] + p) * n_kv + h) * hd);
+          const int64_t row = slot_of(tables, s, p) * n_kv + h;
+          const uint64_t seed = kv_rotation_seed(0, h);
+          reference::kv_encode_row(qkf, &kx[src], &qk_ref0[size_t(row * qkf.bytes())], seed);
+          reference::kv_encode_row(qvf, &vx[src], &qv_ref0[size_t(row * qvf.bytes())], seed);
+        }
+      }
+    }
+    EXPECT_TRUE(step.uniform_convert());
+    DeviceBuffer<uint8_t> k0(k_exact.size()), v0(v_exact.size()), qk0(qk_ref.size()), qv0(qv_ref.size()), qk1(qk_ref.size()),
+        qv1(qv_ref.size());
+    k0.upload(k_exact);
+    v0.upload(v_exact);
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(fused ? "all layers in one launch" : "all layers, one at a time");
+      for (DeviceBuffer<uint8_t>* b : {&qk0, &qv0, &qk1, &qv1}) ASSERT_CUDA_OK(cudaMemset(b->p, 0, b->n));
+      KvCodecStep::set_fused_convert(fused);
+      step.convert_all_blocks({k0.p, v0.p, k_pool.p, v_pool.p}, {qk0.p, qv0.p, qk1.p, qv1.p}, d_src.p, d_dst.p,
+                              int32_t(src_blocks.size()), bs, nullptr);
+      KvCodecStep::set_fused_convert(true);
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t>* refs[4] = {&qk_ref0, &qv_ref0, &qk_ref, &qv_ref};
+      DeviceBuffer<uint8_t>* got[4] = {&qk0, &qv0, &qk1, &qv1};
+      for (int part = 0; part < 4; ++part) {
+        const int64_t d = first_diff(got[part]->download(), *refs[part]);
+        const int32_t rb = part % 2 == 0 ? qkf.bytes() : qvf.bytes();
+        EXPECT_EQ(d, -1) << "layer " << part / 2 << (part % 2 == 0 ? " key" : " value") << " bytes differ first at row " << d / rb
+                         << ", byte " << d % rb;
+      }
+    }
   }
   // The converted exact blocks are freed in the engine: poison them (NaN rows).
   for (int32_t e : src_blocks) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/check.h"
 #include "model/gemma4_config.h"
 
 namespace strata::cuda {
@@ -14,6 +15,8 @@ constexpr int32_t kMaxCodecSplits = 32;
 // device's multiprocessors (measured at batch 64 x 8k, Llama-8B shape: 1024 beat 2048 and 4096
 // for every codec, bench_kv_codec_decode).
 int64_t g_target_blocks = 1024;
+bool g_fused_convert = true;  // KvCodecStep::set_fused_convert
+constexpr int32_t kSignWords = 256;  // turbo3 sign words per layer (kv_turbo_sign_words)
 
 size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 
@@ -31,6 +34,7 @@ int64_t partial_rows_for(int32_t max_tokens, int32_t max_seqs) {
 
 KvCodecStep::~KvCodecStep() {
   if (mem_ != nullptr) cudaFree(mem_);
+  if (convert_mem_ != nullptr) cudaFree(convert_mem_);
 }
 
 bool KvCodecStep::any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32) {
@@ -178,6 +182,34 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
   std::vector<int64_t> ids(T);
   for (size_t t = 0; t < T; ++t) ids[t] = int64_t(t);
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s->stage_slots_, ids.data(), T * 8, cudaMemcpyHostToDevice));
+  if (quant) {
+    // One-launch conversion: every layer the same codec rows, exact rows and KV heads.
+    bool uniform = true;
+    for (size_t l = 1; l < s->qk_.size(); ++l) {
+      auto same = [](const KvRowLayout& x, const KvRowLayout& y) {
+        return x.kind == y.kind && x.dim == y.dim && x.group == y.group && x.bytes == y.bytes;
+      };
+      uniform = uniform && same(s->qk_[l], s->qk_[0]) && same(s->qv_[l], s->qv_[0]) && s->k_[l].kind == s->k_[0].kind &&
+                s->geom_[l].n_kv_heads == s->geom_[0].n_kv_heads;
+    }
+    const size_t L = s->qk_.size();
+    const bool turbo = s->qv_[0].kind == KvRowKindGpu::kTurbo3 || s->qk_[0].kind == KvRowKindGpu::kTurbo3;
+    if (uniform && L > 0 && (!turbo || int64_t(s->geom_[0].n_kv_heads) * s->qv_[0].dim <= 32 * kSignWords)) {
+      const size_t ptr_bytes = align256(4 * L * sizeof(void*));
+      const size_t sign_bytes = turbo ? L * kSignWords * sizeof(uint32_t) : 0;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(&s->convert_mem_, ptr_bytes + sign_bytes));
+      if (turbo) {
+        std::vector<uint32_t> words(L * kSignWords);
+        for (size_t l = 0; l < L; ++l) {
+          kv_turbo_sign_words(int32_t(l), s->geom_[l].n_kv_heads, s->qv_[l].dim, words.data() + l * kSignWords);
+        }
+        uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(s->convert_mem_) + ptr_bytes);
+        STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, words.data(), sign_bytes, cudaMemcpyHostToDevice));
+        s->turbo_signs_ = d;
+      }
+      s->uniform_convert_ = true;
+    }
+  }
   return s;
 }
 
@@ -197,6 +229,9 @@ int32_t KvCodecStep::splits_for(int64_t n_tokens, bool deterministic) const {
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, partial_rows_ / n_tokens));
   return int32_t(splits);
 }
+
+void KvCodecStep::set_fused_convert(bool on) { g_fused_convert = on; }
+bool KvCodecStep::fused_convert() { return g_fused_convert; }
 
 void KvCodecStep::set_target_blocks(int64_t blocks) { g_target_blocks = std::max<int64_t>(1, blocks); }
 int64_t KvCodecStep::target_blocks() { return g_target_blocks; }
@@ -336,6 +371,42 @@ void KvCodecStep::convert_blocks(int32_t layer, const uint8_t* k_pool, const uin
     w.block_size = block_size;
     launch_kv_codec_write(w, stream);
   }
+}
+
+void KvCodecStep::convert_all_blocks(const std::vector<const uint8_t*>& exact_parts, const std::vector<uint8_t*>& codec_parts,
+                                     const int32_t* src_blocks, const int32_t* dst_blocks, int32_t n_blocks, int32_t block_size,
+                                     cudaStream_t stream) {
+  if (!has_quant() || n_blocks <= 0) return;
+  const size_t L = qk_.size();
+  STRATA_CHECK(exact_parts.size() == 2 * L && codec_parts.size() == 2 * L);
+  if (!uniform_convert_ || !g_fused_convert) {
+    for (size_t l = 0; l < L; ++l) {
+      convert_blocks(int32_t(l), exact_parts[2 * l], exact_parts[2 * l + 1], codec_parts[2 * l], codec_parts[2 * l + 1], src_blocks,
+                     dst_blocks, n_blocks, block_size, stream);
+    }
+    return;
+  }
+  std::vector<const uint8_t*> parts(exact_parts);
+  parts.insert(parts.end(), codec_parts.begin(), codec_parts.end());
+  if (parts != convert_parts_) {
+    // Ordered after the kernels queued before (pageable: staged before the call returns).
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(convert_mem_, parts.data(), parts.size() * sizeof(void*), cudaMemcpyHostToDevice, stream));
+    convert_parts_ = std::move(parts);
+  }
+  KvCodecConvertArgs a{};
+  a.src_parts = static_cast<const uint8_t* const*>(convert_mem_);
+  a.dst_parts = static_cast<uint8_t* const*>(convert_mem_) + 2 * L;
+  a.k_fmt = qk_[0];
+  a.v_fmt = qv_[0];
+  a.src_f32 = k_[0].kind == KvRowKindGpu::kF32;
+  a.n_layers = int32_t(L);
+  a.n_kv_heads = geom_[0].n_kv_heads;
+  a.block_size = block_size;
+  a.n_blocks = n_blocks;
+  a.src_blocks = src_blocks;
+  a.dst_blocks = dst_blocks;
+  a.turbo_signs = turbo_signs_;
+  launch_kv_codec_convert(a, stream);
 }
 
 }  // namespace strata::cuda

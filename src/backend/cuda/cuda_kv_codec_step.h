@@ -15,7 +15,7 @@
 // [0, n_quant_blocks) are codec-pool ids, the rest exact-pool ids; run_layer writes the step's
 // K/V exactly, then attends over the codec keys and the exact keys in two split passes whose
 // partials one merge combines (one softmax over both). convert_blocks re-encodes full exact
-// blocks into codec blocks.
+// blocks into codec blocks; convert_all_blocks does it for every layer in one launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -124,6 +124,20 @@ class KvCodecStep {
                       const int32_t* src_blocks, const int32_t* dst_blocks, int32_t n_blocks, int32_t block_size,
                       cudaStream_t stream);
   const LayerGeometry& layer_geometry(int layer) const { return geom_[size_t(layer)]; }
+  // Quant mode: convert_blocks for every layer, K and V. exact_parts / codec_parts: each pool's
+  // parts (layer l's K at 2 l, its V at 2 l + 1). One launch for all of them when every layer
+  // has the same codec rows, exact rows and KV heads (and fused_convert() is on), else
+  // convert_blocks layer by layer; the bytes are the same either way. The part pointers are
+  // copied to the device when they change (the first call, in practice).
+  void convert_all_blocks(const std::vector<const uint8_t*>& exact_parts, const std::vector<uint8_t*>& codec_parts,
+                          const int32_t* src_blocks, const int32_t* dst_blocks, int32_t n_blocks, int32_t block_size,
+                          cudaStream_t stream);
+  // Whether convert_all_blocks takes the one-launch path when it can, process-wide (default
+  // on; off: layer by layer, for tests and benchmarks).
+  static void set_fused_convert(bool on);
+  static bool fused_convert();
+  // Whether convert_all_blocks can take the one-launch path (every layer alike).
+  bool uniform_convert() const { return uniform_convert_; }
 
  private:
   KvCodecStep() = default;
@@ -142,6 +156,13 @@ class KvCodecStep {
   int32_t* quant_lens_ = nullptr;    // [max_tokens] quant mode: codec keys of each query row
   float* partial_out_ = nullptr;     // [partial_rows (x2 quant), n_heads, head_dim]
   float* partial_ml_ = nullptr;      // [partial_rows (x2 quant), n_heads, 2]
+  // One-launch conversion (convert_all_blocks): whether every layer allows it, the part
+  // pointers on the device ([4 * n_layers]: exact parts, then codec parts) and the host copy they
+  // were set from, and turbo3's sign words of every layer ([n_layers, 256], turbo3 values only).
+  bool uniform_convert_ = false;
+  void* convert_mem_ = nullptr;
+  std::vector<const uint8_t*> convert_parts_;
+  const uint32_t* turbo_signs_ = nullptr;
 };
 
 }  // namespace strata::cuda

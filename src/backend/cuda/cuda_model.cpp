@@ -99,10 +99,13 @@ Status CudaDecoder::convert_kv_blocks(std::span<const int32_t> src, std::span<co
                                               cudaMemcpyHostToDevice, stream_));
   STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(h.copied, stream_));
   h.pending = true;
-  for (int l = 0; l < kv_->layout().n_layers; ++l) {
-    codec_->convert_blocks(l, kv_->part(2 * l), kv_->part(2 * l + 1), quant_kv_->part(2 * l), quant_kv_->part(2 * l + 1),
-                           convert_ids_, convert_ids_ + convert_cap_, int32_t(n), opt_.block_size, stream_);
+  std::vector<const uint8_t*> exact_parts;
+  std::vector<uint8_t*> codec_parts;
+  for (int p = 0; p < 2 * kv_->layout().n_layers; ++p) {
+    exact_parts.push_back(kv_->part(p));
+    codec_parts.push_back(quant_kv_->part(p));
   }
+  codec_->convert_all_blocks(exact_parts, codec_parts, convert_ids_, convert_ids_ + convert_cap_, int32_t(n), opt_.block_size, stream_);
   return cudaGetLastError() == cudaSuccess ? Status() : make_error(ErrorCode::kInternal, "convert_kv_blocks: a launch failed");
 }
 

@@ -102,41 +102,20 @@ EncodeSteps encode_steps() {
 
 constexpr int kEncWarps = 4;
 
-__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc,
-                                                                       EncodeSteps es) {
-  __shared__ float xs[kEncWarps][kMaxDim];
-  __shared__ uint32_t ws[kEncWarps][kMaxRowWords];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
-  if (row >= int64_t(a.n_tokens) * a.n_kv_heads) return;
-  const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
-  int64_t slot, src_t = t;  // destination slot, source row
-  if (a.src_blocks != nullptr) {
-    const int i = t / a.block_size, j = t - i * a.block_size;
-    slot = int64_t(a.dst_blocks[i]) * a.block_size + j;
-    src_t = int64_t(a.src_blocks[i]) * a.block_size + j;
-  } else {
-    slot = a.slot_mapping[t];
-  }
-  if (slot < 0) return;
-  const KvRowLayout& f = a.fmt;
-  const int dim = f.dim, n_words = f.bytes / 4;
-  float* x = xs[warp];
-  uint32_t* w = ws[warp];
-  const uint16_t* src = a.x + (src_t * a.n_kv_heads + h) * dim;
-  const float* src_f32 = a.x_f32 != nullptr ? a.x_f32 + src_t * a.x_stride + int64_t(h) * dim : nullptr;
-  for (int d = lane; d < dim; d += 32) x[d] = src_f32 != nullptr ? src_f32[d] : bf16_to_f32(src[d]);
-  for (int i = lane; i < n_words; i += 32) w[i] = 0u;
-  __syncwarp();
-
+// Encodes row x (dim floats in shared memory, overwritten by turbo3) into w (the row's words in
+// shared memory, zeroed): the whole warp, the reference's arithmetic. src: the row's bf16 bits
+// when it came from bf16 (bf16 rows copy them), null when it came from f32. sign(bit): turbo3's
+// rotation sign of bit h * dim + d; levels: its codebook.
+template <class Sign>
+__device__ __forceinline__ void encode_row(const KvRowLayout& f, float* x, uint32_t* w, const uint16_t* src, int lane, int h,
+                                           const Sign& sign, const float* levels, const EncodeSteps& es) {
+  const int dim = f.dim;
   switch (f.kind) {
     case Kind::kF32: break;  // kv_codec_write_f32_kernel
     case Kind::kBf16:
       for (int i = lane; i < dim / 2; i += 32) {
-        w[i] = src_f32 != nullptr ? f32_to_bf16_bits(x[2 * i]) | (f32_to_bf16_bits(x[2 * i + 1]) << 16)
-                                  : uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+        w[i] = src == nullptr ? f32_to_bf16_bits(x[2 * i]) | (f32_to_bf16_bits(x[2 * i + 1]) << 16)
+                              : uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
       }
       break;
     case Kind::kFp8: {
@@ -199,7 +178,7 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
     }
     case Kind::kTurbo3: {
       // y = H (s . x) / sqrt(dim): the reference's butterflies, stage by stage.
-      for (int d = lane; d < dim; d += 32) x[d] *= sign_of(tc, h * dim + d);
+      for (int d = lane; d < dim; d += 32) x[d] *= sign(h * dim + d);
       __syncwarp();
       for (int len = 1; len < dim; len <<= 1) {
         for (int k = lane; k < dim / 2; k += 32) {
@@ -229,20 +208,20 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
         double best = 0.0;
         for (int c = 0; c < kTurboCandidates; ++c) {
           const float s = rms * es.turbo[c];
-          const Fit fit = turbo_fit(xr, lane, dim, s, tc.levels);
+          const Fit fit = turbo_fit(xr, lane, dim, s, levels);
           const double score = fit.yc * fit.yc / fit.cc;
           if (score > best) best = score, pick = s;
         }
         for (int it = 0; it < 2; ++it) {
-          const Fit fit = turbo_fit(xr, lane, dim, pick, tc.levels);
+          const Fit fit = turbo_fit(xr, lane, dim, pick, levels);
           pick = float(fit.yc / fit.cc);
         }
-        scale = float(ss / turbo_fit(xr, lane, dim, pick, tc.levels).yc);
+        scale = float(ss / turbo_fit(xr, lane, dim, pick, levels).yc);
       }
       const float inv = pick > 0.0f ? 1.0f / pick : 0.0f;
       if (lane == 0) w[0] = __float_as_uint(scale);
       for (int d = lane; d < dim; d += 32) {
-        const uint32_t c = nearest_level(x[d] * inv, tc.levels);
+        const uint32_t c = nearest_level(x[d] * inv, levels);
         const int bit = 3 * d;
         atomicOr(w + 1 + (bit >> 5), c << (bit & 31));
         if ((bit & 31) > 29) atomicOr(w + 2 + (bit >> 5), c >> (32 - (bit & 31)));
@@ -250,9 +229,78 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
       break;
     }
   }
+}
+
+__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc,
+                                                                       EncodeSteps es) {
+  __shared__ float xs[kEncWarps][kMaxDim];
+  __shared__ uint32_t ws[kEncWarps][kMaxRowWords];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
+  if (row >= int64_t(a.n_tokens) * a.n_kv_heads) return;
+  const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
+  int64_t slot, src_t = t;  // destination slot, source row
+  if (a.src_blocks != nullptr) {
+    const int i = t / a.block_size, j = t - i * a.block_size;
+    slot = int64_t(a.dst_blocks[i]) * a.block_size + j;
+    src_t = int64_t(a.src_blocks[i]) * a.block_size + j;
+  } else {
+    slot = a.slot_mapping[t];
+  }
+  if (slot < 0) return;
+  const KvRowLayout& f = a.fmt;
+  const int dim = f.dim, n_words = f.bytes / 4;
+  float* x = xs[warp];
+  uint32_t* w = ws[warp];
+  const uint16_t* src = a.x + (src_t * a.n_kv_heads + h) * dim;
+  const float* src_f32 = a.x_f32 != nullptr ? a.x_f32 + src_t * a.x_stride + int64_t(h) * dim : nullptr;
+  for (int d = lane; d < dim; d += 32) x[d] = src_f32 != nullptr ? src_f32[d] : bf16_to_f32(src[d]);
+  for (int i = lane; i < n_words; i += 32) w[i] = 0u;
+  __syncwarp();
+
+  encode_row(f, x, w, src_f32 != nullptr ? nullptr : src, lane, h, [&](int bit) { return sign_of(tc, bit); }, tc.levels, es);
   __syncwarp();
   uint32_t* dst = reinterpret_cast<uint32_t*>(a.pool + (slot * a.n_kv_heads + h) * int64_t(f.bytes));
   for (int i = lane; i < n_words; i += 32) dst[i] = w[i];
+}
+
+struct Levels {
+  float v[8];
+};
+
+// Block conversion of every layer at once: blockIdx.y is the part (layer l's K at 2 l, V at
+// 2 l + 1), warp rows as kv_codec_write_kernel's over the blocks' tokens and KV heads.
+__global__ void __launch_bounds__(kEncWarps * 32) kv_codec_convert_kernel(KvCodecConvertArgs a, Levels lv, EncodeSteps es) {
+  __shared__ float xs[kEncWarps][kMaxDim];
+  __shared__ uint32_t ws[kEncWarps][kMaxRowWords];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int part = int(blockIdx.y), layer = part >> 1;
+  const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
+  if (row >= int64_t(a.n_blocks) * a.block_size * a.n_kv_heads) return;
+  const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
+  const int i = t / a.block_size, j = t - i * a.block_size;
+  const int64_t slot = int64_t(a.dst_blocks[i]) * a.block_size + j;
+  const int64_t src_row = (int64_t(a.src_blocks[i]) * a.block_size + j) * a.n_kv_heads + h;
+  const KvRowLayout f = (part & 1) != 0 ? a.v_fmt : a.k_fmt;
+  const int dim = f.dim, n_words = f.bytes / 4;
+  float* x = xs[warp];
+  uint32_t* w = ws[warp];
+  const uint8_t* part_src = a.src_parts[part];
+  const uint16_t* src = a.src_f32 ? nullptr : reinterpret_cast<const uint16_t*>(part_src) + src_row * dim;
+  const float* src_f32 = a.src_f32 ? reinterpret_cast<const float*>(part_src) + src_row * dim : nullptr;
+  for (int d = lane; d < dim; d += 32) x[d] = src_f32 != nullptr ? src_f32[d] : bf16_to_f32(src[d]);
+  for (int k = lane; k < n_words; k += 32) w[k] = 0u;
+  __syncwarp();
+  const uint32_t* signs = a.turbo_signs != nullptr ? a.turbo_signs + int64_t(layer) * kMaxSignWords : nullptr;
+  encode_row(f, x, w, src, lane, h, [&](int bit) { return (__ldg(signs + (bit >> 5)) >> (bit & 31)) & 1u ? -1.0f : 1.0f; },
+             lv.v, es);
+  __syncwarp();
+  uint32_t* dst = reinterpret_cast<uint32_t*>(a.dst_parts[part] + (slot * a.n_kv_heads + h) * int64_t(f.bytes));
+  for (int k = lane; k < n_words; k += 32) dst[k] = w[k];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -929,6 +977,34 @@ void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream) {
   const TurboConsts tc = a.fmt.kind == Kind::kTurbo3 ? turbo_consts(a.seed_layer, a.n_kv_heads, a.fmt.dim) : TurboConsts{};
   launch_pdl(kv_codec_write_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps)), kEncWarps * 32, 0, stream, a,
              tc, encode_steps());
+}
+
+void kv_turbo_sign_words(int32_t seed_layer, int32_t n_kv_heads, int32_t dim, uint32_t* words) {
+  if (int64_t(n_kv_heads) * dim > 32 * kMaxSignWords) {
+    cuda_fatal(__FILE__, __LINE__, "kv_turbo_sign_words", "n_kv_heads * head dim above 8192");
+  }
+  const TurboConsts c = turbo_consts(seed_layer, n_kv_heads, dim);
+  std::copy(c.sign_bits, c.sign_bits + kMaxSignWords, words);
+}
+
+void launch_kv_codec_convert(const KvCodecConvertArgs& a, cudaStream_t stream) {
+  for (const KvRowLayout* f : {&a.k_fmt, &a.v_fmt}) {
+    const char* p = kv_codec_write_problem(*f);
+    if (*p != '\0') cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_convert", p);
+    if (f->kind == Kind::kF32) cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_convert", "f32 rows are not a codec");
+    if (f->kind == Kind::kTurbo3 && (a.turbo_signs == nullptr || int64_t(a.n_kv_heads) * f->dim > 32 * kMaxSignWords)) {
+      cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_convert", "turbo3 needs turbo_signs and n_kv_heads * head dim <= 8192");
+    }
+  }
+  if (a.n_layers <= 0 || a.n_blocks <= 0) return;
+  if (a.block_size <= 0 || a.src_blocks == nullptr || a.dst_blocks == nullptr || 2 * a.n_layers > 65535) {
+    cuda_fatal(__FILE__, __LINE__, "launch_kv_codec_convert", "needs src_blocks, dst_blocks, block_size > 0 and at most 32767 layers");
+  }
+  const int64_t rows = int64_t(a.n_blocks) * a.block_size * a.n_kv_heads;
+  Levels lv{};
+  for (int i = 0; i < 8; ++i) lv.v[i] = kLloydMax3[i];
+  launch_pdl(kv_codec_convert_kernel, dim3(unsigned((rows + kEncWarps - 1) / kEncWarps), unsigned(2 * a.n_layers)),
+             kEncWarps * 32, 0, stream, a, lv, encode_steps());
 }
 
 void launch_kv_codec_query_rows(const KvCodecQueryRowsArgs& a, cudaStream_t stream) {

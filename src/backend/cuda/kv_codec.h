@@ -65,6 +65,30 @@ struct KvCodecWriteArgs {
 };
 void launch_kv_codec_write(const KvCodecWriteArgs& a, cudaStream_t stream);
 
+// Block conversion of every layer in one launch (delayed quantization, every layer the same
+// codec and geometry): part p (layer p / 2's K for even p, V for odd) re-encodes the exact rows
+// of blocks src_blocks[i] (bf16, or f32 with src_f32) of src_parts[p] into blocks dst_blocks[i]
+// of dst_parts[p], every position and KV head: the bytes launch_kv_codec_write gives with the
+// same src/dst blocks, one layer at a time (turbo3 rows: layer l's rotation, sign words
+// turbo_signs[l * 256, (l + 1) * 256) as kv_turbo_sign_words(l, ...) makes them).
+struct KvCodecConvertArgs {
+  const uint8_t* const* src_parts;  // [2 * n_layers] device: the exact pool's parts
+  uint8_t* const* dst_parts;        // [2 * n_layers] device: the codec pool's parts
+  KvRowLayout k_fmt, v_fmt;         // the codec's rows (every layer)
+  bool src_f32;                     // exact rows f32 (else bf16), fmt.dim values each
+  int32_t n_layers;
+  int32_t n_kv_heads;
+  int32_t block_size;
+  int32_t n_blocks;
+  const int32_t* src_blocks;        // [n_blocks] device
+  const int32_t* dst_blocks;        // [n_blocks] device
+  const uint32_t* turbo_signs = nullptr;  // [n_layers, 256] device; turbo3 formats only
+};
+void launch_kv_codec_convert(const KvCodecConvertArgs& a, cudaStream_t stream);
+// The rotation sign words turbo3 rows of seed_layer use (bit h * dim + d of words[256]: set for
+// -1), for KvCodecConvertArgs::turbo_signs. n_kv_heads * dim <= 8,192.
+void kv_turbo_sign_words(int32_t seed_layer, int32_t n_kv_heads, int32_t dim, uint32_t* words);
+
 // Attention over codec pools, one query token per row: row s (its heads q[s]) sees the keys at
 // positions [0, context_lens[s]) of its block table (its own key included: write it first), or
 // [key_begin[s], context_lens[s]) with key_begin (an empty range leaves an empty partial).
