@@ -73,9 +73,9 @@ struct EngineOptions {
   // Overlapped ("async") scheduling on executors that support it (a GPU): while step n runs,
   // the host commits it with placeholder tokens, plans step n+1 and queues it with n's tokens
   // fed on the device, then reads n's tokens. Only steps whose every request takes its tokens
-  // from the device overlap (no prompt logprobs, checkpoints, KV tiers, recurrent state or
-  // sliding-window pools; logprobs and penalties only where the executor handles them); the
-  // rest run one step at a time. Same tokens either way.
+  // from the device overlap (no prompt logprobs, checkpoints, KV tiers or recurrent state;
+  // logprobs and penalties only where the executor handles them); the rest run one step at a
+  // time. Same tokens either way.
   bool async_scheduling = true;
 };
 

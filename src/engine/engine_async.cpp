@@ -41,9 +41,11 @@ void Engine::setup_overlap() {
   // --kv-quant-start: the conversion is queued on the device behind the step in flight (the
   // blocks it reads are complete there) and ahead of the next one (which may reuse the exact
   // blocks it gives back); commit hashes computed positions only, so converted blocks publish
-  // under real tokens.
+  // under real tokens. Window pools: commit gives back the blocks behind the next query's
+  // window while the step that last reads them may still be in flight; whoever takes them
+  // next writes in a later step, which the device runs after it.
   c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.tiers &&
-              !c.snapshots && !c.kv_window && !c.checkpoints;
+              !c.snapshots && !c.checkpoints;
 }
 
 void Engine::admit_overlap(Active& a) {
