@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/qwen3_next.h"
 #include "model/registry.h"
 #include "model/safetensors.h"
 
@@ -471,6 +472,12 @@ Result<std::vector<KvCodecSpec>> cuda_layer_codecs(const ModelConfig& cfg, const
   for (auto& d : dims) {
     d.head_dim_k = cfg.head_dim;
     d.head_dim_v = cfg.head_dim;
+  }
+  if (is_hybrid_type(cfg.model_type)) {
+    // Linear-attention layers keep no KV: --kv-config naming one is an error, as on the CPU.
+    ModelConfig h = cfg;
+    if (h.layer_types.empty() && h.text_json) STRATA_RETURN_IF_ERROR(resolve_hybrid_layer_types(&h));
+    for (size_t l = 0; l < dims.size() && l < h.layer_types.size(); ++l) dims[l].has_kv = h.layer_types[l] != "linear_attention";
   }
   return resolve_kv_codecs(c, dims);
 }

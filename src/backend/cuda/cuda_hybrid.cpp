@@ -388,6 +388,9 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * sd.I,
                                          {{B.h, T, H}, {B.rows_h, options.max_logit_rows, H}, {B.act, T, sd.I}, {Hy.core_h, T, vd},
                                           {B.attn, T, nh * hd}}));
+  // Split weights: the codecs encode the f32 K/V (as the CPU's), the attention writes its lo part
+  // (the sigmoid gate then rewrites it from the gated bf16 value, as on the bf16 path).
+  if (m->codec_) m->codec_->set_out_lo(B.split->input_lo(B.attn));
   return m;
 }
 
@@ -500,6 +503,7 @@ void CudaDecoder::launch_hybrid_step(const StepShape& shape, bool record_copy) {
   auto lo_of = [&](const uint16_t* hi) { return split != nullptr && split->on() ? split->input_lo(hi) : nullptr; };
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(H), 1.0f}, st);
   split_embed_lo(split, B.embed, B.dev<int32_t>(B.off_tokens), B.x, n, H, 1.0f, st);
+  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     const Hybrid::HLayer& X = Hy.layers[l];
@@ -562,10 +566,17 @@ void CudaDecoder::launch_hybrid_step(const StepShape& shape, bool record_copy) {
       gemm_->run(st, B.h, X.gate, Hy.gate_f, GemmOut::kF32, n, d.nh * d.hd, H);
       QkvPostArgs qa = qkv_post_args(l);
       qa.n = int32_t(n);
-      launch_qkv_post(qa, st);
       const PagedAttentionArgs pa = attention_args(shape, l);
-      launch_paged_attention(pa, st);
-      launch_attention_combine(pa, st);
+      if (codec_) {
+        // Codec rows: the codec step's pool layer is the attention layer's (its turbo seed the
+        // model layer's).
+        codec_->run_layer(L.kv_layer, qa, pa, qa.slot_mapping, kv_->part(2 * L.kv_layer), kv_->part(2 * L.kv_layer + 1),
+                          shape.codec_splits, st);
+      } else {
+        launch_qkv_post(qa, st);
+        launch_paged_attention(pa, st);
+        launch_attention_combine(pa, st);
+      }
       launch_sigmoid_gate(B.attn, Hy.gate_f, n * d.nh * d.hd, lo_of(B.attn), st);
       gemm_->run(st, B.attn, L.o, B.branch, GemmOut::kF32, n, H, d.nh * d.hd);
     }

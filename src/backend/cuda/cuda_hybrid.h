@@ -15,7 +15,9 @@
 //   x += FFN
 //
 // KV: the pool holds the full-attention layers only (Layer::kv_layer indexes it), as the
-// engine's layout has no KV for the linear layers. State: per linear layer a conv pool
+// engine's layout has no KV for the linear layers. With KV codecs those rows are codec rows and
+// the attention layers run through KvCodecStep (its pool layer p: the p-th attention layer, the
+// turbo rotation seeded by the model layer, as on the CPU). State: per linear layer a conv pool
 // [n_slots + 1, kernel - 1, conv_dim] and a recurrent pool [n_slots + 1, n_v_heads, d_k, d_v]
 // (f32); slot n_slots is scratch for spans without tokens. save_state / load_state move one
 // slot in the engine's layout: per linear layer the conv floats, then the recurrent ones.

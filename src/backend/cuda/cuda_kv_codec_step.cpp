@@ -3,8 +3,10 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_hybrid.h"
 #include "core/check.h"
 #include "model/gemma4_config.h"
+#include "model/qwen3_next.h"
 
 namespace strata::cuda {
 
@@ -56,7 +58,25 @@ Result<std::vector<KvCodecStep::LayerGeometry>> KvCodecStep::geometry(const Mode
     if (!g4.ok()) return g4.error();
     for (size_t l = 0; l < g.size() && l < g4->layers.size(); ++l) {
       const Gemma4LayerGeometry& x = g4->layers[l];
-      g[l] = {x.n_heads, x.n_kv_heads, x.head_dim, x.sliding ? cfg.sliding_window : 0, x.kv_source >= 0 ? x.kv_source : int32_t(l)};
+      g[l] = {x.n_heads, x.n_kv_heads, x.head_dim, x.sliding ? cfg.sliding_window : 0, x.kv_source >= 0 ? x.kv_source : int32_t(l),
+              int32_t(l)};
+    }
+    return g;
+  }
+  if (is_hybrid_type(cfg.model_type)) {
+    // The pool holds the full-attention layers only (cuda_hybrid.h): pool layer p is the p-th,
+    // with the gated attention's heads (q_proj's query halves) and head dim.
+    ModelConfig c = cfg;
+    if (c.layer_types.empty() && c.text_json) STRATA_RETURN_IF_ERROR(resolve_hybrid_layer_types(&c));
+    if (int64_t(c.layer_types.size()) != int64_t(c.n_layers)) {
+      return make_error(ErrorCode::kInvalidArgument, "KV codecs on the GPU: " + c.model_type + " config lists " +
+                                                         std::to_string(c.layer_types.size()) + " layer_types for " +
+                                                         std::to_string(c.n_layers) + " layers");
+    }
+    g.clear();
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.layer_types[size_t(l)] != "full_attention") continue;
+      g.push_back({c.n_heads, c.n_kv_heads, c.head_dim, 0, int32_t(g.size()), int32_t(l)});
     }
     return g;
   }
@@ -67,7 +87,7 @@ Result<std::vector<KvCodecStep::LayerGeometry>> KvCodecStep::geometry(const Mode
       return make_error(ErrorCode::kUnsupported, "KV codecs on the GPU: model type '" + cfg.model_type + "' layer " + std::to_string(l) +
                                                      " ('" + cfg.layer_types[size_t(l)] + "') keeps bf16 KV only");
     }
-    g[size_t(l)] = {cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.is_sliding(l) ? cfg.sliding_window : 0, int32_t(l)};
+    g[size_t(l)] = {cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.is_sliding(l) ? cfg.sliding_window : 0, int32_t(l), int32_t(l)};
   }
   return g;
 }
@@ -80,8 +100,9 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
   if (int64_t(specs.size()) != int64_t(cfg.n_layers)) {
     return refuse(std::to_string(specs.size()) + " layer codecs for " + std::to_string(cfg.n_layers) + " layers");
   }
-  for (size_t l = 0; l < specs.size(); ++l) {
-    const LayerGeometry& g = (*geom)[l];
+  for (size_t p = 0; p < geom->size(); ++p) {
+    const LayerGeometry& g = (*geom)[p];
+    const int32_t l = g.model_layer;  // errors and specs name model layers
     if (g.n_kv_heads <= 0 || g.n_heads % g.n_kv_heads != 0) {
       return refuse("layer " + std::to_string(l) + ": num_attention_heads must be a multiple of num_key_value_heads");
     }
@@ -90,7 +111,7 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
       return refuse("layer " + std::to_string(l) + ": GQA group " + std::to_string(group) + " (1, 2, 4 or 8)");
     }
     // A layer reading another layer's rows reads them in that layer's format.
-    const KvCodecSpec spec = gpu_spec(specs[size_t(g.kv_layer)], auto_f32);
+    const KvCodecSpec spec = gpu_spec(specs[size_t((*geom)[size_t(g.kv_layer)].model_layer)], auto_f32);
     const std::string what = std::string(kv_codec_name(spec.codec)) + " of layer " + std::to_string(l) + " (head dim " +
                              std::to_string(g.head_dim) + "): ";
     const KvRowFormat kf = kv_key_format(spec, g.head_dim), vf = kv_value_format(spec, g.head_dim);
@@ -104,8 +125,9 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
     return refuse(std::to_string(quant_specs.size()) + " delayed-quantization layer codecs for " + std::to_string(cfg.n_layers) +
                   " layers");
   }
-  for (size_t l = 0; l < specs.size(); ++l) {
-    const LayerGeometry& g = (*geom)[l];
+  for (size_t p = 0; p < geom->size(); ++p) {
+    const LayerGeometry& g = (*geom)[p];
+    const size_t l = size_t(g.model_layer);
     const std::string layer = "layer " + std::to_string(l);
     const KvRowKind exact = kv_key_format(gpu_spec(specs[l], auto_f32), g.head_dim).kind;
     if (exact != KvRowKind::kBf16 && exact != KvRowKind::kF32) {
@@ -113,8 +135,9 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
                     kv_codec_name(specs[l].codec));
     }
     if (g.window > 0) return refuse(layer + ": delayed quantization of a sliding-window layer (window " + std::to_string(g.window) + ")");
-    if (g.kv_layer != int32_t(l)) {
-      return refuse(layer + ": delayed quantization of a layer reading layer " + std::to_string(g.kv_layer) + "'s KV");
+    if (g.kv_layer != int32_t(p)) {
+      return refuse(layer + ": delayed quantization of a layer reading layer " +
+                    std::to_string((*geom)[size_t(g.kv_layer)].model_layer) + "'s KV");
     }
     const KvCodecSpec q = gpu_spec(quant_specs[l], auto_f32);
     const std::string what = std::string(kv_codec_name(q.codec)) + " (delayed quantization) of " + layer + " (head dim " +
@@ -138,13 +161,13 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
   std::unique_ptr<KvCodecStep> s(new KvCodecStep());
   s->geom_ = std::move(*geom);
   int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  for (size_t l = 0; l < specs.size(); ++l) {
+  for (size_t l = 0; l < s->geom_.size(); ++l) {
     const LayerGeometry& g = s->geom_[l];
-    const KvCodecSpec spec = gpu_spec(specs[size_t(g.kv_layer)], auto_f32);
+    const KvCodecSpec spec = gpu_spec(specs[size_t(s->geom_[size_t(g.kv_layer)].model_layer)], auto_f32);
     s->k_.push_back(kv_row_layout(kv_key_format(spec, g.head_dim)));
     s->v_.push_back(kv_row_layout(kv_value_format(spec, g.head_dim)));
     if (quant) {
-      const KvCodecSpec q = gpu_spec(quant_specs[l], auto_f32);
+      const KvCodecSpec q = gpu_spec(quant_specs[size_t(g.model_layer)], auto_f32);
       s->qk_.push_back(kv_row_layout(kv_key_format(q, g.head_dim)));
       s->qv_.push_back(kv_row_layout(kv_value_format(q, g.head_dim)));
     }
@@ -201,7 +224,7 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
       if (turbo) {
         std::vector<uint32_t> words(L * kSignWords);
         for (size_t l = 0; l < L; ++l) {
-          kv_turbo_sign_words(int32_t(l), s->geom_[l].n_kv_heads, s->qv_[l].dim, words.data() + l * kSignWords);
+          kv_turbo_sign_words(s->geom_[l].model_layer, s->geom_[l].n_kv_heads, s->qv_[l].dim, words.data() + l * kSignWords);
         }
         uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(s->convert_mem_) + ptr_bytes);
         STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(d, words.data(), sign_bytes, cudaMemcpyHostToDevice));
@@ -268,8 +291,10 @@ void KvCodecStep::run_layer(int32_t layer, QkvPostArgs post, const PagedAttentio
   if (f32_in) post.f32_out = qkv;
   launch_qkv_post(post, stream);
   if (writes) {
-    KvCodecWriteArgs kw{k_stage_, slot_mapping, k_pool, kf, n, g.n_kv_heads, layer};
-    KvCodecWriteArgs vw{v_stage_, slot_mapping, v_pool, vf, n, g.n_kv_heads, layer};
+    // The rotation seed is the model layer's, as the CPU's rows (pool layer = model layer but
+    // for the hybrids).
+    KvCodecWriteArgs kw{k_stage_, slot_mapping, k_pool, kf, n, g.n_kv_heads, g.model_layer};
+    KvCodecWriteArgs vw{v_stage_, slot_mapping, v_pool, vf, n, g.n_kv_heads, g.model_layer};
     if (f32_in) {
       kw.x_f32 = qkv + int64_t(post.n_heads) * post.head_dim;
       vw.x_f32 = qkv + int64_t(post.n_heads + post.n_kv_heads) * post.head_dim;
@@ -295,7 +320,7 @@ void KvCodecStep::attend(int32_t layer, const PagedAttentionArgs& attn, const fl
   a.v_pool = v_pool;
   a.k_fmt = kf;
   a.v_fmt = v_[size_t(layer)];
-  a.seed_layer = g.kv_layer;  // the rotation the rows were written with
+  a.seed_layer = geom_[size_t(g.kv_layer)].model_layer;  // the rotation the rows were written with
   a.block_tables = attn.block_tables;
   a.context_lens = context_lens_;
   a.query_seq = query_seq_;
@@ -359,7 +384,7 @@ void KvCodecStep::convert_blocks(int32_t layer, const uint8_t* k_pool, const uin
     w.fmt = side == 0 ? qk_[size_t(layer)] : qv_[size_t(layer)];
     w.n_tokens = n_blocks * block_size;
     w.n_kv_heads = g.n_kv_heads;
-    w.seed_layer = layer;  // as run_layer writes and reads (no shared-KV layers here)
+    w.seed_layer = g.model_layer;  // as run_layer writes and reads (no shared-KV layers here)
     if (f32) {
       w.x_f32 = reinterpret_cast<const float*>(src);
       w.x_stride = int64_t(g.n_kv_heads) * g.head_dim;

@@ -39,20 +39,24 @@ class KvCodecStep {
   KvCodecStep(const KvCodecStep&) = delete;
   KvCodecStep& operator=(const KvCodecStep&) = delete;
 
-  // The attention geometry of each layer: heads, head dim, window (0: none) and the layer
-  // whose rows it reads (itself, or a Gemma 4 KV source). kUnsupported for linear-attention
-  // layers.
+  // The attention geometry of each pool layer: heads, head dim, window (0: none), the pool
+  // layer whose rows it reads (itself, or a Gemma 4 KV source) and its model layer (the turbo
+  // rotation seed, kv_rotation_seed(model_layer, head), and the index of its spec). Every model
+  // layer is a pool layer, but for the gated-DeltaNet hybrids (qwen3_next, qwen3_5_text,
+  // qwen3_5_moe_text): one entry per full-attention layer in order, as their pool holds them.
+  // kUnsupported for linear-attention layers of other model types.
   struct LayerGeometry {
-    int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0, window = 0, kv_layer = 0;
+    int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0, window = 0, kv_layer = 0, model_layer = 0;
   };
   static Result<std::vector<LayerGeometry>> geometry(const ModelConfig& cfg);
 
-  // Empty Status when the GPU takes these per-layer specs (resolved; kAuto is bf16, or f32 rows
-  // with auto_f32) for cfg (as parsed: Gemma 4's per-layer geometry comes from it): every
-  // layer attention over KV rows (full, sliding-window or shared; no linear attention), rows
+  // Empty Status when the GPU takes these per-layer specs (resolved, one per MODEL layer; kAuto
+  // is bf16, or f32 rows with auto_f32) for cfg (as parsed: Gemma 4's per-layer geometry comes
+  // from it): every pool layer attention over KV rows (full, sliding-window or shared; a
+  // hybrid's linear-attention layers have no rows and their specs are not read), rows
   // the kernels handle (kv_codec_gpu_problem), GQA group 1, 2, 4 or 8; else kUnsupported
   // naming the layer or model type.
-  // Non-empty quant_specs (delayed quantization, one resolved spec per layer): specs must be the
+  // Non-empty quant_specs (delayed quantization, one resolved spec per model layer): specs must be the
   // exact pool's rows (every layer kBf16, or kAuto: bf16, f32 with auto_f32) and quant_specs
   // rows the kernels handle; windowed layers and layers reading another layer's KV are refused.
   static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32 = false,
@@ -68,7 +72,8 @@ class KvCodecStep {
   // Whether any spec stores rows other than bf16 (else the plain bf16 pool serves).
   static bool any_codec(const std::vector<KvCodecSpec>& specs, bool auto_f32 = false);
 
-  // Row bytes of each pool part (KvPoolLayout::row_bytes: layer l's K, then its V).
+  // Row bytes of each pool part (KvPoolLayout::row_bytes: pool layer l's K, then its V).
+  // Layers here (k_format, run_layer, ...) are pool layers.
   std::vector<int32_t> row_bytes() const;
   const KvRowLayout& k_format(int layer) const { return k_[size_t(layer)]; }
   const KvRowLayout& v_format(int layer) const { return v_[size_t(layer)]; }
