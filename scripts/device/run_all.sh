@@ -5,7 +5,9 @@
 # and full-model decode per codec), and 256
 # concurrent streams through `strata bench serve` (bf16 KV, then fp8 KV by default and at write). Each part logs under $OUT/<part>/; a
 # summary line per part goes to stdout.
-# Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries)
+# Usage: bash scripts/device/run_all.sh   (STRATA_DEVICE_BIN: the packaged binaries;
+#   STRATA_RUN_PARTS=gpu: only the GPU tests and the decode/prefill benchmark, =rest: the others,
+#   for binaries that travel in two calls)
 set -u
 root=${OUT:-/tmp/strata-all}
 bin=${STRATA_DEVICE_BIN:-.device/bin}
@@ -20,8 +22,12 @@ part() {  # part NAME COMMAND...: runs COMMAND with OUT=$root/NAME
   [ $rc -eq 0 ] || status=1
 }
 export STRATA_SOURCE_DIR=$PWD
+parts=${STRATA_RUN_PARTS:-all}
+if [ "$parts" != rest ]; then
 part gpu env STRATA_GPU_TESTS_SKIP="gpu_engine_test gpu_kv_transfer_test" bash scripts/device/run_gpu.sh 128 3
 grep -E "rc=|PASSED|FAILED|ratio|tok/s" "$root/gpu/stdout.log" | head -80
+fi
+[ "$parts" = gpu ] && exit $status
 part tier bash scripts/device/run_tier_bench.sh 32768 3
 tail -30 "$root/tier/stdout.log"
 part deterministic bash -c "LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64:\${LD_LIBRARY_PATH:-} timeout 240 $bin/bench_cuda_llama 128 3 deterministic"

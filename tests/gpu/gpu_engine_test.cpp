@@ -319,16 +319,17 @@ TEST(GpuEngineExecutor, UnsupportedModelsAreRefusedNamingTypeAndDevice) {
   EXPECT_EQ(refused.error().code, ErrorCode::kUnsupported);
   EXPECT_NE(refused.error().message.find("mamba"), std::string::npos) << refused.error().message;
   EXPECT_NE(refused.error().message.find("--device cuda"), std::string::npos) << refused.error().message;
-  // KV codecs run on the device (gpu_kv_codec_model_test); --kv-quant-start does not.
+  // KV codecs run on the device (gpu_kv_codec_model_test), and --kv-quant-start for
+  // full-attention models (gpu_kv_quant_test); a sliding-window model refuses it naming the flag.
   KvCodecConfig int8;
   int8.default_spec.codec = KvCodec::kInt8;
   int8.quant_start = 64;
-  ModelConfig llama;
-  llama.model_type = "llama";
-  llama.n_layers = 2;
-  const Status s = check_cuda_engine_support(llama, int8);
+  auto gemma = load_model_config(model_path("gemma3-tiny"));
+  ASSERT_TRUE(gemma.ok());
+  const Status s = check_cuda_engine_support(*gemma, int8);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("--kv-quant-start"), std::string::npos) << s.error().message;
+  EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(s.error().message.find("--kv-quant-start 64"), std::string::npos) << s.error().message;
 }
 
 }  // namespace
