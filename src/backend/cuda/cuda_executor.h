@@ -192,9 +192,10 @@ struct CudaEngineParts {
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family
 // CudaDecoder lacks (cuda_family.h; recurrent state among them), KV codecs the device cannot
-// store for this model (KvCodecStep::supported: linear-attention layers, head dims or GQA
-// groups the codec kernels lack), --kv-quant-start N > 0 on a model the conversion does not
-// run for (sliding-window or shared KV layers) or with no quantizing codec.
+// store for this model (KvCodecStep::supported: head dims or GQA groups the codec kernels
+// lack; a --kv-config entry naming a linear-attention layer), --kv-quant-start N > 0 on a model
+// the conversion does not run for (sliding-window, shared-KV or recurrent layers) or with no
+// quantizing codec.
 Status check_cuda_engine_support(const ModelConfig& cfg, const KvCodecConfig& codecs);
 
 // The --kv-quant-start the GPU runs for these codecs (auto resolved: block_size or 0), or the
