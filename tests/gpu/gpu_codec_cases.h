@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_executor.h"
+#include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/model_config.h"
 
@@ -69,5 +70,31 @@ inline bool near_tie(const float* row, int32_t vocab, double tol) {
   }
   return double(a - b) <= tol * double(amax);
 }
+
+// The codec rule of these tests, row by row: the GPU's logits within 2e-2 + e of the CPU codec
+// run's, e = that run's own error against exact KV on the same ids (the two codec runs may
+// round a value to neighbouring levels, so they differ by up to about the codec's own error);
+// the greedy id the CPU codec run's where its top two are not a near tie within that tolerance.
+struct CodecRowRule {
+  double worst = 0, worst_exact = 0, worst_codec = 0, worst_ratio = 0;
+  int32_t same_ids = 0, counted = 0;
+
+  void check(int32_t row, const std::vector<float>& got, int32_t got_id, const std::vector<float>& ref, int32_t ref_id,
+             const std::vector<float>& exact) {
+    const double e = max_norm_rel(ref, exact);
+    const double err = max_norm_rel(got, ref);
+    worst = std::max(worst, err);
+    worst_exact = std::max(worst_exact, max_norm_rel(got, exact));
+    worst_codec = std::max(worst_codec, e);
+    worst_ratio = std::max(worst_ratio, err / std::max(e, 1e-9));
+    const double tol = 2e-2 + e;
+    EXPECT_LE(err, tol) << "row " << row << " (codec error on the CPU " << e << ")";
+    if (!near_tie(ref.data(), int32_t(ref.size()), tol)) {
+      ++counted;
+      same_ids += got_id == ref_id ? 1 : 0;
+      EXPECT_EQ(got_id, ref_id) << "greedy id at row " << row;
+    }
+  }
+};
 
 }  // namespace strata::gpu_test

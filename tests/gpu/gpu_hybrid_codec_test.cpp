@@ -219,31 +219,20 @@ TEST_P(GpuHybridCodec, LogitsAndGreedyIdsMatchTheCpuCodec) {
     b.seqs = {span_at(0, int32_t(prompt.size()))};
     std::vector<float> got(static_cast<size_t>(vocab));
     int32_t am = -1;
-    double worst = 0.0, worst_exact = 0.0, worst_codec = 0.0;
-    int32_t same_ids = 0, counted = 0;
+    CodecRowRule rule;
     for (int32_t s = 0; s <= kSteps; ++s) {
       ASSERT_TRUE(m.forward(b, &am, got.data()).ok());
-      const double e = max_norm_rel(ref.logits[size_t(s)], exact.logits[size_t(s)]);
-      const double err = max_norm_rel(got, ref.logits[size_t(s)]);
-      worst = std::max(worst, err);
-      worst_exact = std::max(worst_exact, max_norm_rel(got, exact.logits[size_t(s)]));
-      worst_codec = std::max(worst_codec, e);
-      const double tol = 2e-2 + e;
-      EXPECT_LE(err, tol) << "step " << s << " (codec error on the CPU " << e << ")";
       EXPECT_EQ(am, argmax_of(got.data(), vocab));
-      if (!near_tie(ref.logits[size_t(s)].data(), vocab, tol)) {
-        ++counted;
-        same_ids += am == ref.ids[size_t(s)] ? 1 : 0;
-        EXPECT_EQ(am, ref.ids[size_t(s)]) << "greedy id at step " << s;
-      }
+      rule.check(s, got, am, ref.logits[size_t(s)], ref.ids[size_t(s)], exact.logits[size_t(s)]);
       b.seqs[0].pos0 += b.seqs[0].n_tokens;
       b.seqs[0].n_tokens = 1;
       b.tokens = {ref.ids[size_t(s)]};
     }
     std::printf("%s %-6s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e, vs exact %.3e; "
                 "greedy ids: %d of %d compared equal (%d near ties)\n",
-                name.c_str(), cc.name, worst_codec, worst, worst_exact, same_ids, counted, kSteps + 1 - counted);
-    compared_ids += counted;
+                name.c_str(), cc.name, rule.worst_codec, rule.worst, rule.worst_exact, rule.same_ids, rule.counted,
+                kSteps + 1 - rule.counted);
+    compared_ids += rule.counted;
     if (cc.config.default_spec.codec == KvCodec::kTurbo) {
       // Block 0 of the last attention layer (the last pool layer): K then V parts of each pool
       // layer in order (CudaDecoder::read_kv_block).

@@ -137,25 +137,11 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
     b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
     std::vector<float> got(static_cast<size_t>(vocab));
     int32_t am = -1;
-    double worst = 0.0, worst_exact = 0.0, worst_codec = 0.0, worst_ratio = 0.0;
-    int32_t same_ids = 0, counted = 0;
+    CodecRowRule rule;
     for (int32_t s = 0; s <= kSteps; ++s) {
       ASSERT_TRUE(m.forward(b, &am, got.data()).ok());
-      const double e = max_norm_rel(ref.logits[size_t(s)], exact.logits[size_t(s)]);
-      const double err = max_norm_rel(got, ref.logits[size_t(s)]);
-      const double err_exact = max_norm_rel(got, exact.logits[size_t(s)]);
-      worst = std::max(worst, err);
-      worst_exact = std::max(worst_exact, err_exact);
-      worst_codec = std::max(worst_codec, e);
-      worst_ratio = std::max(worst_ratio, err / std::max(e, 1e-9));
-      const double tol = 2e-2 + e;
-      EXPECT_LE(err, tol) << "step " << s << " (codec error on the CPU " << e << ")";
       EXPECT_EQ(am, argmax_of(got.data(), vocab));
-      if (!near_tie(ref.logits[size_t(s)].data(), vocab, tol)) {
-        ++counted;
-        same_ids += am == ref.ids[size_t(s)] ? 1 : 0;
-        EXPECT_EQ(am, ref.ids[size_t(s)]) << "greedy id at step " << s;
-      }
+      rule.check(s, got, am, ref.logits[size_t(s)], ref.ids[size_t(s)], exact.logits[size_t(s)]);
       // Teacher-forced on the CPU's ids, so later rows stay comparable.
       b.seqs[0].pos0 += b.seqs[0].n_tokens;
       b.seqs[0].n_tokens = 1;
@@ -163,8 +149,9 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
     }
     std::printf("%s %-22s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e (largest ratio "
                 "to the row's codec error %.2f), vs exact %.3e; greedy ids: %d of %d compared equal (%d near ties)\n",
-                name.c_str(), cc.name, worst_codec, worst, worst_ratio, worst_exact, same_ids, counted, kSteps + 1 - counted);
-    compared_ids += counted;
+                name.c_str(), cc.name, rule.worst_codec, rule.worst, rule.worst_ratio, rule.worst_exact, rule.same_ids,
+                rule.counted, kSteps + 1 - rule.counted);
+    compared_ids += rule.counted;
   }
   EXPECT_GE(compared_ids, 10) << "too many near ties: the test compared too few greedy ids";
   std::filesystem::remove_all(copy);

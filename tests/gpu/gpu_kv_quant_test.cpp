@@ -147,23 +147,13 @@ void compare_decoder(const std::string& name, const std::string& dir, bool f32_r
           for (int32_t blk = from; blk < to; ++blk) blocks.push_back(blk);
           EXPECT_TRUE(d.convert_kv_blocks(blocks, blocks).ok());
         });
-    double worst = 0, worst_e = 0;
-    int32_t same = 0, counted = 0;
+    CodecRowRule rule;
     for (size_t r = 0; r < ref.size(); ++r) {
-      const double e = max_norm_rel(ref[r], exact[r]);
-      const double err = max_norm_rel(got[r], ref[r]);
-      worst = std::max(worst, err);
-      worst_e = std::max(worst_e, e);
-      EXPECT_LE(err, 2e-2 + e) << "row " << r << " (the CPU's delayed-quantization error " << e << ")";
-      if (!near_tie(ref[r].data(), int32_t(ref[r].size()), 2e-2 + e)) {
-        ++counted;
-        same += argmax_of(got[r].data(), cfg.vocab_size) == ids[r] ? 1 : 0;
-        EXPECT_EQ(argmax_of(got[r].data(), cfg.vocab_size), ids[r]) << "row " << r;
-      }
+      rule.check(int32_t(r), got[r], argmax_of(got[r].data(), cfg.vocab_size), ref[r], ids[r], exact[r]);
     }
-    compared += counted;
+    compared += rule.counted;
     std::printf("%s %s %-22s worst over %zu rows: GPU vs CPU %.3e, the CPU's codec error %.3e; greedy ids %d of %d equal\n",
-                name.c_str(), rows_kind, cc.name, ref.size(), worst, worst_e, same, counted);
+                name.c_str(), rows_kind, cc.name, ref.size(), rule.worst, rule.worst_codec, rule.same_ids, rule.counted);
   }
   EXPECT_GE(compared, 40) << "too many near ties";
 }
