@@ -231,6 +231,15 @@ __device__ __forceinline__ void encode_row(const KvRowLayout& f, float* x, uint3
   }
 }
 
+// Token t's destination slot in the pool (< 0: skip it) and, through src_t, its source row:
+// t itself, or with block conversion (src_blocks) its position in source block t / block_size.
+__device__ __forceinline__ int64_t write_slot(const KvCodecWriteArgs& a, int64_t t, int64_t* src_t) {
+  if (a.src_blocks == nullptr) return a.slot_mapping[t];
+  const int64_t b = t / a.block_size, j = t - b * a.block_size;
+  *src_t = int64_t(a.src_blocks[b]) * a.block_size + j;
+  return int64_t(a.dst_blocks[b]) * a.block_size + j;
+}
+
 __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecWriteArgs a, TurboConsts tc,
                                                                        EncodeSteps es) {
   __shared__ float xs[kEncWarps][kMaxDim];
@@ -241,14 +250,8 @@ __global__ void __launch_bounds__(kEncWarps * 32) kv_codec_write_kernel(KvCodecW
   const int64_t row = int64_t(blockIdx.x) * kEncWarps + warp;
   if (row >= int64_t(a.n_tokens) * a.n_kv_heads) return;
   const int t = int(row / a.n_kv_heads), h = int(row % a.n_kv_heads);
-  int64_t slot, src_t = t;  // destination slot, source row
-  if (a.src_blocks != nullptr) {
-    const int i = t / a.block_size, j = t - i * a.block_size;
-    slot = int64_t(a.dst_blocks[i]) * a.block_size + j;
-    src_t = int64_t(a.src_blocks[i]) * a.block_size + j;
-  } else {
-    slot = a.slot_mapping[t];
-  }
+  int64_t src_t = t;  // source row
+  const int64_t slot = write_slot(a, t, &src_t);
   if (slot < 0) return;
   const KvRowLayout& f = a.fmt;
   const int dim = f.dim, n_words = f.bytes / 4;
@@ -739,14 +742,8 @@ __global__ void kv_codec_write_f32_kernel(KvCodecWriteArgs a) {
   const int64_t total = int64_t(a.n_tokens) * a.n_kv_heads * dim;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / (int64_t(a.n_kv_heads) * dim), r = i % (int64_t(a.n_kv_heads) * dim);
-    int64_t slot, src_t = t;  // destination slot, source row
-    if (a.src_blocks != nullptr) {
-      const int64_t b = t / a.block_size, j = t - b * a.block_size;
-      slot = int64_t(a.dst_blocks[b]) * a.block_size + j;
-      src_t = int64_t(a.src_blocks[b]) * a.block_size + j;
-    } else {
-      slot = a.slot_mapping[t];
-    }
+    int64_t src_t = t;  // source row
+    const int64_t slot = write_slot(a, t, &src_t);
     if (slot < 0) continue;
     reinterpret_cast<float*>(a.pool)[slot * a.n_kv_heads * dim + r] = a.x_f32[src_t * a.x_stride + r];
   }
