@@ -302,11 +302,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
       core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, n_quant_blocks_, codec_salt,
                                                          core_->kv, host->kv_storage(), kv_plan->quant_layout);
     } else {
-      if (core_->runner.n_kv_quant_blocks() != n_quant_blocks_) {
-        throw std::invalid_argument("--kv-quant-start " + std::to_string(options_.kv_codecs.quant_start) +
-                                    ": the executor keeps " + std::to_string(core_->runner.n_kv_quant_blocks()) +
-                                    " codec blocks, the plan " + std::to_string(n_quant_blocks_));
-      }
+      // adopt_executor_pools made the plan's codec pool the executor's.
+      STRATA_CHECK(core_->runner.n_kv_quant_blocks() == n_quant_blocks_, "the codec pool is the executor's");
       core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, codec_salt, core_->kv, core_->runner);
     }
     core_->sched.set_kv_conversion(core_->conversion.get());

@@ -5,14 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_executor.h"
+#include "backend/cuda/cuda_model.h"
 #include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
+#include "model/kv_storage.h"
+#include "model/model.h"
 #include "model/model_config.h"
 
 namespace strata::gpu_test {
@@ -96,5 +100,81 @@ struct CodecRowRule {
     }
   }
 };
+
+// One sequence whose blocks 0..15 hold its KV, its last row the logit row; state slot 0 when the
+// model keeps recurrent state.
+inline SeqSpan one_sequence(int32_t pos0, int32_t n_tokens, bool state) {
+  SeqSpan s;
+  for (int32_t b = 0; b < 16; ++b) s.block_table.push_back(b);
+  s.pos0 = pos0;
+  s.n_tokens = n_tokens;
+  s.logits_last = true;
+  s.state_slot = state ? 0 : -1;
+  return s;
+}
+
+inline bool has_state(const Model& m) {
+  for (const auto& s : m.state_layout()) {
+    if (s.has_state) return true;
+  }
+  return false;
+}
+
+// CPU forward of one sequence (prefill of `prompt`, then `steps` greedy steps), exact KV (no
+// specs) or each layer's codec: the last prompt logits and each step's, the greedy ids, and the
+// KV rows the run left.
+struct CpuRun {
+  std::vector<std::vector<float>> logits;  // [1 + steps][vocab]
+  std::vector<int32_t> ids;                // [1 + steps] argmax of each row
+  std::unique_ptr<KvStorage> kv;
+};
+
+// forced: feed these ids after the prompt instead of the argmax of each row.
+inline CpuRun cpu_greedy(Model& m, const std::vector<KvCodecSpec>& specs, const std::vector<int32_t>& prompt, int32_t steps,
+                         const std::vector<int32_t>* forced = nullptr) {
+  std::vector<KvLayerSpec> layout = m.kv_layout();
+  for (size_t l = 0; l < layout.size() && l < specs.size(); ++l) layout[l].codec = specs[l];
+  CpuRun r;
+  r.kv = std::make_unique<KvStorage>(layout, 16, 16);
+  const bool state = has_state(m);
+  std::unique_ptr<StateStorage> states = state ? std::make_unique<StateStorage>(m.state_layout(), 1) : nullptr;
+  const int32_t vocab = m.config().vocab_size;
+  StepBatch b;
+  b.tokens = prompt;
+  b.seqs = {one_sequence(0, int32_t(prompt.size()), state)};
+  for (int32_t s = 0; s <= steps; ++s) {
+    std::vector<float> row(static_cast<size_t>(vocab));
+    m.forward(b, *r.kv, states.get(), row.data());
+    r.ids.push_back(argmax_of(row.data(), vocab));
+    r.logits.push_back(std::move(row));
+    b.seqs[0].pos0 += b.seqs[0].n_tokens;
+    b.seqs[0].n_tokens = 1;
+    b.tokens = {forced != nullptr ? (*forced)[size_t(s)] : r.ids.back()};
+  }
+  return r;
+}
+
+// The GPU decoder on the prompt, then one token a step teacher-forced on ref's ids (so every
+// row stays comparable): each row under CodecRowRule against ref and exact, and the decoder's
+// greedy token the argmax of its own logits.
+inline CodecRowRule check_decoder_rows(cuda::CudaDecoder& m, const std::vector<int32_t>& prompt, const CpuRun& ref,
+                                       const CpuRun& exact, bool state) {
+  const int32_t vocab = m.config().vocab_size;
+  CodecRowRule rule;
+  StepBatch b;
+  b.tokens = prompt;
+  b.seqs = {one_sequence(0, int32_t(prompt.size()), state)};
+  std::vector<float> got(static_cast<size_t>(vocab));
+  for (size_t s = 0; s < ref.ids.size(); ++s) {
+    int32_t am = -1;
+    EXPECT_TRUE(m.forward(b, &am, got.data()).ok());
+    EXPECT_EQ(am, argmax_of(got.data(), vocab));
+    rule.check(int32_t(s), got, am, ref.logits[s], ref.ids[s], exact.logits[s]);
+    b.seqs[0].pos0 += b.seqs[0].n_tokens;
+    b.seqs[0].n_tokens = 1;
+    b.tokens = {ref.ids[s]};
+  }
+  return rule;
+}
 
 }  // namespace strata::gpu_test

@@ -58,15 +58,6 @@ CudaModelOptions test_options(const std::vector<KvCodecSpec>& specs, bool determ
   return o;
 }
 
-SeqSpan span_at(int32_t pos0, int32_t n_tokens) {
-  SeqSpan s;
-  for (int32_t b = 0; b < 16; ++b) s.block_table.push_back(b);
-  s.pos0 = pos0;
-  s.n_tokens = n_tokens;
-  s.logits_last = true;
-  s.state_slot = 0;
-  return s;
-}
 
 // Per-layer specs as the engine resolves them for this model (linear layers keep no KV).
 std::vector<KvCodecSpec> hybrid_specs(const Model& m, const KvCodecConfig& c) {
@@ -76,37 +67,6 @@ std::vector<KvCodecSpec> hybrid_specs(const Model& m, const KvCodecConfig& c) {
   auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
   return r.ok() ? *r : std::vector<KvCodecSpec>{};
-}
-
-struct CpuRun {
-  std::vector<std::vector<float>> logits;  // [1 + steps][vocab]
-  std::vector<int32_t> ids;
-  std::unique_ptr<KvStorage> kv;           // the rows the run left
-};
-
-// CPU forward of one sequence with recurrent state: prefill, then `steps` greedy steps (or the
-// forced ids).
-CpuRun cpu_greedy(Model& m, const std::vector<KvCodecSpec>& specs, const std::vector<int32_t>& prompt, int32_t steps,
-                  const std::vector<int32_t>* forced = nullptr) {
-  std::vector<KvLayerSpec> layout = m.kv_layout();
-  for (size_t l = 0; l < layout.size() && l < specs.size(); ++l) layout[l].codec = specs[l];
-  CpuRun r;
-  r.kv = std::make_unique<KvStorage>(layout, 16, 16);
-  StateStorage state(m.state_layout(), 1);
-  const int32_t vocab = m.config().vocab_size;
-  StepBatch b;
-  b.tokens = prompt;
-  b.seqs = {span_at(0, int32_t(prompt.size()))};
-  for (int32_t s = 0; s <= steps; ++s) {
-    std::vector<float> row(static_cast<size_t>(vocab));
-    m.forward(b, *r.kv, &state, row.data());
-    r.ids.push_back(argmax_of(row.data(), vocab));
-    r.logits.push_back(std::move(row));
-    b.seqs[0].pos0 += b.seqs[0].n_tokens;
-    b.seqs[0].n_tokens = 1;
-    b.tokens = {forced != nullptr ? (*forced)[size_t(s)] : r.ids.back()};
-  }
-  return r;
 }
 
 std::vector<CodecCase> hybrid_codec_cases() {
@@ -214,20 +174,7 @@ TEST_P(GpuHybridCodec, LogitsAndGreedyIdsMatchTheCpuCodec) {
     CudaDecoder& m = **gpu;
     // The pool: the attention layers' codec rows only.
     EXPECT_LT(m.kv_block_bytes(), int64_t(n_attn) * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 2) << "codec rows, not bf16";
-    StepBatch b;
-    b.tokens = prompt;
-    b.seqs = {span_at(0, int32_t(prompt.size()))};
-    std::vector<float> got(static_cast<size_t>(vocab));
-    int32_t am = -1;
-    CodecRowRule rule;
-    for (int32_t s = 0; s <= kSteps; ++s) {
-      ASSERT_TRUE(m.forward(b, &am, got.data()).ok());
-      EXPECT_EQ(am, argmax_of(got.data(), vocab));
-      rule.check(s, got, am, ref.logits[size_t(s)], ref.ids[size_t(s)], exact.logits[size_t(s)]);
-      b.seqs[0].pos0 += b.seqs[0].n_tokens;
-      b.seqs[0].n_tokens = 1;
-      b.tokens = {ref.ids[size_t(s)]};
-    }
+    const CodecRowRule rule = check_decoder_rows(m, prompt, ref, exact, true);
     std::printf("%s %-6s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e, vs exact %.3e; "
                 "greedy ids: %d of %d compared equal (%d near ties)\n",
                 name.c_str(), cc.name, rule.worst_codec, rule.worst, rule.worst_exact, rule.same_ids, rule.counted,
@@ -270,7 +217,7 @@ std::vector<int32_t> decoder_greedy(const std::string& dir, const std::vector<Kv
   if (!gpu.ok()) return out;
   StepBatch b;
   b.tokens = prompt;
-  b.seqs = {span_at(0, int32_t(prompt.size()))};
+  b.seqs = {one_sequence(0, int32_t(prompt.size()), true)};
   for (int32_t i = 0; i < n; ++i) {
     int32_t am = -1;
     EXPECT_TRUE((*gpu)->forward(b, &am).ok());

@@ -76,36 +76,6 @@ SeqSpan span_at(int32_t first_block, int32_t pos0, int32_t n_tokens, bool all) {
   return s;
 }
 
-// CPU forward of one sequence (prefill of `prompt`, then `steps` greedy steps), exact or codec
-// KV: the last prompt logits and each step's logits, and the greedy ids.
-struct CpuRun {
-  std::vector<std::vector<float>> logits;  // [1 + steps][vocab]
-  std::vector<int32_t> ids;                // [1 + steps] argmax of each row
-};
-
-// forced: feed these ids after the prompt instead of the argmax of each row.
-CpuRun cpu_greedy(Model& m, const std::vector<KvCodecSpec>& specs, const std::vector<int32_t>& prompt, int32_t steps,
-                  const std::vector<int32_t>* forced = nullptr) {
-  std::vector<KvLayerSpec> layout = m.kv_layout();
-  for (size_t l = 0; l < layout.size() && l < specs.size(); ++l) layout[l].codec = specs[l];
-  KvStorage kv(layout, 16, 16);
-  const int32_t vocab = m.config().vocab_size;
-  CpuRun r;
-  StepBatch b;
-  b.tokens = prompt;
-  b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
-  for (int32_t s = 0; s <= steps; ++s) {
-    std::vector<float> row(static_cast<size_t>(vocab));
-    m.forward(b, kv, nullptr, row.data());
-    r.ids.push_back(argmax_of(row.data(), vocab));
-    r.logits.push_back(std::move(row));
-    b.seqs[0].pos0 += b.seqs[0].n_tokens;
-    b.seqs[0].n_tokens = 1;
-    b.tokens = {forced != nullptr ? (*forced)[size_t(s)] : r.ids.back()};
-  }
-  return r;
-}
-
 class GpuKvCodecModel : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
@@ -132,21 +102,7 @@ TEST_P(GpuKvCodecModel, LogitsAndGreedyIdsMatchTheCpuCodec) {
     CudaDecoder& m = **gpu;
     EXPECT_LT(m.kv_block_bytes(), int64_t(cfg.n_layers) * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 2 + 1)
         << "codec blocks are no larger than bf16 blocks";
-    StepBatch b;
-    b.tokens = prompt;
-    b.seqs = {span_at(0, 0, int32_t(prompt.size()), false)};
-    std::vector<float> got(static_cast<size_t>(vocab));
-    int32_t am = -1;
-    CodecRowRule rule;
-    for (int32_t s = 0; s <= kSteps; ++s) {
-      ASSERT_TRUE(m.forward(b, &am, got.data()).ok());
-      EXPECT_EQ(am, argmax_of(got.data(), vocab));
-      rule.check(s, got, am, ref.logits[size_t(s)], ref.ids[size_t(s)], exact.logits[size_t(s)]);
-      // Teacher-forced on the CPU's ids, so later rows stay comparable.
-      b.seqs[0].pos0 += b.seqs[0].n_tokens;
-      b.seqs[0].n_tokens = 1;
-      b.tokens = {ref.ids[size_t(s)]};
-    }
+    const CodecRowRule rule = check_decoder_rows(m, prompt, ref, exact, false);
     std::printf("%s %-22s worst over 9 rows: codec error on the CPU %.3e; GPU codec vs CPU codec %.3e (largest ratio "
                 "to the row's codec error %.2f), vs exact %.3e; greedy ids: %d of %d compared equal (%d near ties)\n",
                 name.c_str(), cc.name, rule.worst_codec, rule.worst, rule.worst_ratio, rule.worst_exact, rule.same_ids,
