@@ -71,6 +71,8 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
     auto m = load_model(dir, pool);
     if (!m.ok()) return m.error();
     out.model = std::move(m).value();
+    out.identity.model_dir = dir;
+    out.identity.backend = backend_numeric_identity(out.device, eo->kv_codecs, d.deterministic);
     return out;
   }
 #ifdef STRATA_WITH_CUDA
@@ -101,10 +103,23 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   eo->kv_quant_blocks = parts->executor->n_kv_quant_blocks();
   out.model = std::move(parts->shape);
   out.executor = std::move(parts->executor);
+  out.identity.model_dir = dir;
+  out.identity.backend = backend_numeric_identity(out.device, eo->kv_codecs, d.deterministic);
+  out.identity.dummy_weights = co.random_weights;
+  out.identity.dummy_seed = co.seed;
+  out.identity.dummy_scale = co.random_scale;
   return out;
 #else
   return make_error(ErrorCode::kInternal, "unreachable: cuda device without CUDA");
 #endif
+}
+
+std::string state_identity_for(const EngineModel& m, const EngineOptions& eo) {
+  StateIdentitySource s = m.identity;
+  const bool checkpoints = eo.checkpoint_every > 0 && !eo.checkpoint_dir.empty();
+  s.persistent = !eo.kv_disk_dir.empty() || checkpoints;
+  s.hash_cache_dir = !eo.kv_disk_dir.empty() ? eo.kv_disk_dir : checkpoints ? eo.checkpoint_dir : std::string();
+  return state_identity(s);
 }
 
 }  // namespace strata::cli

@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "engine/state_identity.h"
 
 namespace strata::cli {
 
@@ -33,12 +34,18 @@ struct EngineModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<StepExecutor> executor;  // null: the host ModelRunner
   std::string device;                      // "cpu" or "cuda"
+  StateIdentitySource identity;            // backend and weights; state_identity_for() adds the rest
 };
 
 // Resolves --device and loads the model for it. On cuda the KV pool is sized from
 // --kv-cache-bytes when given, else --gpu-memory-fraction (default 0.9), and eo->kv_codecs
 // becomes bf16 (after refusing any other codec); eo->kv_blocks is the device pool.
 Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& dir, ThreadPool& pool, EngineOptions* eo);
+
+// EngineOptions::model_identity for `m` (engine/state_identity.h): the weights
+// are hashed when eo keeps state past the process (a disk tier, checkpoints), with the hash
+// cache in the disk tier's directory, else the checkpoint directory.
+std::string state_identity_for(const EngineModel& m, const EngineOptions& eo);
 
 // Whether this binary was built with the CUDA backend.
 bool built_with_cuda();

@@ -112,7 +112,7 @@ int run_generate_on_engine(const GenerateArgs& a, EngineModel m, EngineOptions e
     r.stop_ids = tok->stop_ids(cfg.eos_ids);
     if (tok->vocab_size() < cfg.vocab_size) r.vocab_limit = tok->vocab_size();
   }
-  eo.model_identity = a.model_dir;
+  eo.model_identity = state_identity_for(m, eo);
   auto engine = Engine::create(std::move(m.model), eo, std::move(m.executor));
   if (!engine.ok()) return fail(engine.error());
   (*engine)->start();

@@ -196,7 +196,7 @@ int run_serve(ServeArgs a) {
   eo.checkpoint_dir = a.checkpoint_dir;
   eo.scheduling_policy = a.scheduling_policy;
   eo.prefix_caching = !a.no_prefix_caching;
-  eo.model_identity = fs::absolute(a.model_dir).lexically_normal().string();
+  eo.model_identity = state_identity_for(*model, eo);
   eo.kv_codecs = *kv_codecs;
   eo.state_snapshot_interval = a.state_snapshot_interval;
   eo.kv_codecs = device_eo.kv_codecs;  // bf16 on cuda

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'C', 'K', 'P', 'T', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the state identity
 constexpr size_t kMaxField = size_t(1) << 30;  // no field of a sane checkpoint is larger
 
 template <typename T>
@@ -88,12 +88,10 @@ bool write_atomic(const fs::path& path, const std::string& bytes, std::string* w
 
 }  // namespace
 
-std::string checkpoint_key(const GenerationRequest& r, const std::string& prefix_namespace,
-                           const std::vector<int32_t>& eos_ids, bool seed_drawn) {
+std::string checkpoint_key(const GenerationRequest& r, const std::vector<int32_t>& eos_ids, bool seed_drawn) {
   const SamplingParams& s = r.sampling;
   std::ostringstream o;
   o.precision(9);
-  o << "ns=" << prefix_namespace << ';';
   put_ids(o, "prompt", r.prompt);
   o << "temp=" << s.temperature << ";top_k=" << s.top_k << ";top_p=" << s.top_p << ";min_p=" << s.min_p
     << ";rep=" << s.repetition_penalty << ";pres=" << s.presence_penalty << ";freq=" << s.frequency_penalty << ";bias=";
@@ -116,6 +114,8 @@ std::string encode_checkpoint(const Checkpoint& c) {
   put<uint32_t>(out, kVersion);
   put<uint64_t>(out, c.run);
   put<int64_t>(out, c.generation);
+  put<uint32_t>(out, uint32_t(c.identity.size()));
+  out += c.identity;
   put<uint32_t>(out, uint32_t(c.key.size()));
   out += c.key;
   put<uint32_t>(out, uint32_t(c.generated.size()));
@@ -136,9 +136,10 @@ Result<Checkpoint> decode_checkpoint(std::string_view bytes) {
   if (XXH3_64bits(bytes.data(), bytes.size() - 8) != sum) return bad("checksum mismatch");
   Reader r{bytes.substr(0, bytes.size() - 8), sizeof(kMagic)};
   Checkpoint c;
-  uint32_t version = 0, n_key = 0, n_ids = 0, n_sampler = 0;
+  uint32_t version = 0, n_identity = 0, n_key = 0, n_ids = 0, n_sampler = 0;
   if (!r.get(&version) || version != kVersion) return bad("unsupported version " + std::to_string(version));
-  if (!r.get(&c.run) || !r.get(&c.generation) || !r.get(&n_key) || n_key > kMaxField || !r.bytes(n_key, &c.key)) {
+  if (!r.get(&c.run) || !r.get(&c.generation) || !r.get(&n_identity) || n_identity > kMaxField ||
+      !r.bytes(n_identity, &c.identity) || !r.get(&n_key) || n_key > kMaxField || !r.bytes(n_key, &c.key)) {
     return bad("truncated header");
   }
   if (!r.get(&n_ids) || n_ids > kMaxField / 4) return bad("truncated generated ids");
@@ -155,12 +156,12 @@ Result<Checkpoint> decode_checkpoint(std::string_view bytes) {
   return c;
 }
 
-CheckpointStore::CheckpointStore(fs::path dir) : dir_(std::move(dir)) {
+CheckpointStore::CheckpointStore(fs::path dir, std::string identity) : dir_(std::move(dir)), identity_(std::move(identity)) {
   std::random_device rd;
   run_base_ = ((uint64_t(rd()) << 32) ^ uint64_t(rd())) & ~uint64_t(0xFFFFFFFF);
 }
 
-Result<std::unique_ptr<CheckpointStore>> CheckpointStore::open(const std::string& dir) {
+Result<std::unique_ptr<CheckpointStore>> CheckpointStore::open(const std::string& dir, const std::string& identity) {
   if (dir.empty()) return make_error(ErrorCode::kInvalidArgument, "checkpoint dir must not be empty");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -170,7 +171,7 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::open(const std::string
   for (const auto& de : fs::directory_iterator(dir, ec)) {
     if (de.is_regular_file() && de.path().filename().string().ends_with(".tmp")) fs::remove(de.path(), ec);
   }
-  return std::unique_ptr<CheckpointStore>(new CheckpointStore(dir));
+  return std::unique_ptr<CheckpointStore>(new CheckpointStore(dir, identity));
 }
 
 uint64_t CheckpointStore::new_run() {
@@ -215,12 +216,27 @@ std::optional<Checkpoint> CheckpointStore::read_locked(const fs::path& path) {
 
 std::optional<Checkpoint> CheckpointStore::load(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto c = read_locked(path_of(key));
+  const fs::path path = path_of(key);
+  auto c = read_locked(path);
   if (!c || c->key != key) return std::nullopt;
+  if (c->identity != identity_) {
+    ++foreign_skipped_;
+    log::warn("checkpoint {} was written under another state identity (other weights, backend or KV layout); "
+              "the request runs from the start",
+              path.string());
+    return std::nullopt;
+  }
   return c;
 }
 
-Result<bool> CheckpointStore::write(const Checkpoint& c) {
+int64_t CheckpointStore::foreign_skipped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return foreign_skipped_;
+}
+
+Result<bool> CheckpointStore::write(const Checkpoint& checkpoint) {
+  Checkpoint c = checkpoint;
+  c.identity = identity_;
   const std::string bytes = encode_checkpoint(c);
   std::lock_guard<std::mutex> lock(mu_);
   if (retired_.count(c.run) != 0) return false;
@@ -235,7 +251,7 @@ void CheckpointStore::remove(const std::string& key, uint64_t run, int64_t gener
   const fs::path path = path_of(key);
   auto c = read_locked(path);
   if (!c || c->key != key) return;
-  if (c->run != run && c->generation > generation) return;  // a newer write of another run
+  if (c->identity == identity_ && c->run != run && c->generation > generation) return;  // a newer write of another run
   std::error_code ec;
   fs::remove(path, ec);
 }

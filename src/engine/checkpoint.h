@@ -3,13 +3,16 @@
 // keyed by the prefix-cache chain hash); a checkpoint file holds the rest: the generated ids
 // (the last one is the pending token, sampled but without KV yet) and the sampler state.
 //
-// A checkpoint is keyed by everything that determines the output (checkpoint_key): the prefix
-// namespace (model, shape, KV codecs), prompt ids, sampling params, the seed (or the fact that
-// the engine drew one), max_tokens, stop ids, EOS handling and vocab limit. The file stores the
-// whole key, so a hash collision is a miss, never a wrong resume.
+// A checkpoint is keyed by the request (checkpoint_key): prompt ids, sampling params, the seed
+// (or the fact that the engine drew one), max_tokens, stop ids, EOS handling and vocab limit;
+// the file name is a hash of that key. The file also carries the state identity it was written
+// under (the prefix namespace: weights, backend, shape, KV codecs) and the store only resumes one
+// of its own identity: another's is skipped with a log line and counted (foreign_skipped()), and
+// the request runs cold. The file stores the whole key, so a hash collision is a miss too.
 //
-// File (little-endian): "STRCKPT1", u32 version, u64 run, i64 generation, u32 key bytes + key,
-// u32 n + n i32 generated ids, u32 bytes + Sampler::save() bytes, u64 XXH3 of all before.
+// File (little-endian): "STRCKPT1", u32 version, u64 run, i64 generation, u32 identity bytes +
+// identity, u32 key bytes + key, u32 n + n i32 generated ids, u32 bytes + Sampler::save() bytes,
+// u64 XXH3 of all before.
 // Written as <hash>.ckpt.tmp, fsynced, renamed, directory fsynced. A file that fails to parse
 // or whose checksum does not match is moved to <dir>/quarantine with a log line and ignored.
 //
@@ -35,16 +38,17 @@ namespace strata {
 
 struct Checkpoint {
   std::string key;                 // checkpoint_key() of the request
+  std::string identity;            // the state identity it was written under (the store's)
   uint64_t run = 0;                // the writer's run id (CheckpointStore::new_run)
   int64_t generation = 0;          // generated tokens when written; grows with each write
   std::vector<int32_t> generated;  // generated ids, the pending token last
   std::string sampler;             // Sampler::save() after the pending token was accepted
 };
 
-// The identity of a request's output. seed_drawn: the request came without a seed (the engine
-// draws one, recorded in the sampler state), so the seed value is not part of the key.
-std::string checkpoint_key(const GenerationRequest& r, const std::string& prefix_namespace,
-                           const std::vector<int32_t>& eos_ids, bool seed_drawn);
+// What a request's output depends on besides the state identity. seed_drawn: the request came
+// without a seed (the engine draws one, recorded in the sampler state), so the seed value is
+// not part of the key.
+std::string checkpoint_key(const GenerationRequest& r, const std::vector<int32_t>& eos_ids, bool seed_drawn);
 
 // The file format (see above); decode errors name what is wrong.
 std::string encode_checkpoint(const Checkpoint& c);
@@ -52,30 +56,40 @@ Result<Checkpoint> decode_checkpoint(std::string_view bytes);
 
 class CheckpointStore {
  public:
-  // Creates the directory and removes stale temporary files. Errors name the directory.
-  static Result<std::unique_ptr<CheckpointStore>> open(const std::string& dir);
+  // Creates the directory and removes stale temporary files. Checkpoints are written under
+  // `identity` and only those of `identity` load. Errors name the directory.
+  static Result<std::unique_ptr<CheckpointStore>> open(const std::string& dir, const std::string& identity);
 
   // A fresh run id, unique across restarts (random base, counter).
   uint64_t new_run();
   // The checkpoint stored for key; nullopt when there is none, when the file is bad
-  // (quarantined, logged) or when it holds another key (a hash collision).
+  // (quarantined, logged), when it holds another key (a hash collision) or when it was written
+  // under another state identity (logged, counted; the file stays until this identity's write
+  // or remove() replaces it).
   std::optional<Checkpoint> load(const std::string& key);
-  // Writes atomically. False (nothing written) when c.run was retired; kIo errors name the file.
+  // Writes atomically under the store's identity (c.identity is ignored). False (nothing
+  // written) when c.run was retired; kIo errors name the file.
   Result<bool> write(const Checkpoint& c);
-  // Retires run and deletes key's file if it holds run's write or a generation <= generation.
+  // Retires run and deletes key's file if it holds run's write or a generation <= generation,
+  // or a checkpoint of another identity (never resumable here).
   void remove(const std::string& key, uint64_t run, int64_t generation);
+  // Checkpoints load() skipped because another state identity wrote them.
+  int64_t foreign_skipped() const;
+  const std::string& identity() const { return identity_; }
 
   std::filesystem::path path_of(const std::string& key) const;
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
-  explicit CheckpointStore(std::filesystem::path dir);
+  CheckpointStore(std::filesystem::path dir, std::string identity);
   // Reads and decodes path; quarantines a bad file. nullopt: no file or bad file.
   std::optional<Checkpoint> read_locked(const std::filesystem::path& path);
   void quarantine_locked(const std::filesystem::path& path, const std::string& why);
 
   std::filesystem::path dir_;
-  std::mutex mu_;
+  std::string identity_;
+  mutable std::mutex mu_;
+  int64_t foreign_skipped_ = 0;
   std::unordered_set<uint64_t> retired_;
   uint64_t run_base_ = 0;
   uint64_t next_run_ = 0;

@@ -329,7 +329,7 @@ void Engine::setup_checkpoints() {
   if (!core_->tiers || !core_->tiers->disk()) {
     log::warn("generation checkpoints without a disk KV tier: a resumed request recomputes its KV");
   }
-  auto store = CheckpointStore::open(dir);
+  auto store = CheckpointStore::open(dir, prefix_namespace_);
   if (!store.ok()) throw std::invalid_argument(store.error().to_string());
   core_->checkpoints = std::move(store).value();
 }
@@ -520,7 +520,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   }
   std::string ckpt_key;
   if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs) {
-    ckpt_key = checkpoint_key(r, prefix_namespace_, eos_ids_, !r.sampling.has_seed);
+    ckpt_key = checkpoint_key(r, eos_ids_, !r.sampling.has_seed);
   }
   if (!r.sampling.has_seed) {
     std::random_device rd;
@@ -844,6 +844,7 @@ void Engine::publish_stats() {
   }
   if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
   if (core_->tiers) s.kv_tiers = core_->tiers->stats();
+  if (core_->checkpoints) s.checkpoints_foreign = core_->checkpoints->foreign_skipped();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
   s.preemptions = core_->sched.n_preemptions();
   queue_.publish_stats(s);

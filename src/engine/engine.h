@@ -34,8 +34,11 @@ struct EngineOptions {
   std::string scheduling_policy = "fcfs";  // "fcfs" or "priority"
   bool prefix_caching = true;
   double session_ttl_s = 600.0;      // pin of a session's blocks after its request ends
-  std::string model_identity;        // prefix-cache namespace (e.g. the model path); with the
-                                     // config, adapter set and KV codec it salts block hashes
+  // The state identity (engine/state_identity.h: the weights' and config's content, quantization
+  // and adapters, the backend's arithmetic; tests pass any name). With the model's shape, the KV
+  // codecs and the block size it forms the prefix namespace, which salts block hashes, names
+  // the disk tier's files and is carried and checked by every checkpoint.
+  std::string model_identity;
   std::vector<int32_t> eos_ids;      // empty: the model config's EOS ids
   // Sliding-window layers page in a pool of their own that holds only what each sequence's
   // window needs. > 0: exactly this many blocks there; 0: enough for max_num_seqs windows and

@@ -81,6 +81,7 @@ struct EngineStats {
   int64_t generated_tokens = 0;   // sampled, all requests
   int64_t prefix_hit_tokens = 0;  // tokens admission took from the prefix cache (recompute too)
   int64_t preemptions = 0;
+  int64_t checkpoints_foreign = 0;  // checkpoints skipped: written under another state identity
   int64_t finished[kNumFinishReasons] = {};  // by FinishReason
   LatencyHistogram ttft = LatencyHistogram::with_default_bounds();         // submit -> first token
   LatencyHistogram inter_token = LatencyHistogram::with_default_bounds();  // between tokens

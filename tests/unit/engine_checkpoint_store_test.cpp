@@ -1,6 +1,8 @@
 // CheckpointStore and the checkpoint file format: round trip, atomic files, checksums and
 // quarantine, the key covering every output-determining field, and the write/delete orderings
-// (a retired run cannot write again; a deletion never removes a newer write of another run).
+// (a retired run cannot write again; a deletion never removes a newer write of another run);
+// a checkpoint carries the state identity it was written under, and a store of another
+// identity skips it (counted) instead of resuming it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -30,11 +32,13 @@ Checkpoint sample(const std::string& key, uint64_t run, int32_t n) {
 }
 
 TEST(EngineCheckpointFormat, RoundTripsAndRejectsDamage) {
-  const Checkpoint c = sample("k", 42, 8);
+  Checkpoint c = sample("k", 42, 8);
+  c.identity = "model=a;weights=1234";
   const std::string bytes = encode_checkpoint(c);
   auto d = decode_checkpoint(bytes);
   ASSERT_TRUE(d.ok()) << d.error().to_string();
   EXPECT_EQ(d->key, c.key);
+  EXPECT_EQ(d->identity, c.identity);
   EXPECT_EQ(d->run, c.run);
   EXPECT_EQ(d->generation, c.generation);
   EXPECT_EQ(d->generated, c.generated);
@@ -55,13 +59,10 @@ TEST(EngineCheckpointKey, CoversEveryOutputField) {
   r.sampling.seed = 5;
   r.sampling.has_seed = true;
   const std::vector<int32_t> eos = {2};
-  const std::string base = checkpoint_key(r, "ns", eos, false);
-  EXPECT_EQ(base, checkpoint_key(r, "ns", eos, false));
-  auto differs = [&](GenerationRequest x, const std::string& ns = "ns", bool drawn = false) {
-    return checkpoint_key(x, ns, eos, drawn) != base;
-  };
-  EXPECT_TRUE(differs(r, "other-codec"));
-  EXPECT_TRUE(differs(r, "ns", true));
+  const std::string base = checkpoint_key(r, eos, false);
+  EXPECT_EQ(base, checkpoint_key(r, eos, false));
+  auto differs = [&](GenerationRequest x, bool drawn = false) { return checkpoint_key(x, eos, drawn) != base; };
+  EXPECT_TRUE(differs(r, true));
   { auto x = r; x.prompt.push_back(4); EXPECT_TRUE(differs(x)); }
   { auto x = r; x.sampling.seed = 6; EXPECT_TRUE(differs(x)); }
   { auto x = r; x.sampling.temperature = 0.8f; EXPECT_TRUE(differs(x)); }
@@ -71,14 +72,14 @@ TEST(EngineCheckpointKey, CoversEveryOutputField) {
   { auto x = r; x.max_tokens = 17; EXPECT_TRUE(differs(x)); }
   { auto x = r; x.stop_ids = {9}; EXPECT_TRUE(differs(x)); }
   { auto x = r; x.ignore_eos = true; EXPECT_TRUE(differs(x)); }
-  EXPECT_NE(checkpoint_key(r, "ns", {3}, false), base);
+  EXPECT_NE(checkpoint_key(r, {3}, false), base);
   // A drawn seed is not part of the key: the identical unseeded request finds it.
-  { auto x = r; x.sampling.seed = 77; EXPECT_EQ(checkpoint_key(x, "ns", eos, true), checkpoint_key(r, "ns", eos, true)); }
+  { auto x = r; x.sampling.seed = 77; EXPECT_EQ(checkpoint_key(x, eos, true), checkpoint_key(r, eos, true)); }
 }
 
 TEST(EngineCheckpointStore, WritesLoadsAndQuarantines) {
   const fs::path dir = fresh_dir("store");
-  auto store = CheckpointStore::open(dir.string());
+  auto store = CheckpointStore::open(dir.string(), "ns");
   ASSERT_TRUE(store.ok()) << store.error().to_string();
   CheckpointStore& s = **store;
   EXPECT_FALSE(s.load("a").has_value());
@@ -107,7 +108,7 @@ TEST(EngineCheckpointStore, WritesLoadsAndQuarantines) {
 
 TEST(EngineCheckpointStore, DeletionAndLateWritesOrder) {
   const fs::path dir = fresh_dir("order");
-  auto store = CheckpointStore::open(dir.string());
+  auto store = CheckpointStore::open(dir.string(), "ns");
   ASSERT_TRUE(store.ok());
   CheckpointStore& s = **store;
   const uint64_t a = s.new_run(), b = s.new_run();
@@ -132,10 +133,49 @@ TEST(EngineCheckpointStore, DeletionAndLateWritesOrder) {
   fs::remove_all(dir);
 }
 
+TEST(EngineCheckpointStore, AnotherIdentitysCheckpointIsSkippedAndCounted) {
+  const fs::path dir = fresh_dir("identity");
+  auto old_store = CheckpointStore::open(dir.string(), "weights=old");
+  ASSERT_TRUE(old_store.ok());
+  const uint64_t run = (*old_store)->new_run();
+  Checkpoint c = sample("k", run, 8);
+  c.identity = "weights=new";  // the store writes its own identity, whatever the caller says
+  ASSERT_TRUE(*(*old_store)->write(c));
+  ASSERT_TRUE((*old_store)->load("k").has_value());
+  EXPECT_EQ((*old_store)->load("k")->identity, "weights=old");
+  EXPECT_EQ((*old_store)->foreign_skipped(), 0);
+
+  // Other weights over the same directory: the same request's file is found and refused.
+  auto store = CheckpointStore::open(dir.string(), "weights=new");
+  ASSERT_TRUE(store.ok());
+  CheckpointStore& s = **store;
+  const fs::path p = s.path_of("k");
+  EXPECT_FALSE(s.load("k").has_value());
+  EXPECT_EQ(s.foreign_skipped(), 1);
+  EXPECT_TRUE(fs::exists(p));  // skipped, not quarantined: it is not damaged
+  EXPECT_FALSE(fs::exists(dir / "quarantine" / p.filename()));
+  // This identity's own write replaces it and loads.
+  const uint64_t mine = s.new_run();
+  ASSERT_TRUE(*s.write(sample("k", mine, 16)));
+  ASSERT_TRUE(s.load("k").has_value());
+  EXPECT_EQ(s.load("k")->generation, 16);
+  EXPECT_EQ(s.foreign_skipped(), 1);
+  // Now the old identity refuses it.
+  EXPECT_FALSE((*old_store)->load("k").has_value());
+  EXPECT_EQ((*old_store)->foreign_skipped(), 1);
+
+  // A finished request of this identity removes a foreign file even of a later generation.
+  auto stale = CheckpointStore::open(dir.string(), "weights=old");
+  ASSERT_TRUE(*(*stale)->write(sample("k", (*stale)->new_run(), 400)));
+  s.remove("k", s.new_run(), 8);
+  EXPECT_FALSE(fs::exists(p));
+  fs::remove_all(dir);
+}
+
 TEST(EngineCheckpointStore, OpenNamesTheDirectory) {
   const fs::path file = fresh_dir("notadir");
   { std::ofstream(file) << "x"; }
-  auto store = CheckpointStore::open(file.string());
+  auto store = CheckpointStore::open(file.string(), "ns");
   ASSERT_FALSE(store.ok());
   EXPECT_NE(store.error().message.find(file.string()), std::string::npos);
   fs::remove(file);
