@@ -48,6 +48,9 @@ struct ServeArgs {
   int64_t max_body_bytes = int64_t(32) << 20;
   int threads = 0;
   int http_threads = 0;
+  int max_json_depth = 256;
+  double header_timeout = 10.0;
+  int max_connections_per_address = 256;
   std::string scheduling_policy = "fcfs";
   bool no_prefix_caching = false;
   int64_t kv_host_bytes = 0;
@@ -133,6 +136,8 @@ int run_supervised(const ServeArgs& a) {
   so.api_key = a.api_key;
   so.max_body_bytes = size_t(a.max_body_bytes);
   so.http_threads = a.http_threads > 0 ? a.http_threads : a.max_num_seqs + 8;
+  so.header_timeout_s = a.header_timeout;
+  so.max_connections_per_address = a.max_connections_per_address;
   so.max_restarts_per_minute = a.max_restarts_per_minute;
   so.stop_timeout_s = a.kv_flush_timeout + 30.0;
   return server::run_supervisor(so);
@@ -146,6 +151,16 @@ int run_serve(ServeArgs a) {
     a.api_key = *key;
   }
   if (a.max_body_bytes < 1024) return fail(make_error(ErrorCode::kInvalidArgument, "--max-body-bytes must be >= 1024, got " + std::to_string(a.max_body_bytes)));
+  if (a.max_json_depth < 2 || a.max_json_depth > 100000) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--max-json-depth must be in [2, 100000], got " + std::to_string(a.max_json_depth)));
+  }
+  if (!(a.header_timeout > 0.0 && a.header_timeout <= 3600.0)) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--header-timeout must be in (0, 3600] seconds, got " + std::to_string(a.header_timeout)));
+  }
+  if (a.max_connections_per_address < 0) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--max-connections-per-address must be >= 0 (0: no limit), got " +
+                                                            std::to_string(a.max_connections_per_address)));
+  }
   if (a.port < 0 || a.port > 65535) return fail(make_error(ErrorCode::kInvalidArgument, "--port must be in [0, 65535], got " + std::to_string(a.port)));
   auto quant_start = parse_kv_quant_start(a.kv_quant_start);
   if (!quant_start.ok()) return fail(quant_start.error());
@@ -236,6 +251,14 @@ int run_serve(ServeArgs a) {
   ho.http_threads = a.http_threads;
   ho.max_num_seqs = a.max_num_seqs;
   ho.supervised = a.supervised_child;
+  ho.max_json_depth = a.max_json_depth;
+  ho.header_timeout_s = a.header_timeout;
+  // A supervised child's every peer is its supervisor, which budgets its clients' addresses.
+  ho.max_connections_per_address = a.supervised_child ? 0 : a.max_connections_per_address;
+  if (a.supervised_child) {
+    if (const char* secret = std::getenv(server::kSupervisorSecretEnv)) ho.supervisor_secret = secret;
+    unsetenv(server::kSupervisorSecretEnv);
+  }
   server::HttpServer http(**engine, *served, ho);
   auto port = http.bind();
   if (!port.ok()) return fail(port.error());
@@ -311,6 +334,14 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-body-bytes", a->max_body_bytes, "Largest request body; larger ones answer 413")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Compute threads (0: one per hardware thread)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads (0: max-num-seqs + 8)");
+  cmd->add_option("--max-json-depth", a->max_json_depth, "JSON nested deeper than this answers 400 (body and JSON strings in it)")
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", a->header_timeout,
+                  "Seconds a connection has to send its request head (and a short body) before it is answered 408")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-address", a->max_connections_per_address,
+                  "Open connections one client address may hold; more answer 429 (0: no limit)")
+      ->capture_default_str();
   cmd->add_option("--scheduling-policy", a->scheduling_policy, "fcfs or priority")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "Turn the prefix cache off");
   cmd->add_option("--kv-host-bytes", a->kv_host_bytes, "Bytes of host memory for KV blocks evicted from the pool (0: no host tier)")

@@ -1,5 +1,7 @@
 #include "server/api_error.h"
 
+#include <cctype>
+
 namespace strata::server {
 
 ApiError bad_field(std::string param, std::string message) {
@@ -32,9 +34,41 @@ ApiError api_error_from(const Error& error, std::string param) {
   return e;
 }
 
+namespace {
+
+// Compares in time that depends only on the lengths, so the key cannot be guessed byte by byte.
+bool same_secret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The credentials of "Bearer KEY" (the scheme is case-insensitive, RFC 9110 11.1); "" otherwise.
+std::string_view bearer_token(std::string_view authorization) {
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  constexpr std::string_view kScheme = "bearer";
+  if (authorization.size() <= kScheme.size() || authorization[kScheme.size()] != ' ') return {};
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return {};
+  }
+  authorization.remove_prefix(kScheme.size());
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  while (!authorization.empty() && authorization.back() == ' ') authorization.remove_suffix(1);
+  return authorization;
+}
+
+}  // namespace
+
+bool secrets_equal(std::string_view a, std::string_view b) { return same_secret(a, b); }
+
 std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization,
                                       const std::string& x_api_key) {
-  if (key.empty() || authorization == "Bearer " + key || x_api_key == key) return std::nullopt;
+  if (key.empty()) return std::nullopt;
+  const std::string_view bearer = bearer_token(authorization);
+  if ((!bearer.empty() && same_secret(bearer, key)) || (!x_api_key.empty() && same_secret(x_api_key, key))) {
+    return std::nullopt;
+  }
   ApiError e;
   e.status = 401;
   e.code = "invalid_api_key";

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,9 @@ ApiError api_error_from(const Error& error, std::string param = "");
 // nullopt when one matches or no key is configured.
 std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization,
                                       const std::string& x_api_key);
+
+// Equal strings, compared in time that does not depend on where they differ.
+bool secrets_equal(std::string_view a, std::string_view b);
 
 // OpenAI's error type for a status: invalid_request_error, authentication_error, ...
 std::string openai_error_type(int status);

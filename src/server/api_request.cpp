@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/json_guard.h"
+
 namespace strata::server {
 
 namespace {
@@ -68,6 +70,16 @@ Err read_float(const json& body, const char* key, std::optional<float>* out) {
   return std::nullopt;
 }
 
+// A temperature in [0, hi]: OpenAI's range is [0, 2], Anthropic's [0, 1].
+Err read_temperature(const json& body, double hi, std::optional<float>* out) {
+  if (auto e = read_float(body, "temperature", out)) return e;
+  if (*out && !(**out >= 0.0f && double(**out) <= hi)) {
+    const std::string range = hi == 1.0 ? "[0, 1]" : "[0, 2]";
+    return bad_field("temperature", "temperature must be in " + range + ", got " + find(body, "temperature")->dump());
+  }
+  return std::nullopt;
+}
+
 Err read_string(const json& body, const char* key, std::string* out) {
   const json* v = find(body, key);
   if (!v) return std::nullopt;
@@ -129,16 +141,17 @@ Err content_text(const std::string& field, const json& v, bool allow_null, std::
 
 // Tool-call arguments reach chat templates as objects (they write them with tojson); a string
 // that is not a JSON object stays a string.
-ojson arguments_value(const std::string& s) {
-  try {
-    ojson parsed = ojson::parse(s);
-    if (parsed.is_object()) return parsed;
-  } catch (const std::exception&) {
+Err arguments_value(const std::string& s, const std::string& field, int max_depth, ojson* out) {
+  if (auto e = check_json_text(s, max_depth, field)) {
+    e->param = field;
+    return e;
   }
-  return ojson(s);
+  ojson parsed = ojson::parse(s, nullptr, /*allow_exceptions=*/false);
+  *out = !parsed.is_discarded() && parsed.is_object() ? std::move(parsed) : ojson(s);
+  return std::nullopt;
 }
 
-Err parse_openai_messages(const json& body, ApiRequest* out) {
+Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out) {
   const json* msgs = find(body, "messages");
   if (!msgs) return bad_field("messages", "messages is required");
   if (!msgs->is_array()) return wrong_type("messages", *msgs, "an array");
@@ -200,7 +213,9 @@ Err parse_openai_messages(const json& body, ApiRequest* out) {
         if (!name || !name->is_string()) return bad_field(tf + ".function.name", tf + ".function.name must be a string");
         ojson args = ojson::object();
         if (const json* a = find(*fn, "arguments")) {
-          if (a->is_string()) args = arguments_value(a->get<std::string>());
+          if (a->is_string()) {
+            if (auto e = arguments_value(a->get<std::string>(), tf + ".function.arguments", max_json_depth, &args)) return e;
+          }
           else if (a->is_object()) args = ojson::parse(a->dump());
           else return wrong_type(tf + ".function.arguments", *a, "a JSON string");
         }
@@ -308,7 +323,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
     return bad_field(mt_name, std::string(mt_name) + " must be at least 1, got " + std::to_string(*max_tokens));
   }
   out->max_tokens = max_tokens;
-  if (auto e = read_float(body, "temperature", &out->temperature)) return e;
+  if (auto e = read_temperature(body, 2.0, &out->temperature)) return e;
   if (auto e = read_float(body, "top_p", &out->top_p)) return e;
   if (auto e = read_float(body, "min_p", &out->min_p)) return e;
   if (auto e = read_float(body, "repetition_penalty", &out->repetition_penalty)) return e;
@@ -392,7 +407,7 @@ std::optional<ApiError> parse_chat_request(const json& body, const ParseLimits& 
   out->kind = ApiKind::kChat;
   if (!body.is_object()) return wrong_type("body", body, "a JSON object");
   if (auto e = check_model(body, limits, false, &out->model)) return e;
-  if (auto e = parse_openai_messages(body, out)) return e;
+  if (auto e = parse_openai_messages(body, limits.max_json_depth, out)) return e;
   if (auto e = parse_openai_common(body, out)) return e;
   if (auto e = parse_openai_tools(body, out)) return e;
   if (find(body, "functions")) return bad_field("functions", "functions is not supported; use tools");
@@ -559,7 +574,7 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     }
   }
   if (auto e = parse_stop(body, "stop_sequences", &out->stop)) return e;
-  if (auto e = read_float(body, "temperature", &out->temperature)) return e;
+  if (auto e = read_temperature(body, 1.0, &out->temperature)) return e;
   if (auto e = read_float(body, "top_p", &out->top_p)) return e;
   if (auto e = read_int(body, "top_k", -1, INT32_MAX, &out->top_k)) return e;
   if (out->top_k && *out->top_k < 0) out->top_k = 0;
@@ -619,8 +634,12 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     }
     out->chat_template_kwargs["enable_thinking"] = type->get<std::string>() == "enabled";
   }
-  if (const json* md = find(body, "metadata"); md && md->is_object()) {
-    if (auto e = read_string(*md, "user_id", &out->user)) return e;
+  if (const json* md = find(body, "metadata"); md && !md->is_null()) {
+    if (!md->is_object()) return wrong_type("metadata", *md, "an object");
+    if (const json* uid = find(*md, "user_id"); uid && !uid->is_null()) {
+      if (!uid->is_string()) return wrong_type("metadata.user_id", *uid, "a string");
+      out->user = uid->get<std::string>();
+    }
   }
   if (auto e = read_string(body, "session_id", &out->session_id)) return e;
   std::optional<int32_t> priority;

@@ -60,6 +60,7 @@ struct ApiRequest {
 
 struct ParseLimits {
   std::vector<std::string> model_names;  // accepted values of "model" (empty: any)
+  int max_json_depth = 256;              // JSON texts inside the body (tool-call arguments)
 };
 
 // Each fills *out and returns nullopt, or returns the error.

@@ -74,13 +74,13 @@ class ChatBuilder : public OpenAiBase {
     json delta = json::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.content.empty()) delta["content"] = d.content;
-    return chunk(delta, c_.logprobs >= 0 ? json{{"content", lp}} : json(nullptr), nullptr);
+    return chunk(delta, c_.logprobs >= 0 ? json{{"content", lp}, {"refusal", nullptr}} : json(nullptr), nullptr);
   }
 
   std::string finish(const OutputDelta& last, const std::vector<ToolCall>& calls, const FinishState& f) override {
     std::string out = delta(last);
     if (!last.logprobs.empty() && last.content.empty() && last.reasoning.empty() && c_.logprobs >= 0) {
-      out += chunk(json::object(), json{{"content", logprob_entries(last.logprobs)}}, nullptr);
+      out += chunk(json::object(), json{{"content", logprob_entries(last.logprobs)}, {"refusal", nullptr}}, nullptr);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
       json call = {{"id", random_id("call_")},
@@ -103,8 +103,9 @@ class ChatBuilder : public OpenAiBase {
     msg["content"] = content_.empty() && !calls_.empty() ? json(nullptr) : json(content_);
     if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
     if (!calls_.empty()) msg["tool_calls"] = calls_;
+    msg["refusal"] = nullptr;  // strata never refuses; OpenAI's clients read the field
     json choice = {{"index", 0}, {"message", msg}};
-    choice["logprobs"] = c_.logprobs >= 0 ? json{{"content", logprobs_}} : json(nullptr);
+    choice["logprobs"] = c_.logprobs >= 0 ? json{{"content", logprobs_}, {"refusal", nullptr}} : json(nullptr);
     choice["finish_reason"] = finish_reason_;
     json j = {{"id", c_.id}, {"object", "chat.completion"}, {"created", c_.created}, {"model", c_.model}};
     j["choices"] = json::array({choice});

@@ -6,7 +6,7 @@
 
 namespace strata::server {
 
-bool is_anthropic_path(const std::string& path) { return path == "/v1/messages"; }
+bool is_anthropic_path(const std::string& path) { return path == "/v1/messages" || path == "/v1/messages/count_tokens"; }
 
 void write_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   using json = nlohmann::json;

@@ -16,6 +16,8 @@
 #include "server/api_response.h"
 #include "server/connection_watch.h"
 #include "server/http_errors.h"
+#include "server/http_listener.h"
+#include "server/json_guard.h"
 #include "server/output_assembler.h"
 #include "server/supervisor.h"
 
@@ -33,14 +35,16 @@ void write_json(httplib::Response& res, const json& j) {
   res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-// Parses a request body: UTF-8 first (so the message names the offset), then JSON.
-std::optional<ApiError> parse_body(const std::string& body, json* out) {
+// Parses a request body: UTF-8 first (so the message names the offset), then its nesting and
+// numbers (json_guard.h), then JSON.
+std::optional<ApiError> parse_body(const std::string& body, int max_depth, json* out) {
   if (auto bad = find_invalid_utf8(body)) {
     return bad_field("body", "request body is not valid UTF-8 (byte offset " + std::to_string(*bad) + ")");
   }
+  if (auto e = check_json_text(body, max_depth)) return e;
   try {
     *out = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     return bad_field("body", std::string("request body is not valid JSON: ") + e.what());
   }
   return std::nullopt;
@@ -81,6 +85,12 @@ struct Generation {
       fin->reason = ev.finish_reason;
       fin->stop_string = stop_string;
       fin->usage = ev.usage;
+      if (stop_string) {
+        // The engine sampled on until it saw the cancel; the tokens past the stop string are
+        // not part of the answer.
+        fin->stop_sequence = assembler->stop_sequence();
+        fin->usage.completion_tokens = assembler->n_tokens();
+      }
       fin->stop_token = ev.stop_token;
       fin->error = ev.message;
     }
@@ -179,66 +189,33 @@ bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, Serv
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions options)
     : engine_(engine), model_(model), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+  if (const char* marker = std::getenv(kCrashMarkerEnv); marker && *marker) crash_marker_ = marker;
   install_routes();
+  ListenerLimits limits;
+  limits.workers = std::max(options_.http_threads > 0 ? options_.http_threads : options_.max_num_seqs + 8, 4);
+  limits.header_timeout_s = options_.header_timeout_s;
+  limits.max_header_bytes = options_.max_header_bytes;
+  limits.max_body_bytes = options_.max_body_bytes;
+  limits.max_connections_per_address = options_.max_connections_per_address;
+  listener_ = std::make_unique<HttpListener>(*http_, limits);
 }
 
-HttpServer::~HttpServer() { stop(); }
-
-namespace {
-
-// cpp-httplib listens with a backlog of 5: when hundreds of clients connect at once the
-// kernel's accept queue overflows and some connections are dropped unanswered. Listening
-// again on the bound socket (found by its port) raises the backlog to SOMAXCONN.
-void raise_listen_backlog(int port) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (...) {
-      continue;
-    }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    int listening = 0;
-    socklen_t len = sizeof(listening);
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
-    sockaddr_storage addr {};
-    socklen_t alen = sizeof(addr);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
-    int p = -1;
-    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-    if (p == port) ::listen(fd, SOMAXCONN);
-  }
+HttpServer::~HttpServer() {
+  stop();
+  listener_.reset();
 }
 
-}  // namespace
+Result<int> HttpServer::bind() { return listener_->bind(options_.host, options_.port); }
 
-Result<int> HttpServer::bind() {
-  int port = options_.port;
-  if (port == 0) {
-    port = http_->bind_to_any_port(options_.host);
-    if (port < 0) return make_error(ErrorCode::kIo, "cannot listen on " + options_.host + " (any port)");
-  } else if (!http_->bind_to_port(options_.host, port)) {
-    return make_error(ErrorCode::kIo, "cannot listen on " + options_.host + ":" + std::to_string(port) + " (in use, or no permission)");
-  }
-  raise_listen_backlog(port);
-  return port;
-}
-
-bool HttpServer::run() { return http_->listen_after_bind(); }
+bool HttpServer::run() { return listener_->run(); }
 
 void HttpServer::stop() {
-  if (http_) http_->stop();
+  if (listener_) listener_->stop();
 }
 
 void HttpServer::install_routes() {
   httplib::Server& s = *http_;
-  const int threads = options_.http_threads > 0 ? options_.http_threads : options_.max_num_seqs + 8;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(std::max(threads, 4))); };
   s.set_payload_max_length(options_.max_body_bytes);
-  s.set_keep_alive_max_count(10000);
   s.set_read_timeout(30, 0);
   s.set_write_timeout(30, 0);
 
@@ -311,7 +288,7 @@ void HttpServer::install_routes() {
     metrics_.count_request(req.path, res.status);
   });
 
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+  auto model_card = [this] {
     json card = {{"id", model_.name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
                  {"max_model_len", model_.max_model_len}, {"vocab_size", model_.tokenizer.vocab_size()}};
     // The shape clients such as `strata bench serve` compute rooflines from.
@@ -321,18 +298,58 @@ void HttpServer::install_routes() {
                       {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}, {"tied", mc.tie_embeddings},
                       {"kv_bytes_per_token", engine_.kv_bytes_per_token()}, {"kv_blocks", engine_.n_kv_blocks()},
                       {"block_size", engine_.block_size()}};
-    write_json(res, {{"object", "list"}, {"data", json::array({card})}});
+    return card;
+  };
+  s.Get("/v1/models", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+    write_json(res, {{"object", "list"}, {"data", json::array({model_card()})}});
+    metrics_.count_request(req.path, 200);
+  });
+  // The openai client's models.retrieve(id); ids may hold slashes (org/name).
+  s.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != model_.name) {
+      ApiError e;
+      e.status = 404;
+      e.param = "model";
+      e.code = "model_not_found";
+      e.message = "model '" + id + "' does not exist; this server serves '" + model_.name + "'";
+      write_error(req, res, e);
+      metrics_.count_request("/v1/models/{id}", 404);
+      return;
+    }
+    write_json(res, model_card());
+    metrics_.count_request("/v1/models/{id}", 200);
+  });
+
+  // Anthropic's token counting: the Messages request's prompt as the chat template renders it.
+  s.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    auto fail = [&](const ApiError& e) {
+      write_error(req, res, e);
+      metrics_.count_request(req.path, e.status);
+    };
+    json body;
+    if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
+    if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
+    if (!body.contains("max_tokens")) body["max_tokens"] = 1;  // not part of a count request
+    ApiRequest r;
+    const ParseLimits limits{{model_.name}, options_.max_json_depth};
+    if (auto e = parse_messages_request(body, limits, &r)) return fail(*e);
+    std::string text;
+    if (auto e = render_chat_prompt(r, model_, &text)) return fail(*e);
+    auto enc = model_.tokenizer.encode(text, false);
+    if (!enc.ok()) return fail(bad_field("messages", enc.error().message));
+    write_json(res, {{"input_tokens", enc->size()}});
     metrics_.count_request(req.path, 200);
   });
 
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     json body;
-    ParseLimits limits{{model_.name}};
+    ParseLimits limits{{model_.name}, options_.max_json_depth};
     auto fail = [&](const ApiError& e) {
       write_error(req, res, e);
       metrics_.count_request(req.path, e.status);
     };
-    if (auto e = parse_body(req.body, &body)) return fail(*e);
+    if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
     if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
@@ -365,7 +382,7 @@ void HttpServer::install_routes() {
       write_error(req, res, e);
       metrics_.count_request(req.path, e.status);
     };
-    if (auto e = parse_body(req.body, &body)) return fail(*e);
+    if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
     if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
     auto t = body.find("tokens");
     if (t == body.end() || !t->is_array()) return fail(bad_field("tokens", "tokens must be an array of token ids"));
@@ -390,15 +407,21 @@ void HttpServer::install_routes() {
         metrics_.count_request(req.path, e.status);
       };
       json body;
-      if (auto e = parse_body(req.body, &body)) return fail(*e);
+      if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
       ApiRequest r;
-      const ParseLimits limits{{model_.name}};
+      const ParseLimits limits{{model_.name}, options_.max_json_depth};
       std::optional<ApiError> perr = kind == ApiKind::kChat         ? parse_chat_request(body, limits, &r)
                                      : kind == ApiKind::kCompletion ? parse_completion_request(body, limits, &r)
                                                                     : parse_messages_request(body, limits, &r);
       if (perr) return fail(*perr);
       if (r.session_id.empty()) r.session_id = req.get_header_value("X-Session-Id");
-      const SupervisedHeaders sup = options_.supervised ? read_supervised_headers(req) : SupervisedHeaders{};
+      const bool from_supervisor = options_.supervised && !options_.supervisor_secret.empty() &&
+                                   secrets_equal(req.get_header_value(kSupervisorSecretHeader), options_.supervisor_secret);
+      const SupervisedHeaders sup = from_supervisor ? read_supervised_headers(req) : SupervisedHeaders{};
+      if (!crash_marker_.empty() && req.body.find(crash_marker_) != std::string::npos) {
+        log::error("{}: the request holds {}: crashing as asked", req.path, kCrashMarkerEnv);
+        std::abort();
+      }
       if (!r.seed && sup.seed) r.seed = sup.seed;
       PreparedRequest p;
       if (auto e = prepare_request(r, model_, &p)) return fail(*e);
@@ -424,7 +447,7 @@ void HttpServer::install_routes() {
       if (!submitted.ok()) {
         ApiError e = api_error_from(submitted.error());
         if (submitted.error().code == ErrorCode::kUnsupported) e.status = 503;
-        if (e.status == 429) e.message = "the request queue is full (" + submitted.error().message + "); retry later";
+        if (e.status == 429) e.message = submitted.error().message + "; retry later";
         return fail(e);
       }
       auto gen = std::make_shared<Generation>();

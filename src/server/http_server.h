@@ -31,7 +31,20 @@ struct HttpOptions {
   // headers of the supervising process are honored (pinned seed, response id and created,
   // stream parts) and a stream cut by a dead engine ends without its closing events.
   bool supervised = false;
+  // The secret a supervising process sends in kSupervisorSecretHeader: X-Strata-* headers are
+  // honored only with it (a client that reaches the child's port directly cannot forge them).
+  std::string supervisor_secret;
+  int max_json_depth = 256;             // JSON nested deeper answers 400 (json_guard.h)
+  double header_timeout_s = 10.0;       // http_listener.h
+  size_t max_header_bytes = size_t(64) << 10;
+  int max_connections_per_address = 256;  // 0: no limit
 };
+
+class HttpListener;
+
+// Fault injection for the supervisor's tests: when this variable is set, a generation request
+// whose body contains its value aborts the engine process (a request that crashes the engine).
+inline constexpr const char* kCrashMarkerEnv = "STRATA_TEST_CRASH_MARKER";
 
 class HttpServer {
  public:
@@ -54,6 +67,8 @@ class HttpServer {
   HttpOptions options_;
   ServerMetrics metrics_;
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpListener> listener_;
+  std::string crash_marker_;  // kCrashMarkerEnv's value: a generation request holding it aborts the process
 };
 
 }  // namespace strata::server

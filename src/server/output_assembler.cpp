@@ -29,13 +29,15 @@ OutputDelta OutputAssembler::route(const std::string& text, bool final) {
 }
 
 OutputDelta OutputAssembler::push(const std::vector<int32_t>& tokens, const std::vector<TokenLogprobs>& logprobs) {
-  std::string text;
-  if (!stop_.stopped()) {
-    for (int32_t t : tokens) text += decoder_.push(t);
+  // Token by token: the one that completes a stop string is the last that counts; those the
+  // engine sampled before it saw the cancel are dropped, text, logprobs and usage alike.
+  std::string safe;
+  for (size_t i = 0; i < tokens.size() && !stop_.stopped(); ++i) {
+    safe += stop_.push(decoder_.push(tokens[i]));
+    pending_tokens_.push_back(tokens[i]);
+    if (i < logprobs.size()) pending_logprobs_.push_back(logprobs[i]);
+    ++n_tokens_;
   }
-  pending_tokens_.insert(pending_tokens_.end(), tokens.begin(), tokens.end());
-  pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
-  const std::string safe = stop_.push(text);
   OutputDelta d = route(safe, false);
   if (!d.content.empty() || !d.reasoning.empty() || stop_.stopped()) {
     d.tokens = std::move(pending_tokens_);

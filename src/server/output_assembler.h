@@ -42,6 +42,9 @@ class OutputAssembler {
   OutputDelta push(const std::vector<int32_t>& tokens, const std::vector<TokenLogprobs>& logprobs);
   // True once a stop string matched: the caller stops the generation.
   bool stopped() const { return stop_.stopped(); }
+  const std::string& stop_sequence() const { return stop_.matched(); }  // the stop string that matched
+  // Tokens that count: all pushed so far, or those up to the one completing the stop string.
+  int32_t n_tokens() const { return n_tokens_; }
 
   // The end of the generation: everything held back, and the tool calls found.
   OutputDelta finish(std::vector<ToolCall>* calls);
@@ -56,6 +59,7 @@ class OutputAssembler {
   ToolCallFilter tools_;
   std::vector<int32_t> pending_tokens_;
   std::vector<TokenLogprobs> pending_logprobs_;
+  int32_t n_tokens_ = 0;
 };
 
 }  // namespace strata::server

@@ -19,7 +19,9 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <optional>
+#include <set>
 #include <random>
 #include <thread>
 
@@ -30,6 +32,7 @@
 #include "server/http_errors.h"
 #include "server/api_response.h"
 #include "server/connection_watch.h"
+#include "server/http_listener.h"
 
 namespace strata::server {
 
@@ -138,6 +141,26 @@ std::string describe_exit(int status) {
   return "ended (wait status " + std::to_string(status) + ")";
 }
 
+// A death the request in flight may have caused: a fault signal or a failing exit. SIGKILL,
+// SIGTERM and SIGINT come from outside (an operator, the OOM killer, a stop).
+bool is_crash(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status) != 0;
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return sig != SIGKILL && sig != SIGTERM && sig != SIGINT;
+  }
+  return false;
+}
+
+// 32 hex digits from the system's entropy source.
+std::string random_secret() {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 32; ++i) s += hex[rd() % 16];
+  return s;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 1;
@@ -217,7 +240,8 @@ struct StreamRelay {
 
 class Supervisor {
  public:
-  explicit Supervisor(const SupervisorOptions& o) : o_(o), http_(std::make_unique<httplib::Server>()) {}
+  explicit Supervisor(const SupervisorOptions& o)
+      : o_(o), http_(std::make_unique<httplib::Server>()), secret_(random_secret()) {}
   int run();
 
  private:
@@ -232,6 +256,12 @@ class Supervisor {
   std::optional<Child> wait_child(uint64_t min_epoch, const std::function<bool()>& cancelled);
   bool survives(uint64_t epoch);
   std::string unavailable_reason();
+  // Whether child `epoch` died of a crash (is_crash), once it is gone.
+  bool crashed(uint64_t epoch);
+  // Requests whose engine crashed twice under them, by body: never sent to an engine again.
+  static uint64_t request_key(const httplib::Request& req);
+  void quarantine(uint64_t key);
+  bool quarantined(uint64_t key);
 
   void install_routes();
   void health(httplib::Response& res);
@@ -243,6 +273,8 @@ class Supervisor {
 
   SupervisorOptions o_;
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpListener> listener_;
+  const std::string secret_;  // sent to the child in kSupervisorSecretHeader with every request
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -256,7 +288,44 @@ class Supervisor {
   double last_restart_unix_ = 0.0;
   std::string last_exit_;
   std::deque<Steady::time_point> recent_restarts_;
+  std::map<uint64_t, bool> crashed_epochs_;  // epoch -> died of a crash (the last 64)
+  std::deque<uint64_t> quarantine_order_;
+  std::set<uint64_t> quarantine_;            // request keys (the last 1024)
+  int64_t quarantined_total_ = 0;
 };
+
+bool Supervisor::crashed(uint64_t epoch) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = crashed_epochs_.find(epoch);
+  return it != crashed_epochs_.end() && it->second;
+}
+
+uint64_t Supervisor::request_key(const httplib::Request& req) {
+  return std::hash<std::string>{}(req.method + " " + req.path + "\n" + req.body);
+}
+
+void Supervisor::quarantine(uint64_t key) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++quarantined_total_;
+  if (!quarantine_.insert(key).second) return;
+  quarantine_order_.push_back(key);
+  if (quarantine_order_.size() > 1024) {
+    quarantine_.erase(quarantine_order_.front());
+    quarantine_order_.pop_front();
+  }
+}
+
+bool Supervisor::quarantined(uint64_t key) {
+  std::lock_guard<std::mutex> l(mu_);
+  return quarantine_.count(key) > 0;
+}
+
+constexpr int kCrashesBeforeQuarantine = 2;
+
+std::string quarantine_message() {
+  return "the engine process crashed twice while serving this request: it is quarantined and will not be retried "
+         "(an identical request is refused the same way)";
+}
 
 // Starts a child and reads its "listening on http://host:port" line. False: it ended first.
 bool Supervisor::spawn(int* wait_status) {
@@ -269,6 +338,14 @@ bool Supervisor::spawn(int* wait_status) {
   std::vector<char*> argv;
   for (const std::string& a : o_.child_argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The secret travels in the environment, not the command line (which any local user can read).
+  const std::string secret_env = std::string(kSupervisorSecretEnv) + "=" + secret_;
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, kSupervisorSecretEnv, std::strlen(kSupervisorSecretEnv)) != 0) envp.push_back(*e);
+  }
+  envp.push_back(const_cast<char*>(secret_env.c_str()));
+  envp.push_back(nullptr);
   sigset_t none;
   sigemptyset(&none);
   const pid_t parent = getpid();
@@ -282,7 +359,7 @@ bool Supervisor::spawn(int* wait_status) {
     dup2(fds[1], STDOUT_FILENO);
     close_range(3, ~0U, 0);  // client sockets and the listener stay with the supervisor
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(fds[1]);
@@ -360,6 +437,8 @@ void Supervisor::monitor() {
       ready_ = false;
       pid_ = -1;
       last_exit_ = describe_exit(status);
+      crashed_epochs_[epoch_] = is_crash(status);
+      while (crashed_epochs_.size() > 64) crashed_epochs_.erase(crashed_epochs_.begin());
       if (stopping_) {
         cv_.notify_all();
         return;
@@ -462,6 +541,7 @@ httplib::Request Supervisor::child_request(const httplib::Request& req, const ht
     if (!hop_header(k)) c.headers.emplace(k, v);
   }
   for (const auto& [k, v] : extra) c.headers.emplace(k, v);
+  c.headers.emplace(kSupervisorSecretHeader, secret_);
   c.body = req.body;
   const std::string type = req.get_header_value("Content-Type");
   if (!req.body.empty() || !type.empty()) c.headers.emplace("Content-Type", type.empty() ? "application/json" : type);
@@ -487,10 +567,12 @@ void Supervisor::health(httplib::Response& res) {
     httplib::Client cli("127.0.0.1", port);
     cli.set_connection_timeout(2);
     cli.set_read_timeout(5);
-    auto r = cli.Get("/health");
+    httplib::Headers h = {{kSupervisorSecretHeader, secret_}};
+    auto r = cli.Get("/health", h);
     if (r && r->status == 200) {
       body = {{"status", "ok"}};
     } else {
+      sup["engine_up"] = false;  // the process runs but its engine does not serve
       body = {{"status", "error"}, {"message", r ? "the engine process answers " + std::to_string(r->status) + ": " + r->body
                                                  : "the engine process does not answer: " + httplib::to_string(r.error())}};
     }
@@ -504,11 +586,13 @@ void Supervisor::health(httplib::Response& res) {
 
 void Supervisor::metrics(const httplib::Request& req, httplib::Response& res) {
   int64_t restarts;
+  int64_t quarantined;
   bool ready;
   int port;
   {
     std::lock_guard<std::mutex> l(mu_);
     restarts = restarts_;
+    quarantined = quarantined_total_;
     ready = ready_ && !stopping_;
     port = child_port_;
   }
@@ -529,6 +613,9 @@ void Supervisor::metrics(const httplib::Request& req, httplib::Response& res) {
   text += "# HELP strata_supervisor_restarts_total Engine process restarts since the server started.\n";
   text += "# TYPE strata_supervisor_restarts_total counter\n";
   text += "strata_supervisor_restarts_total " + std::to_string(restarts) + "\n";
+  text += "# HELP strata_supervisor_quarantined_total Requests failed because the engine crashed twice under them.\n";
+  text += "# TYPE strata_supervisor_quarantined_total counter\n";
+  text += "strata_supervisor_quarantined_total " + std::to_string(quarantined) + "\n";
   text += "# HELP strata_supervisor_engine_up 1 while the engine process serves.\n";
   text += "# TYPE strata_supervisor_engine_up gauge\n";
   text += "strata_supervisor_engine_up " + std::string(ready ? "1" : "0") + "\n";
@@ -541,9 +628,18 @@ void Supervisor::relay_plain(const httplib::Request& req, httplib::Response& res
   const int fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
   auto gone = [fd] { return peer_closed(fd); };
   const httplib::Request creq = child_request(req, extra);
+  const uint64_t key = request_key(req);
   uint64_t min_epoch = 0;
   int same_child_failures = 0;
+  int crashes = 0;
   for (;;) {
+    if (quarantined(key)) {
+      ApiError e;
+      e.status = 500;
+      e.code = "request_quarantined";
+      e.message = quarantine_message();
+      return write_error(req, res, e);
+    }
     auto child = wait_child(min_epoch, gone);
     if (!child) {
       ApiError e;
@@ -596,6 +692,11 @@ void Supervisor::relay_plain(const httplib::Request& req, httplib::Response& res
     }
     if (!survives(child->epoch)) {
       min_epoch = child->epoch + 1;
+      if (crashed(child->epoch) && ++crashes >= kCrashesBeforeQuarantine) {
+        log::error("{} {}: the engine process crashed {} times under this request: quarantined", req.method, req.path, crashes);
+        quarantine(key);
+        continue;  // answered above
+      }
       log::info("{} {}: re-sending to the restarted engine process", req.method, req.path);
       continue;
     }
@@ -645,7 +746,10 @@ void Supervisor::stream_worker(std::shared_ptr<StreamRelay> relay, httplib::Requ
   PartFilter filter;
   uint64_t min_epoch = 0;
   int same_child_failures = 0;
+  int crashes = 0;
+  const uint64_t key = request_key(request);
   for (;;) {
+    if (quarantined(key)) return fail(500, quarantine_message());
     auto child = wait_child(min_epoch, cancelled);
     if (cancelled()) return finish(std::nullopt);
     if (!child) return fail(503, unavailable_reason());
@@ -723,6 +827,11 @@ void Supervisor::stream_worker(std::shared_ptr<StreamRelay> relay, httplib::Requ
     // The stream was cut: wait for the next child when this one died.
     if (!survives(child->epoch)) {
       min_epoch = child->epoch + 1;
+      if (crashed(child->epoch) && ++crashes >= kCrashesBeforeQuarantine) {
+        log::error("{}: the engine process crashed {} times under this stream: quarantined", request.path, crashes);
+        quarantine(key);
+        continue;  // answered above
+      }
       log::info("{}: stream cut after {} tokens, re-sending to the restarted engine process", request.path,
                 filter.delivered());
       continue;
@@ -799,10 +908,7 @@ void Supervisor::relay_stream(const httplib::Request& req, httplib::Response& re
 
 void Supervisor::install_routes() {
   httplib::Server& s = *http_;
-  const int threads = std::max(o_.http_threads, 4);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   s.set_payload_max_length(o_.max_body_bytes);
-  s.set_keep_alive_max_count(10000);
   s.set_read_timeout(30, 0);
   s.set_write_timeout(30, 0);
 
@@ -881,16 +987,17 @@ int Supervisor::run() {
   std::thread watcher([this] { monitor(); });
 
   install_routes();
-  int port = o_.port;
-  bool bound = false;
-  if (port == 0) {
-    port = http_->bind_to_any_port(o_.host);
-    bound = port >= 0;
-  } else {
-    bound = http_->bind_to_port(o_.host, port);
-  }
-  if (!bound) {
-    log::error("cannot listen on {}:{} (in use, or no permission)", o_.host, o_.port);
+  ListenerLimits limits;
+  limits.workers = std::max(o_.http_threads, 4);
+  limits.header_timeout_s = o_.header_timeout_s;
+  limits.max_header_bytes = o_.max_header_bytes;
+  limits.max_body_bytes = o_.max_body_bytes;
+  limits.max_connections_per_address = o_.max_connections_per_address;
+  listener_ = std::make_unique<HttpListener>(*http_, limits);
+  auto bound = listener_->bind(o_.host, o_.port);
+  const int port = bound.ok() ? *bound : -1;
+  if (!bound.ok()) {
+    log::error("{}", bound.error().message);
     stop_child();
     watcher.join();
     remove_temp();
@@ -907,7 +1014,7 @@ int Supervisor::run() {
     log::info("signal {}: stopping the engine process, then the server", sig);
     stop_child();
     while (!listener_done.load()) {
-      http_->stop();
+      listener_->stop();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -915,7 +1022,7 @@ int Supervisor::run() {
             o_.max_restarts_per_minute);
   std::printf("strata serve: listening on http://%s:%d\n", o_.host.c_str(), port);
   std::fflush(stdout);
-  const bool ok = http_->listen_after_bind();
+  const bool ok = listener_->run();
   listener_done = true;
   stop_child();
   pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the signal thread if the listener ended on its own

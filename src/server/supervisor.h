@@ -36,6 +36,12 @@ inline constexpr const char* kCreatedHeader = "X-Strata-Created";          // un
 inline constexpr const char* kStreamPartsHeader = "X-Strata-Stream-Parts";  // "1": part markers
 inline constexpr const char* kEngineDownHeader = "X-Strata-Engine-Down";    // answer: the engine died
 inline constexpr const char* kPartPrefix = ": strata-part ";
+// The per-start secret that authenticates the supervisor to its child: the child reads it from
+// its environment (kSupervisorSecretEnv) and honors the headers above only when a request
+// carries it in kSupervisorSecretHeader. Anyone else who reaches the child's loopback port
+// is an ordinary client.
+inline constexpr const char* kSupervisorSecretHeader = "X-Strata-Supervisor";
+inline constexpr const char* kSupervisorSecretEnv = "STRATA_SUPERVISOR_SECRET";
 
 // The supervisor's side of a parted stream: fed the child's bytes attempt after attempt, it
 // emits each part's SSE text once, in order, without the markers.
@@ -68,6 +74,9 @@ struct SupervisorOptions {
   std::string api_key;  // "": no authentication (the child checks it too)
   size_t max_body_bytes = size_t(32) << 20;
   int http_threads = 72;
+  double header_timeout_s = 10.0;  // http_listener.h
+  size_t max_header_bytes = size_t(64) << 10;
+  int max_connections_per_address = 256;
   int max_restarts_per_minute = 5;  // past it the supervisor gives up and exits
   double stop_timeout_s = 40.0;     // SIGTERM to the child, then SIGKILL after this long
   std::string temp_dir;             // removed at exit ("" none): the default checkpoint dir

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_guard.h"
 #include "server/stop_matcher.h"
 
 namespace strata::server {
@@ -42,13 +43,9 @@ bool call_from_json(const ojson& j, ToolCall* out) {
   } else if (args->is_object()) {
     out->arguments = args->dump();
   } else if (args->is_string()) {
-    try {
-      const ojson parsed = ojson::parse(args->get<std::string>());
-      if (!parsed.is_object()) return false;
-      out->arguments = parsed.dump();
-    } catch (const std::exception&) {
-      return false;
-    }
+    const auto parsed = parse_ordered_json_bounded(args->get<std::string>(), kDefaultMaxJsonDepth);
+    if (!parsed || !parsed->is_object()) return false;
+    out->arguments = parsed->dump();
   } else {
     return false;
   }
@@ -56,11 +53,8 @@ bool call_from_json(const ojson& j, ToolCall* out) {
 }
 
 bool parse_json_call(std::string_view text, ToolCall* out) {
-  try {
-    return call_from_json(ojson::parse(text), out);
-  } catch (const std::exception&) {
-    return false;
-  }
+  const auto parsed = parse_ordered_json_bounded(text, kDefaultMaxJsonDepth);
+  return parsed && call_from_json(*parsed, out);
 }
 
 // End (exclusive) of the JSON object starting at text[0] == '{'; npos when it never closes.
@@ -164,13 +158,10 @@ ToolParse parse_deepseek(std::string_view text) {
       args = trim(right);
     }
     if (call.name.empty()) return ToolParse{std::string(text), {}};
-    try {
-      const ojson parsed = ojson::parse(args.empty() ? std::string("{}") : args);
-      if (!parsed.is_object()) return ToolParse{std::string(text), {}};
-      call.arguments = parsed.dump();
-    } catch (const std::exception&) {
-      return ToolParse{std::string(text), {}};
-    }
+    const auto parsed = parse_ordered_json_bounded(args.empty() ? std::string_view("{}") : std::string_view(args),
+                                                   kDefaultMaxJsonDepth);
+    if (!parsed || !parsed->is_object()) return ToolParse{std::string(text), {}};
+    call.arguments = parsed->dump();
     r.calls.push_back(std::move(call));
     if (ce == std::string_view::npos) break;
     pos = ce + kDsCallEnd.size();
