@@ -1,5 +1,6 @@
 // Bad input: each case gets its error, and afterwards the server still answers and holds no
-// KV block.
+// KV block. JSON nested past --max-json-depth (256) in any field, numbers past a double's range
+// and out-of-range temperatures answer 400 naming the field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -10,7 +11,7 @@ const AUTH = { Authorization: `Bearer ${KEY}`, 'content-type': 'application/json
 let server;
 
 before(async () => {
-  server = await startServer(['--api-key', KEY, '--max-body-bytes', '65536', '--max-model-len', '512']);
+  server = await startServer(['--api-key', KEY, '--max-body-bytes', '300000', '--max-model-len', '512']);
 });
 after(async () => { await server.stop(); });
 
@@ -75,10 +76,10 @@ test('invalid UTF-8', async () => {
 });
 
 test('oversized body answers 413', async () => {
-  const big = JSON.stringify({ prompt: 'x'.repeat(70000), max_tokens: 1 });
+  const big = JSON.stringify({ prompt: 'x'.repeat(310000), max_tokens: 1 });
   const r = await post('/v1/completions', big);
   assert.equal(r.status, 413);
-  assert.match(r.json.error.message, /65536/);
+  assert.match(r.json.error.message, /300000/);
   await stillHealthy();
 });
 
@@ -103,6 +104,15 @@ test('missing or wrong API key', async () => {
   assert.equal((await post('/v1/messages', JSON.stringify({ max_tokens: 1, messages: msgs }), { 'x-api-key': KEY })).status, 200);
   assert.equal((await fetch(server.url + '/health')).status, 200);  // health needs no key
   await stillHealthy();
+});
+
+test('the Bearer scheme is case-insensitive', async () => {
+  const body = JSON.stringify({ prompt: 'hi', max_tokens: 1 });
+  for (const scheme of ['bearer', 'BEARER', 'bEaReR']) {
+    const r = await post('/v1/completions', body, { Authorization: `${scheme} ${KEY}`, 'content-type': 'application/json' });
+    assert.equal(r.status, 200, `${scheme}: ${r.text}`);
+  }
+  expectError(await post('/v1/completions', body, { Authorization: `bearer ${KEY}x` }), 401, undefined, /invalid API key/);
 });
 
 function rawRequest(body) {
@@ -150,5 +160,102 @@ test('200 concurrent connections opened and dropped', async () => {
   await new Promise((r) => setTimeout(r, 200));
   for (const s of sockets) s.destroy();
   assert.equal(await waitNoUsedBlocks(server.url, AUTH, 20000), 0);
+  await stillHealthy();
+});
+
+// JSON nesting: past --max-json-depth (256) anywhere is refused before anything parses it.
+const nested = (n) => '['.repeat(n) + ']'.repeat(n);
+const DEPTH = /JSON nested deeper than 256 levels/;
+const user = '[{"role": "user", "content": "hi"}]';
+
+test('100,000 nested arrays, in each field, answer 400 naming the field', async () => {
+  const deep = nested(100000);
+  const cases = [
+    ['/v1/chat/completions', deep, 'body', /at body\[0\]\[0\]/],
+    ['/v1/chat/completions', `{"model": ${deep}, "messages": ${user}}`, 'model', /at model\[0\]/],
+    ['/v1/chat/completions', `{"messages": ${deep}}`, 'messages', /at messages\[0\]/],
+    ['/v1/chat/completions', `{"messages": ${user}, "max_tokens": ${deep}}`, 'max_tokens', /at max_tokens\[0\]/],
+    ['/v1/chat/completions',
+      `{"messages": ${user}, "tools": [{"type": "function", "function": {"name": "f", "parameters": ${deep}}}]}`,
+      'tools', /at tools\[0\]\.function\.parameters\[0\]/],
+    ['/v1/chat/completions', `{"messages": ${user}, "chat_template_kwargs": ${deep}}`, 'chat_template_kwargs',
+      /at chat_template_kwargs\[0\]/],
+    // Tool-call arguments given as a JSON string are checked as JSON too.
+    ['/v1/chat/completions', JSON.stringify({
+      messages: [
+        { role: 'user', content: 'hi' },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: deep } }] },
+        { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+      ],
+    }), 'messages[1].tool_calls[0].function.arguments', /at messages\[1\]\.tool_calls\[0\]\.function\.arguments\[0\]/],
+    ['/detokenize', `{"tokens": ${deep}}`, 'tokens', /at tokens\[0\]/],
+  ];
+  for (const [path, body, param, where] of cases) {
+    const t0 = Date.now();
+    const r = await post(path, body);
+    expectError(r, 400, param, DEPTH);
+    assert.match(r.json.error.message, where, param);
+    assert.ok(Date.now() - t0 < 2000, `${param}: answered in ${Date.now() - t0} ms`);
+  }
+  // Anthropic's error shape has no param: the message names the field.
+  const r = await post('/v1/messages', `{"max_tokens": 4, "messages": ${user}, "tools": [{"name": "f", "input_schema": ${deep}}]}`);
+  assert.equal(r.status, 400, r.text);
+  assert.equal(r.json.type, 'error');
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  assert.match(r.json.error.message, DEPTH);
+  assert.match(r.json.error.message, /tools\[0\]\.input_schema/);
+  await stillHealthy();
+});
+
+test('256 levels of nesting pass the depth check, 257 do not', async () => {
+  // The whole body: 256 arrays are refused for not being an object, not for their depth.
+  const at256 = await post('/v1/chat/completions', nested(256));
+  assert.equal(at256.status, 400, at256.text);
+  assert.doesNotMatch(at256.json.error.message, DEPTH);
+  expectError(await post('/v1/chat/completions', nested(257)), 400, 'body', DEPTH);
+  // In a field the body object is the first level: {"chat_template_kwargs": {"x": 254 arrays}} is 256.
+  const kw = (n) => `{"messages": ${user}, "max_tokens": 1, "chat_template_kwargs": {"x": ${nested(n)}}}`;
+  const ok = await post('/v1/chat/completions', kw(254));
+  assert.ok(!DEPTH.test(ok.text), ok.text);
+  assert.equal(ok.status, 200, ok.text);
+  expectError(await post('/v1/chat/completions', kw(255)), 400, 'chat_template_kwargs', DEPTH);
+  // A JSON string's own nesting counts from its start.
+  const args = (n) => JSON.stringify({
+    messages: [
+      { role: 'user', content: 'hi' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: `{"a": ${nested(n)}}` } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+    ],
+    max_tokens: 1,
+  });
+  const a255 = await post('/v1/chat/completions', args(255));
+  assert.ok(!DEPTH.test(a255.text), a255.text);
+  assert.equal(a255.status, 200, a255.text);
+  expectError(await post('/v1/chat/completions', args(256)), 400, 'messages[1].tool_calls[0].function.arguments', DEPTH);
+  await stillHealthy();
+});
+
+test('numbers past a double and out-of-range temperatures answer 400 naming the field', async () => {
+  // JSON.stringify cannot write 1e400: raw text.
+  expectError(await post('/v1/chat/completions', `{"messages": ${user}, "temperature": 1e400}`), 400, 'temperature', /1e400 is out of range/);
+  expectError(await post('/v1/chat/completions', `{"messages": ${user}, "max_tokens": 1e400}`), 400, 'max_tokens', /1e400 is out of range/);
+  expectError(await post('/v1/completions', `{"prompt": "hi", "top_p": -1e400}`), 400, 'top_p', /out of range/);
+  expectError(await post('/v1/chat/completions', JSON.stringify({ messages: msgs, temperature: 3.0 })), 400, 'temperature', /\[0, 2\]/);
+  expectError(await post('/v1/chat/completions', JSON.stringify({ messages: msgs, temperature: -0.5 })), 400, 'temperature', /\[0, 2\]/);
+  const atTwo = await post('/v1/chat/completions', JSON.stringify({ messages: msgs, temperature: 2, max_tokens: 1 }));
+  assert.equal(atTwo.status, 200, atTwo.text);
+
+  const anthropic = async (extra) => post('/v1/messages', JSON.stringify({ max_tokens: 1, messages: msgs, ...extra }));
+  const anthropicError = (r, pattern) => {
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.type, 'error');
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.match(r.json.error.message, pattern);
+  };
+  anthropicError(await anthropic({ temperature: 1.5 }), /temperature must be in \[0, 1\], got 1\.5/);
+  anthropicError(await anthropic({ metadata: 'string' }), /metadata must be an object/);
+  anthropicError(await post('/v1/messages', `{"max_tokens": 1, "messages": ${user}, "temperature": 1e400}`), /temperature.*out of range/);
+  assert.equal((await anthropic({ temperature: 1 })).status, 200);
+  assert.equal((await anthropic({ metadata: { user_id: 'u-1' } })).status, 200);
   await stillHealthy();
 });

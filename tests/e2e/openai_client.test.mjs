@@ -1,5 +1,6 @@
 // The official openai client against strata-demo: chat, completions, streaming, logprobs,
-// stop strings, abort mid-stream; Anthropic Messages over fetch; tokenize/detokenize.
+// stop strings (and their usage), abort mid-stream, models.retrieve; Anthropic Messages over
+// fetch; tokenize/detokenize.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -25,11 +26,22 @@ test('models list names the served model', async () => {
   assert.deepEqual(list.data.map((m) => m.id), ['strata-demo']);
 });
 
+test('models.retrieve returns the card; a wrong id is NotFoundError', async () => {
+  const card = await client.models.retrieve('strata-demo');
+  assert.equal(card.id, 'strata-demo');
+  assert.equal(card.object, 'model');
+  assert.equal(typeof card.owned_by, 'string');
+  assert.equal(card.max_model_len, 2048);
+  await assert.rejects(client.models.retrieve('gpt-9'),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && /gpt-9/.test(e.message));
+});
+
 test('chat completion, then the same request streamed gives the same text', async () => {
   const req = { model: 'strata-demo', messages: [{ role: 'user', content: PROMPT }], max_tokens: 24, temperature: 0 };
   const r = await client.chat.completions.create(req);
   const msg = r.choices[0].message;
   assert.equal(msg.role, 'assistant');
+  assert.equal(msg.refusal, null);
   assert.ok(msg.content.length > 0);
   assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
   assert.ok(r.usage.prompt_tokens > 5);
@@ -118,6 +130,43 @@ test('stop strings end the text and never leak into the stream', async () => {
   assert.equal(streamed, expected);
   assert.equal(finish, 'stop');
   assert.equal(await waitNoUsedBlocks(server.url, AUTH), 0);
+});
+
+test('with a stop string, completion_tokens counts the tokens up to the stop, every time', async () => {
+  const base = { model: 'strata-demo', messages: [{ role: 'user', content: PROMPT }], max_tokens: 40, temperature: 0, ignore_eos: true };
+  const full = (await client.chat.completions.create(base)).choices[0].message.content;
+  assert.ok(full.length > 30, full);
+  const at = Math.floor(full.length / 2);
+  const stop = full.slice(at, at + 5);
+  const expected = full.slice(0, full.indexOf(stop));
+
+  // With logprobs: one entry per generated token; the last one completes the stop string.
+  const lp = await client.chat.completions.create({ ...base, stop, logprobs: true });
+  assert.equal(lp.choices[0].message.content, expected);
+  assert.equal(lp.choices[0].finish_reason, 'stop');
+  const tokens = lp.choices[0].logprobs.content.map((e) => e.token);
+  assert.equal(lp.usage.completion_tokens, tokens.length);
+  assert.ok(tokens.length < 40);
+  const generated = tokens.join('');
+  assert.ok(generated.startsWith(expected + stop), JSON.stringify({ generated, expected, stop }));
+  assert.ok(!generated.slice(0, generated.length - tokens.at(-1).length).includes(stop), 'no token counted after the one that completed the stop');
+
+  const counts = [];
+  for (let i = 0; i < 5; ++i) {
+    const r = await client.chat.completions.create({ ...base, stop });
+    assert.equal(r.choices[0].message.content, expected);
+    counts.push(r.usage.completion_tokens);
+  }
+  const together = await Promise.all(Array.from({ length: 5 }, () => client.chat.completions.create({ ...base, stop })));
+  counts.push(...together.map((r) => r.usage.completion_tokens));
+  const stream = await client.chat.completions.create({ ...base, stop, stream: true, stream_options: { include_usage: true } });
+  let streamedText = '';
+  for await (const chunk of stream) {
+    if (chunk.usage) counts.push(chunk.usage.completion_tokens);
+    streamedText += chunk.choices[0]?.delta?.content ?? '';
+  }
+  assert.equal(streamedText, expected);
+  assert.deepEqual(counts, new Array(11).fill(tokens.length), `completion_tokens per request: ${counts}`);
 });
 
 test('abort mid-stream frees the request', async () => {

@@ -5,8 +5,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 binary="$(realpath "$1")"
-if [ ! -d "$here/node_modules/openai" ]; then
-  echo "tests/e2e/node_modules is missing: running npm ci" >&2
+if [ ! -d "$here/node_modules/openai" ] || [ ! -d "$here/node_modules/@anthropic-ai/sdk" ]; then
+  echo "tests/e2e/node_modules is missing or incomplete: running npm ci" >&2
   (cd "$here" && npm ci --no-audit --no-fund)
 fi
 export STRATA_BINARY="$binary"
