@@ -726,10 +726,11 @@ void Supervisor::stream_worker(std::shared_ptr<StreamRelay> relay, httplib::Requ
     r.head = true;
     r.cv.notify_all();
   };
-  auto fail = [&](int status, const std::string& message) {
+  auto fail = [&](int status, const std::string& message, const std::string& code = "") {
     ApiError e;
     e.status = status;
     e.message = message;
+    e.code = code;
     std::unique_lock<std::mutex> l(r.mu);
     if (!r.head) {
       // Nothing was sent yet: an ordinary error answer.
@@ -749,7 +750,7 @@ void Supervisor::stream_worker(std::shared_ptr<StreamRelay> relay, httplib::Requ
   int crashes = 0;
   const uint64_t key = request_key(request);
   for (;;) {
-    if (quarantined(key)) return fail(500, quarantine_message());
+    if (quarantined(key)) return fail(500, quarantine_message(), "request_quarantined");
     auto child = wait_child(min_epoch, cancelled);
     if (cancelled()) return finish(std::nullopt);
     if (!child) return fail(503, unavailable_reason());

@@ -136,10 +136,9 @@ test('a request that crashes the engine twice is quarantined; the server keeps s
   assert.equal((await complete('Still serving')).status, 200);
 });
 
-// KNOWN SERVER BUG: the streamed relay (Supervisor::stream_worker) quarantines the request but
-// answers 500 with code null; the non-streamed relay answers code request_quarantined.
+// The streamed relay (Supervisor::stream_worker) answers with the same code as the plain one.
 test('a streamed request that crashes the engine twice is quarantined with its code',
-  { timeout: 90000, todo: 'server bug: a quarantined streamed request answers code null, not request_quarantined' }, async () => {
+  { timeout: 90000 }, async () => {
     const body = JSON.stringify({ prompt: `Stream ${MARKER}`, max_tokens: 2, stream: true });
     const res = await fetch(server.url + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body });
     const j = await res.json();
