@@ -263,13 +263,13 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
     : model_(std::move(model)), options_(std::move(options)), queue_(std::max(options_.max_queued, 1)), t0_(Clock::now()) {
   if (!model_) throw std::invalid_argument("no model");
   if (auto st = adopt_executor_pools(*model_, executor.get(), &options_); !st.ok()) {
-    throw std::invalid_argument(st.error().to_string());
+    throw std::invalid_argument(st.error().message);
   }
-  if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().to_string());
+  if (auto s = check_model(*model_); !s.ok()) throw std::invalid_argument(s.error().message);
   auto kv_plan = plan_blocks(*model_, options_);
-  if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().to_string());
+  if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().message);
   auto policy = make_scheduling_policy(options_.scheduling_policy);
-  if (!policy.ok()) throw std::invalid_argument(policy.error().to_string());
+  if (!policy.ok()) throw std::invalid_argument(policy.error().message);
   n_blocks_ = kv_plan->n_blocks;
   n_window_blocks_ = kv_plan->n_window_blocks;
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
@@ -330,7 +330,7 @@ void Engine::setup_checkpoints() {
     log::warn("generation checkpoints without a disk KV tier: a resumed request recomputes its KV");
   }
   auto store = CheckpointStore::open(dir, prefix_namespace_);
-  if (!store.ok()) throw std::invalid_argument(store.error().to_string());
+  if (!store.ok()) throw std::invalid_argument(store.error().message);
   core_->checkpoints = std::move(store).value();
 }
 
@@ -394,7 +394,7 @@ void Engine::setup_kv_tiers(bool unsupported) {
   for (int64_t b : tensors) identity += std::to_string(b) + ",";
   auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes,
                              options_.kv_disk_read_delay_s);
-  if (!tiers.ok()) throw std::invalid_argument(tiers.error().to_string());
+  if (!tiers.ok()) throw std::invalid_argument(tiers.error().message);
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
   Core* c = core_.get();

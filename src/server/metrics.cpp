@@ -119,6 +119,9 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';
   header(os, "strata_engine_prefix_hit_tokens_total", "counter", "Tokens admission took from the prefix cache (recomputations included).");
   os << "strata_engine_prefix_hit_tokens_total{" << m << "} " << e.prefix_hit_tokens << '\n';
+  header(os, "strata_checkpoints_foreign_total", "counter",
+         "Checkpoints skipped because another state identity (weights, codec, layout, backend) wrote them.");
+  os << "strata_checkpoints_foreign_total{" << m << "} " << e.checkpoints_foreign << '\n';
   header(os, "strata_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
   os << "strata_preemptions_total{" << m << "} " << e.preemptions << '\n';
   histogram(os, "strata_time_to_first_token_seconds", "Submission to first generated token.", e.ttft, m);
