@@ -79,7 +79,7 @@ struct ExpertCase {
 // Random routing (distinct experts per token), random bf16 activations and experts; the device
 // chain against a host loop in f32 over the same bf16 values (with the device's bf16
 // rounding of the gate/up projections and of the activation).
-void check_expert_chain(const ExpertCase& c, std::mt19937& rng) {
+void check_expert_chain(const ExpertCase& c, std::mt19937& rng, GroupedGemmPath path = GroupedGemmPath::kAuto) {
   const int64_t K = int64_t(c.n) * c.k;
   const size_t nk = static_cast<size_t>(K), ne = static_cast<size_t>(c.experts);
   std::vector<int32_t> ids(nk);
@@ -109,10 +109,13 @@ void check_expert_chain(const ExpertCase& c, std::mt19937& rng) {
   d_dn.upload(dn.bits);
   d_out.poison();
   launch_moe_group({d_ids.p, int32_t(K), c.experts, d_offsets.p, d_sorted.p, d_slot_row.p}, nullptr);
-  launch_grouped_gemm({d_x.p, d_sorted.p, c.k, d_gu.p, d_offsets.p, d_gate_up.p, 0, c.experts, c.n, 2 * c.inter, c.hidden},
-                      nullptr);
+  GroupedGemmArgs gu_args{d_x.p, d_sorted.p, c.k, d_gu.p, d_offsets.p, d_gate_up.p, 0, c.experts, c.n, 2 * c.inter, c.hidden};
+  gu_args.path = path;
+  launch_grouped_gemm(gu_args, nullptr);
   launch_gated_act({d_gate_up.p, d_act.p, int32_t(K), c.inter, c.act}, nullptr);
-  launch_grouped_gemm({d_act.p, nullptr, 1, d_dn.p, d_offsets.p, d_y.p, 1, c.experts, c.n, c.hidden, c.inter}, nullptr);
+  GroupedGemmArgs dn_args{d_act.p, nullptr, 1, d_dn.p, d_offsets.p, d_y.p, 1, c.experts, c.n, c.hidden, c.inter};
+  dn_args.path = path;
+  launch_grouped_gemm(dn_args, nullptr);
   launch_moe_combine({d_y.p, d_ids.p, d_w.p, d_slot_row.p, d_out.p, c.n, c.k, c.hidden}, nullptr);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
@@ -158,7 +161,7 @@ void check_expert_chain(const ExpertCase& c, std::mt19937& rng) {
     }
   }
   EXPECT_LE(max_norm_rel(d_out.download(), ref), 1e-2)
-      << "n " << c.n << " experts " << c.experts << " k " << c.k << " hidden " << c.hidden << " inter " << c.inter;
+      << "path " << int(path) << " n " << c.n << " experts " << c.experts << " k " << c.k << " hidden " << c.hidden << " inter " << c.inter;
 }
 
 TEST_F(GpuMoe, ExpertChainMatchesHostLoop) {
@@ -168,6 +171,20 @@ TEST_F(GpuMoe, ExpertChainMatchesHostLoop) {
                               ExpertCase{70, 8, 2, 64, 48, Act::kSilu}, ExpertCase{130, 16, 4, 96, 40, Act::kGeluTanh},
                               ExpertCase{257, 4, 4, 72, 136, Act::kSilu}}) {
     check_expert_chain(c, rng);
+  }
+}
+
+// The two grouped-GEMM kernels on the same shapes: the tiled one and the decode GEMV (rows
+// past 8 per expert, a column tail, a group of one row, experts with no rows).
+TEST_F(GpuMoe, GroupedGemvAndTiledMatchTheHostLoop) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  for (const ExpertCase& c : {ExpertCase{1, 128, 8, 256, 128, Act::kSilu}, ExpertCase{8, 128, 8, 256, 96, Act::kSilu},
+                              ExpertCase{64, 16, 4, 136, 104, Act::kSilu}, ExpertCase{200, 8, 2, 64, 40, Act::kGeluTanh}}) {
+    for (const GroupedGemmPath path : {GroupedGemmPath::kTiled, GroupedGemmPath::kGemv}) {
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      check_expert_chain(c, rng, path);
+    }
   }
 }
 

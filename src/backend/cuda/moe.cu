@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <cfloat>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -155,6 +156,89 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(GroupedGemmA
   }
 }
 
+// Few rows per expert (decode): the step reads each active expert's weights once, so the
+// kernel is a grouped GEMV that streams them at full width. A warp owns kGemvCols output
+// columns; its lanes stride the reduction 8 bf16 (16 bytes) at a time and every x value loaded
+// serves all kGemvCols columns. Rows are taken kGemvRows at a time (a group past that reads
+// its columns again, from L2). Needs k % 8 == 0 and 16-byte aligned x and w; no lo parts.
+constexpr int kGemvCols = 4, kGemvRows = 8, kGemvWarps = 8;
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* out) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__global__ void __launch_bounds__(kGemvWarps * 32) grouped_gemv_kernel(GroupedGemmArgs a) {
+  const int e = blockIdx.y;
+  const int32_t r_begin = a.offsets[e], r_end = a.offsets[e + 1];
+  if (r_begin >= r_end) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvCols;
+  if (c0 >= a.n) return;
+  const uint16_t* w = a.w + int64_t(e) * a.n * a.k;
+  const int64_t k8 = a.k / 8;
+  for (int32_t rb = r_begin; rb < r_end; rb += kGemvRows) {
+    const int nr = min(kGemvRows, r_end - rb);
+    int64_t src[kGemvRows];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      const int32_t row = rb + min(r, nr - 1);
+      src[r] = a.row_src != nullptr ? int64_t(a.row_src[row] / a.row_src_div) : int64_t(row);
+    }
+    float acc[kGemvRows][kGemvCols] = {};
+    for (int64_t q = lane; q < k8; q += 32) {
+      float wf[kGemvCols][8];
+#pragma unroll
+      for (int c = 0; c < kGemvCols; ++c) {
+        const int64_t col = min(c0 + c, a.n - 1);
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w + col * a.k) + q), wf[c]);
+      }
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r >= nr) break;
+        float xf[8];
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(a.x + src[r] * a.k) + q), xf);
+#pragma unroll
+        for (int c = 0; c < kGemvCols; ++c) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][c] += xf[i] * wf[c][i];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kGemvCols; ++c) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
+      }
+    }
+    // Lane r * kGemvCols + c writes (row r, column c): every lane holds every sum.
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kGemvCols; ++c) {
+        if (lane == r * kGemvCols + c) mine = acc[r][c];
+      }
+    }
+    const int r = lane / kGemvCols, c = lane % kGemvCols;
+    if (r < nr && c0 + c < a.n) {
+      const int64_t at = int64_t(rb + r) * a.n + c0 + c;
+      if (a.out_f32) {
+        static_cast<float*>(a.y)[at] = mine;
+      } else {
+        static_cast<uint16_t*>(a.y)[at] = __bfloat16_as_ushort(__float2bfloat16_rn(mine));
+      }
+    }
+  }
+}
+static_assert(kGemvRows * kGemvCols <= 32, "one output per lane");
+
 __global__ void moe_combine_kernel(MoeCombineArgs a) {
   __shared__ int order[64];
   const int t = blockIdx.x;
@@ -199,8 +283,29 @@ void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream) {
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
+bool grouped_gemv_applies(const GroupedGemmArgs& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.rows_per_expert <= kGroupedGemvMaxRows && a.k % 8 == 0 && aligned(a.x) && aligned(a.w) && a.x_lo == nullptr &&
+         a.w_lo == nullptr && a.path != GroupedGemmPath::kTiled;
+}
+
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
+  if (a.path == GroupedGemmPath::kGemv && !grouped_gemv_applies(a)) {
+    cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");
+  }
+  // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel (benchmarks compare the two).
+  static const bool force_tiled = [] {
+    const char* v = std::getenv("STRATA_MOE_GEMM");
+    return v != nullptr && std::string(v) == "tiled";
+  }();
+  if (grouped_gemv_applies(a) && !(force_tiled && a.path == GroupedGemmPath::kAuto)) {
+    const int64_t cols_per_block = int64_t(kGemvWarps) * kGemvCols;
+    const dim3 grid(unsigned((a.n + cols_per_block - 1) / cols_per_block), unsigned(a.n_experts));
+    grouped_gemv_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a);
+    STRATA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const dim3 grid(unsigned((a.n + kBN - 1) / kBN), unsigned((a.rows_per_expert + kBM - 1) / kBM), unsigned(a.n_experts));
   grouped_gemm_kernel<<<grid, kGemmThreads, 0, stream>>>(a);
   STRATA_CUDA_CHECK(cudaGetLastError());

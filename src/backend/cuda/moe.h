@@ -48,6 +48,11 @@ struct MoeGroupArgs {
 };
 void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream);
 
+// kAuto: the grouped GEMV when rows_per_expert <= kGroupedGemvMaxRows (decode: each active
+// expert's weights streamed once), else the tiled kernel; the other two force one (tests).
+enum class GroupedGemmPath : int32_t { kAuto = 0, kTiled = 1, kGemv = 2 };
+inline constexpr int32_t kGroupedGemvMaxRows = 256;
+
 // For every expert e and sorted row r in [offsets[e], offsets[e + 1]):
 //   y[r, :] = x[src(r), :] . w[e]^T, src(r) = row_src ? row_src[r] / row_src_div : r,
 // bf16 inputs (plus their lo parts when given), f32 sums, y f32 or bf16. rows_per_expert bounds every group's size (grid size).
@@ -67,7 +72,10 @@ struct GroupedGemmArgs {
   // same layouts; each operand is read as hi + lo (in f32) when its lo is given.
   const uint16_t* x_lo = nullptr;  // [*, k] or null
   const uint16_t* w_lo = nullptr;  // [n_experts, n, k] or null
+  GroupedGemmPath path = GroupedGemmPath::kAuto;
 };
+// Whether kAuto takes the GEMV path for these arguments.
+bool grouped_gemv_applies(const GroupedGemmArgs& a);
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
 
 // out[t, :] = sum over j (ascending ids[t, j]) of weights[t, j] * y[slot_row[t * k + j], :].
