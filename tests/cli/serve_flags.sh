@@ -40,6 +40,12 @@ expect_error "--checkpoint-every -1" "--checkpoint-every" "-1"
 expect_error "--kv-host-bytes -5" "kv_host_bytes" "-5"
 expect_error "--max-batch-tokens 0" "max_batch_tokens" "0"
 expect_error "--scheduling-policy lifo" "lifo"
+expect_error "--max-json-depth 1" "--max-json-depth" "1"
+expect_error "--header-timeout 0" "--header-timeout" "0"
+expect_error "--max-connections-per-address -1" "--max-connections-per-address" "-1"
+# An engine start error names its code once (it read 'invalid argument: invalid argument: ...').
+expect_error "--kv-disk-dir /proc/nonexistent/kv" "/proc/nonexistent/kv"
+grep -q "invalid argument: invalid argument" "$TMP/out" && fail "the error repeats its prefix: $(tail -1 "$TMP/out")"
 
 if [ $failures -ne 0 ]; then
   echo "$failures failure(s)" >&2
