@@ -136,8 +136,8 @@ int run_supervised(const ServeArgs& a) {
   so.api_key = a.api_key;
   so.max_body_bytes = size_t(a.max_body_bytes);
   so.http_threads = a.http_threads > 0 ? a.http_threads : a.max_num_seqs + 8;
-  so.header_timeout_s = a.header_timeout;
-  so.max_connections_per_address = a.max_connections_per_address;
+  so.listener.header_timeout_s = a.header_timeout;
+  so.listener.max_connections_per_address = a.max_connections_per_address;
   so.max_restarts_per_minute = a.max_restarts_per_minute;
   so.stop_timeout_s = a.kv_flush_timeout + 30.0;
   return server::run_supervisor(so);
@@ -252,9 +252,9 @@ int run_serve(ServeArgs a) {
   ho.max_num_seqs = a.max_num_seqs;
   ho.supervised = a.supervised_child;
   ho.max_json_depth = a.max_json_depth;
-  ho.header_timeout_s = a.header_timeout;
+  ho.listener.header_timeout_s = a.header_timeout;
   // A supervised child's every peer is its supervisor, which budgets its clients' addresses.
-  ho.max_connections_per_address = a.supervised_child ? 0 : a.max_connections_per_address;
+  ho.listener.max_connections_per_address = a.supervised_child ? 0 : a.max_connections_per_address;
   if (a.supervised_child) {
     if (const char* secret = std::getenv(server::kSupervisorSecretEnv)) ho.supervisor_secret = secret;
     unsetenv(server::kSupervisorSecretEnv);

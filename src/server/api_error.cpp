@@ -1,6 +1,6 @@
 #include "server/api_error.h"
 
-#include <cctype>
+#include <strings.h>
 
 namespace strata::server {
 
@@ -34,23 +34,22 @@ ApiError api_error_from(const Error& error, std::string param) {
   return e;
 }
 
-namespace {
-
-// Compares in time that depends only on the lengths, so the key cannot be guessed byte by byte.
-bool same_secret(std::string_view a, std::string_view b) {
+// Time that depends only on the lengths, so a key cannot be guessed byte by byte.
+bool secrets_equal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
 
+namespace {
+
 // The credentials of "Bearer KEY" (the scheme is case-insensitive, RFC 9110 11.1); "" otherwise.
 std::string_view bearer_token(std::string_view authorization) {
+  constexpr std::string_view kScheme = "bearer ";
   while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
-  constexpr std::string_view kScheme = "bearer";
-  if (authorization.size() <= kScheme.size() || authorization[kScheme.size()] != ' ') return {};
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return {};
+  if (authorization.size() <= kScheme.size() || strncasecmp(authorization.data(), kScheme.data(), kScheme.size()) != 0) {
+    return {};
   }
   authorization.remove_prefix(kScheme.size());
   while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
@@ -60,13 +59,11 @@ std::string_view bearer_token(std::string_view authorization) {
 
 }  // namespace
 
-bool secrets_equal(std::string_view a, std::string_view b) { return same_secret(a, b); }
-
 std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization,
                                       const std::string& x_api_key) {
   if (key.empty()) return std::nullopt;
   const std::string_view bearer = bearer_token(authorization);
-  if ((!bearer.empty() && same_secret(bearer, key)) || (!x_api_key.empty() && same_secret(x_api_key, key))) {
+  if ((!bearer.empty() && secrets_equal(bearer, key)) || (!x_api_key.empty() && secrets_equal(x_api_key, key))) {
     return std::nullopt;
   }
   ApiError e;

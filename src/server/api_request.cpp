@@ -71,11 +71,11 @@ Err read_float(const json& body, const char* key, std::optional<float>* out) {
 }
 
 // A temperature in [0, hi]: OpenAI's range is [0, 2], Anthropic's [0, 1].
-Err read_temperature(const json& body, double hi, std::optional<float>* out) {
+Err read_temperature(const json& body, int hi, std::optional<float>* out) {
   if (auto e = read_float(body, "temperature", out)) return e;
-  if (*out && !(**out >= 0.0f && double(**out) <= hi)) {
-    const std::string range = hi == 1.0 ? "[0, 1]" : "[0, 2]";
-    return bad_field("temperature", "temperature must be in " + range + ", got " + find(body, "temperature")->dump());
+  if (*out && !(**out >= 0.0f && **out <= float(hi))) {
+    return bad_field("temperature", "temperature must be in [0, " + std::to_string(hi) + "], got " +
+                                        find(body, "temperature")->dump());
   }
   return std::nullopt;
 }
@@ -323,7 +323,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
     return bad_field(mt_name, std::string(mt_name) + " must be at least 1, got " + std::to_string(*max_tokens));
   }
   out->max_tokens = max_tokens;
-  if (auto e = read_temperature(body, 2.0, &out->temperature)) return e;
+  if (auto e = read_temperature(body, 2, &out->temperature)) return e;
   if (auto e = read_float(body, "top_p", &out->top_p)) return e;
   if (auto e = read_float(body, "min_p", &out->min_p)) return e;
   if (auto e = read_float(body, "repetition_penalty", &out->repetition_penalty)) return e;
@@ -574,7 +574,7 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     }
   }
   if (auto e = parse_stop(body, "stop_sequences", &out->stop)) return e;
-  if (auto e = read_temperature(body, 1.0, &out->temperature)) return e;
+  if (auto e = read_temperature(body, 1, &out->temperature)) return e;
   if (auto e = read_float(body, "top_p", &out->top_p)) return e;
   if (auto e = read_int(body, "top_k", -1, INT32_MAX, &out->top_k)) return e;
   if (out->top_k && *out->top_k < 0) out->top_k = 0;

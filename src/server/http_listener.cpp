@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <strings.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -48,11 +50,7 @@ using Steady = std::chrono::steady_clock;
 constexpr size_t kBodyGate = size_t(32) << 10;  // a body's first bytes a connection must send before a worker reads it
 
 bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  }
-  return true;
+  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
 std::string_view trim(std::string_view s) {
@@ -121,7 +119,7 @@ void raise_descriptor_limit() {
 
 }  // namespace
 
-HeadCheck check_request_head(const std::string& peeked, const ListenerLimits& limits, size_t body_gate) {
+HeadCheck check_request_head(std::string_view peeked, const ListenerLimits& limits, size_t body_gate) {
   HeadCheck h;
   const size_t line_end = peeked.find("\r\n");
   if (line_end != std::string::npos) {
@@ -313,8 +311,7 @@ void HttpListener::release(const std::string& address) {
   if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
 }
 
-void HttpListener::answer_and_close(int fd, const std::string& address, int status, const std::string& path,
-                                    const std::string& message) {
+void HttpListener::answer_and_close(int fd, int status, const std::string& path, const std::string& message) {
   ApiError e;
   e.status = status;
   e.message = message;
@@ -330,7 +327,6 @@ void HttpListener::answer_and_close(int fd, const std::string& address, int stat
   if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) {
   }
   ::shutdown(fd, SHUT_WR);
-  (void)address;
 }
 
 void HttpListener::gate_loop() {
@@ -348,9 +344,14 @@ void HttpListener::gate_loop() {
   // turn the answer into a reset.
   auto reject = [&](Pending& p, int status, const std::string& path, const std::string& message) {
     rejected_.fetch_add(1);
-    answer_and_close(p.fd, p.address, status, path, message);
+    answer_and_close(p.fd, status, path, message);
     p.draining = true;
     p.deadline = Steady::now() + std::chrono::seconds(1);
+  };
+  auto over_budget = [&](Pending& p, const std::string& path) {
+    reject(p, 429, path,
+           "too many connections from " + p.address + " (" + std::to_string(limits_.max_connections_per_address) +
+               " at most); retry later");
   };
   auto examine = [&](Pending& p) {
     if (p.draining) {
@@ -368,24 +369,15 @@ void HttpListener::gate_loop() {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       return drop(p.fd);
     }
-    const std::string peeked(buf.data(), size_t(n));
-    const HeadCheck h = check_request_head(peeked, limits_, kBodyGate);
+    const HeadCheck h = check_request_head(std::string_view(buf.data(), size_t(n)), limits_, kBodyGate);
     if (h.kind == HeadCheck::kReject) return reject(p, h.status, h.path, h.message);
     if (h.kind == HeadCheck::kWait) return;
-    if (p.over_budget) {
-      return reject(p, 429, h.path,
-                    "too many connections from " + p.address + " (" + std::to_string(limits_.max_connections_per_address) +
-                        " at most); retry later");
-    }
-    // Ready: a worker reads it. Blocking again, as cpp-httplib expects.
+    if (p.over_budget) return over_budget(p, h.path);
+    // Ready: a worker reads it, blocking again as cpp-httplib expects (its read and write
+    // timeouts bound each wait).
     const int fd = p.fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    const int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    timeval tv {};
-    tv.tv_sec = 30;
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.emplace_back(fd, p.address);
@@ -442,13 +434,13 @@ void HttpListener::gate_loop() {
         continue;
       }
       const ssize_t got = recv(fd, buf.data(), buf.size(), MSG_PEEK);
-      const HeadCheck h = got > 0 ? check_request_head(std::string(buf.data(), size_t(got)), limits_, kBodyGate) : HeadCheck{};
-      if (got <= 0 && p.over_budget) {
-        drop(fd);
-        continue;
+      const std::string path = check_request_head(std::string_view(buf.data(), got > 0 ? size_t(got) : 0), limits_, kBodyGate).path;
+      if (p.over_budget) {
+        over_budget(p, path);
+      } else {
+        reject(p, 408, path,
+               "the request did not arrive within " + std::to_string(int(limits_.header_timeout_s)) + " s (--header-timeout)");
       }
-      reject(p, 408, h.path,
-             "the request did not arrive within " + std::to_string(int(limits_.header_timeout_s)) + " s (--header-timeout)");
     }
   }
   for (auto& [fd, p] : pending) {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -51,7 +52,7 @@ struct HeadCheck {
 };
 // `peeked`: the connection's bytes so far. Ready once the head is complete and the body is
 // whole, or has its first `body_gate` bytes, or is chunked or expects 100-continue.
-HeadCheck check_request_head(const std::string& peeked, const ListenerLimits& limits, size_t body_gate);
+HeadCheck check_request_head(std::string_view peeked, const ListenerLimits& limits, size_t body_gate);
 
 class HttpListener {
  public:
@@ -66,7 +67,7 @@ class HttpListener {
   bool run();
   void stop();
 
-  // Counters (tests and /metrics).
+  // Connections the gate answered itself (408, 413, 431, 429, 400), for /metrics.
   int64_t rejected() const { return rejected_.load(); }
 
  private:
@@ -75,7 +76,7 @@ class HttpListener {
   void worker_loop();
   void admit(int fd, const std::string& address);
   void release(const std::string& address);
-  void answer_and_close(int fd, const std::string& address, int status, const std::string& path, const std::string& message);
+  void answer_and_close(int fd, int status, const std::string& path, const std::string& message);
 
   httplib::Server& server_;
   ListenerLimits limits_;

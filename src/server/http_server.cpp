@@ -191,12 +191,9 @@ HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions opt
     : engine_(engine), model_(model), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
   if (const char* marker = std::getenv(kCrashMarkerEnv); marker && *marker) crash_marker_ = marker;
   install_routes();
-  ListenerLimits limits;
+  ListenerLimits limits = options_.listener;
   limits.workers = std::max(options_.http_threads > 0 ? options_.http_threads : options_.max_num_seqs + 8, 4);
-  limits.header_timeout_s = options_.header_timeout_s;
-  limits.max_header_bytes = options_.max_header_bytes;
   limits.max_body_bytes = options_.max_body_bytes;
-  limits.max_connections_per_address = options_.max_connections_per_address;
   listener_ = std::make_unique<HttpListener>(*http_, limits);
 }
 
@@ -259,7 +256,9 @@ void HttpServer::install_routes() {
   });
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_metrics(metrics_.snapshot(), engine_.stats(), model_.name), "text/plain; version=0.0.4");
+    ServerMetrics::Snapshot snap = metrics_.snapshot();
+    snap.rejected_connections = listener_->rejected();
+    res.set_content(render_metrics(snap, engine_.stats(), model_.name), "text/plain; version=0.0.4");
   });
 
   // Writes what the KV disk tier's queue holds before returning (at most ?timeout_s seconds, default 30).

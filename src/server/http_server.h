@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "server/http_listener.h"
 #include "server/metrics.h"
 #include "server/request_mapping.h"
 
@@ -34,13 +35,11 @@ struct HttpOptions {
   // The secret a supervising process sends in kSupervisorSecretHeader: X-Strata-* headers are
   // honored only with it (a client that reaches the child's port directly cannot forge them).
   std::string supervisor_secret;
-  int max_json_depth = 256;             // JSON nested deeper answers 400 (json_guard.h)
-  double header_timeout_s = 10.0;       // http_listener.h
-  size_t max_header_bytes = size_t(64) << 10;
-  int max_connections_per_address = 256;  // 0: no limit
+  int max_json_depth = 256;  // JSON nested deeper answers 400 (json_guard.h)
+  // Connection screening (http_listener.h); its workers and body limit come from http_threads
+  // and max_body_bytes above.
+  ListenerLimits listener;
 };
-
-class HttpListener;
 
 // Fault injection for the supervisor's tests: when this variable is set, a generation request
 // whose body contains its value aborts the engine process (a request that crashes the engine).

@@ -31,9 +31,10 @@ std::string frame_path(const std::string& root, const std::vector<Frame>& frames
   return path;
 }
 
-// The top-level field at fault: the first object key, or `root` when the text is an array.
+// The top-level field at fault: the body object's current key; `root` when the fault is the
+// text itself (an array, a scalar, a container opened past the limit at the top).
 std::string top_field(const std::string& root, const std::vector<Frame>& frames) {
-  if (frames.size() < 2 || frames[0].array || frames[0].key.empty()) return root;
+  if (frames.empty() || frames[0].array || frames[0].key.empty()) return root;
   return frames[0].key;
 }
 
@@ -120,8 +121,7 @@ std::optional<ApiError> check_json_text(std::string_view text, int max_depth, co
           if (errno == ERANGE && std::isinf(d)) {
             std::string shown = token.size() > 40 ? token.substr(0, 37) + "..." : token;
             const std::string where = frames.empty() ? root : frame_path(root, frames, 6);
-            return bad_field(frames.empty() ? root : (frames[0].array || frames[0].key.empty() ? root : frames[0].key),
-                             where + ": the number " + shown + " is out of range (beyond +-1.8e308)");
+            return bad_field(top_field(root, frames), where + ": the number " + shown + " is out of range (beyond +-1.8e308)");
           }
         }
         i = j - 1;

@@ -74,6 +74,9 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   os << "strata_prefix_cache_hit_rate{" << m << "} " << num(s.prompt_tokens > 0 ? double(s.cached_tokens) / double(s.prompt_tokens) : 0.0) << '\n';
   header(os, "strata_client_disconnects_total", "counter", "Requests cancelled because the client went away.");
   os << "strata_client_disconnects_total{" << m << "} " << s.disconnects << '\n';
+  header(os, "strata_http_rejected_connections_total", "counter",
+         "Connections answered before a worker read them (408, 413, 431, 429, 400; http_listener.h).");
+  os << "strata_http_rejected_connections_total{" << m << "} " << s.rejected_connections << '\n';
   header(os, "strata_engine_alive", "gauge", "1 while the engine loop runs.");
   os << "strata_engine_alive{" << m << "} " << (e.alive ? 1 : 0) << '\n';
   header(os, "strata_queue_depth", "gauge", "Requests submitted and not yet admitted.");

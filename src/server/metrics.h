@@ -23,6 +23,7 @@ class ServerMetrics {
     std::map<std::pair<std::string, int>, int64_t> requests;  // (endpoint, status) -> count
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     int64_t disconnects = 0;
+    int64_t rejected_connections = 0;  // answered by the listener before a worker read them
   };
   Snapshot snapshot() const;
 

@@ -616,6 +616,9 @@ void Supervisor::metrics(const httplib::Request& req, httplib::Response& res) {
   text += "# HELP strata_supervisor_quarantined_total Requests failed because the engine crashed twice under them.\n";
   text += "# TYPE strata_supervisor_quarantined_total counter\n";
   text += "strata_supervisor_quarantined_total " + std::to_string(quarantined) + "\n";
+  text += "# HELP strata_supervisor_rejected_connections_total Client connections answered before a worker read them.\n";
+  text += "# TYPE strata_supervisor_rejected_connections_total counter\n";
+  text += "strata_supervisor_rejected_connections_total " + std::to_string(listener_->rejected()) + "\n";
   text += "# HELP strata_supervisor_engine_up 1 while the engine process serves.\n";
   text += "# TYPE strata_supervisor_engine_up gauge\n";
   text += "strata_supervisor_engine_up " + std::string(ready ? "1" : "0") + "\n";
@@ -988,12 +991,9 @@ int Supervisor::run() {
   std::thread watcher([this] { monitor(); });
 
   install_routes();
-  ListenerLimits limits;
+  ListenerLimits limits = o_.listener;
   limits.workers = std::max(o_.http_threads, 4);
-  limits.header_timeout_s = o_.header_timeout_s;
-  limits.max_header_bytes = o_.max_header_bytes;
   limits.max_body_bytes = o_.max_body_bytes;
-  limits.max_connections_per_address = o_.max_connections_per_address;
   listener_ = std::make_unique<HttpListener>(*http_, limits);
   auto bound = listener_->bind(o_.host, o_.port);
   const int port = bound.ok() ? *bound : -1;

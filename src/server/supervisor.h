@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "server/http_listener.h"
+
 namespace strata::server {
 
 // Request headers a supervised child honors (HttpOptions::supervised) and one it answers with.
@@ -74,9 +76,7 @@ struct SupervisorOptions {
   std::string api_key;  // "": no authentication (the child checks it too)
   size_t max_body_bytes = size_t(32) << 20;
   int http_threads = 72;
-  double header_timeout_s = 10.0;  // http_listener.h
-  size_t max_header_bytes = size_t(64) << 10;
-  int max_connections_per_address = 256;
+  ListenerLimits listener;  // http_listener.h; workers and the body limit come from the two above
   int max_restarts_per_minute = 5;  // past it the supervisor gives up and exits
   double stop_timeout_s = 40.0;     // SIGTERM to the child, then SIGKILL after this long
   std::string temp_dir;             // removed at exit ("" none): the default checkpoint dir

@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { startServer, waitNoUsedBlocks } from './lib/server.mjs';
+import { startServer, waitNoUsedBlocks, metrics } from './lib/server.mjs';
 
 const HEADER_TIMEOUT_S = 4;
 const MAX_BODY = 65536;
@@ -110,6 +110,7 @@ test('80 connections sending a body byte every 500 ms do not delay other request
 });
 
 test('absurd Content-Length values and an oversized head are answered at once', async () => {
+  const rejectedBefore = (await metrics(server.url)).value('strata_http_rejected_connections_total');
   const cases = [
     ['99999999999999999999', 413, /larger than --max-body-bytes/],
     ['-1', 400, /Content-Length must be a non-negative integer, got '-1'/],
@@ -130,5 +131,8 @@ test('absurd Content-Length values and an oversized head are answered at once', 
   const r = await big.done;
   assert.equal(parseAnswer(r.text).status, 431, JSON.stringify(r.text.slice(0, 200)));
   assert.ok(r.closedMs < 1000, `an oversized head was answered after ${r.closedMs} ms`);
+  // The five answers the gate gave itself are counted on /metrics.
+  const rejectedAfter = (await metrics(server.url)).value('strata_http_rejected_connections_total');
+  assert.equal(rejectedAfter - rejectedBefore, cases.length + 1);
   await ordinaryRequests();
 });

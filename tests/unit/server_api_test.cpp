@@ -400,7 +400,12 @@ TEST(Metrics, PrometheusText) {
   e.kv.used = 3;
   e.kv.free = 7;
   e.ttft.add(12.0);
-  const std::string t = render_metrics(m.snapshot(), e, "demo");
+  e.checkpoints_foreign = 2;
+  ServerMetrics::Snapshot snap = m.snapshot();
+  snap.rejected_connections = 4;
+  const std::string t = render_metrics(snap, e, "demo");
+  EXPECT_NE(t.find("strata_http_rejected_connections_total{model_name=\"demo\"} 4"), std::string::npos) << t;
+  EXPECT_NE(t.find("strata_checkpoints_foreign_total{model_name=\"demo\"} 2"), std::string::npos) << t;
   EXPECT_NE(t.find("strata_requests_total{model_name=\"demo\",endpoint=\"/v1/completions\",status=\"400\"} 1"), std::string::npos) << t;
   EXPECT_NE(t.find("strata_kv_blocks{model_name=\"demo\",state=\"used\"} 3"), std::string::npos);
   EXPECT_NE(t.find("strata_prefix_cache_hit_rate{model_name=\"demo\"} 0.8"), std::string::npos);
