@@ -234,8 +234,7 @@ int64_t CheckpointStore::foreign_skipped() const {
   return foreign_skipped_;
 }
 
-Result<bool> CheckpointStore::write(const Checkpoint& checkpoint) {
-  Checkpoint c = checkpoint;
+Result<bool> CheckpointStore::write(Checkpoint c) {
   c.identity = identity_;
   const std::string bytes = encode_checkpoint(c);
   std::lock_guard<std::mutex> lock(mu_);

@@ -69,7 +69,7 @@ class CheckpointStore {
   std::optional<Checkpoint> load(const std::string& key);
   // Writes atomically under the store's identity (c.identity is ignored). False (nothing
   // written) when c.run was retired; kIo errors name the file.
-  Result<bool> write(const Checkpoint& c);
+  Result<bool> write(Checkpoint c);
   // Retires run and deletes key's file if it holds run's write or a generation <= generation,
   // or a checkpoint of another identity (never resumable here).
   void remove(const std::string& key, uint64_t run, int64_t generation);

@@ -375,7 +375,7 @@ void Engine::write_checkpoint(Active& a) {
   c.generation = a.n_generated;
   c.generated.assign(seq.tokens.begin() + seq.n_prompt, seq.tokens.end());
   c.sampler = a.sampler.save();
-  auto r = core_->checkpoints->write(c);
+  auto r = core_->checkpoints->write(std::move(c));
   if (!r.ok()) log::warn("checkpoint of request {} not written: {}", a.req.id, r.error().to_string());
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../support/engine_test_support.h"
+#include "../support/test_dir.h"
 #include "engine/state_identity.h"
 #include "model/synthetic_checkpoint.h"
 
@@ -25,9 +26,7 @@ constexpr int32_t kVocab = 512;
 class EngineWeightSwapTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("strata_weight_swap_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
+    root_ = strata::test::fresh_test_dir("strata_weight_swap");
     model_ = root_ / "model";
     kv_ = root_ / "kv";
   }

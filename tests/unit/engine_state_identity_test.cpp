@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "engine/state_identity.h"
+#include "../support/test_dir.h"
 #include "model/weight_identity.h"
 
 namespace strata {
@@ -28,9 +29,7 @@ KvCodecConfig rows(KvCodec codec) {
 class StateIdentityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("strata_state_identity_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
+    root_ = strata::test::fresh_test_dir("strata_state_identity");
     fs::create_directories(root_ / "model");
     write("config.json", R"({"model_type": "qwen3"})");
     write("model.safetensors", std::string(1000, 'a'));

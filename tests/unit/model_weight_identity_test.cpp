@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "model/weight_identity.h"
+#include "../support/test_dir.h"
 
 namespace strata {
 namespace {
@@ -24,9 +25,7 @@ namespace fs = std::filesystem;
 class WeightIdentityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("strata_weight_identity_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
+    root_ = strata::test::fresh_test_dir("strata_weight_identity");
     model_ = root_ / "model";
     cache_ = root_ / "kv";
     fs::create_directories(model_);
