@@ -351,11 +351,11 @@ void CudaDecoder::launch_gemma4_moe(const Layer& L, int64_t n, cudaStream_t st) 
   launch_add_rms_norm({B.x, nullptr, nullptr, L.moe_pre_norm, nullptr, B.moe_in, int32_t(n), int32_t(H), cfg_.rms_eps, 0}, st);
   split_norm_lo(split, B.x, L.moe_pre_norm, nullptr, B.moe_in, n, H, cfg_.rms_eps, false, st);
   // An expert takes a token at most once: a group holds at most n rows.
-  launch_grouped_gemm(split_grouped(split, {B.moe_in, B.moe_sorted, top_k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
+  grouped_gemm(split_grouped(split, {B.moe_in, B.moe_sorted, top_k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
                                             int32_t(n), 2 * mI, H}),
                       st);
   launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * top_k, int32_t(mI), Act::kGeluTanh}, st);
-  launch_grouped_gemm(split_grouped(split, {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), H, mI}), st);
+  grouped_gemm(split_grouped(split, {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), H, mI}), st);
   launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.moe_out, int32_t(n), top_k, int32_t(H)}, st);
 }
 

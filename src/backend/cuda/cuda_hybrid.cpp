@@ -460,16 +460,16 @@ void CudaDecoder::launch_hybrid_ffn(size_t l, int64_t n, cudaStream_t st) {
   // An expert takes a token at most once: a group holds at most n rows.
   if (split != nullptr && split->on()) {
     // The experts' activation in f32, then as hi + lo for the down GEMM.
-    launch_grouped_gemm(split_grouped(split, {B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, Hy.moe_gu_f, 1, E, int32_t(n), 2 * mI, d.H}),
+    grouped_gemm(split_grouped(split, {B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, Hy.moe_gu_f, 1, E, int32_t(n), 2 * mI, d.H}),
                         st);
     launch_gated_act_split({Hy.moe_gu_f, B.moe_act, Hy.moe_act_lo, int32_t(n) * k, int32_t(mI), act_}, st);
     GroupedGemmArgs down = split_grouped(split, {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, mI});
     down.x_lo = Hy.moe_act_lo;
-    launch_grouped_gemm(down, st);
+    grouped_gemm(down, st);
   } else {
-    launch_grouped_gemm({B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E, int32_t(n), 2 * mI, d.H}, st);
+    grouped_gemm({B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E, int32_t(n), 2 * mI, d.H}, st);
     launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * k, int32_t(mI), Act(act_)}, st);
-    launch_grouped_gemm({B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, mI}, st);
+    grouped_gemm({B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, mI}, st);
   }
   launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.branch, int32_t(n), k, int32_t(d.H)}, st);
   gemm_->run(st, B.h, X.shared_gate_up, B.gate_up, GemmOut::kBF16, n, 2 * sI, d.H);

@@ -743,6 +743,11 @@ PagedAttentionArgs CudaDecoder::attention_args(const StepShape& shape, size_t l)
   return pa;
 }
 
+void CudaDecoder::grouped_gemm(GroupedGemmArgs args, cudaStream_t stream) const {
+  if (opt_.deterministic) args.path = GroupedGemmPath::kTiled;
+  launch_grouped_gemm(args, stream);
+}
+
 // The sparse FFN of layer L over the n tokens of h into branch (see moe.h for the steps).
 void CudaDecoder::launch_moe_ffn(const Layer& L, int64_t n, cudaStream_t st) {
   const Dims d = dims_of(cfg_);
@@ -752,11 +757,11 @@ void CudaDecoder::launch_moe_ffn(const Layer& L, int64_t n, cudaStream_t st) {
   launch_moe_route({B.moe_logits, B.moe_ids, B.moe_w, int32_t(n), E, k, cfg_.norm_topk_prob ? 1 : 0, nullptr}, st);
   launch_moe_group({B.moe_ids, int32_t(n) * k, E, B.moe_offsets, B.moe_sorted, B.moe_slot_row}, st);
   // An expert takes a token at most once: a group holds at most n rows.
-  launch_grouped_gemm(split_grouped(B.split.get(), {B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
+  grouped_gemm(split_grouped(B.split.get(), {B.h, B.moe_sorted, k, L.experts_gate_up, B.moe_offsets, B.moe_gate_up, 0, E,
                                                     int32_t(n), 2 * d.mI, d.H}),
                       st);
   launch_gated_act({B.moe_gate_up, B.moe_act, int32_t(n) * k, int32_t(d.mI), Act(act_)}, st);
-  launch_grouped_gemm(split_grouped(B.split.get(), {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, d.mI}),
+  grouped_gemm(split_grouped(B.split.get(), {B.moe_act, nullptr, 1, L.experts_down, B.moe_offsets, B.moe_y, 1, E, int32_t(n), d.H, d.mI}),
                       st);
   launch_moe_combine({B.moe_y, B.moe_ids, B.moe_w, B.moe_slot_row, B.branch, int32_t(n), k, int32_t(d.H)}, st);
 }

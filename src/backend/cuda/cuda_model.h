@@ -36,6 +36,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe.h"
 #include "backend/reference/kv_codec.h"
 #include "core/status.h"
 #include "model/kv_storage.h"
@@ -213,6 +214,9 @@ class CudaDecoder {
   void launch_step(const StepShape& shape, bool record_copy);
   void launch_fused_decode(const StepShape& shape);
   void launch_moe_ffn(const Layer& layer, int64_t n, cudaStream_t stream);
+  // launch_grouped_gemm for every MoE family. kAuto picks the kernel by the step's token count,
+  // so a row's rounding would depend on its batch: deterministic steps always take the tiled one.
+  void grouped_gemm(GroupedGemmArgs args, cudaStream_t stream) const;
   // Gemma 4 (cuda_gemma4.cpp): the loader (cfg already resolved against the archive) and the
   // step after the metadata copy.
   static Result<std::unique_ptr<CudaDecoder>> load_gemma4(const ModelConfig& cfg, std::shared_ptr<const SafetensorsArchive> archive,

@@ -283,23 +283,30 @@ void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream) {
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-bool grouped_gemv_applies(const GroupedGemmArgs& a) {
+namespace {
+
+// Whether the GEMV kernel can take these arguments (any number of rows per expert).
+bool grouped_gemv_fits(const GroupedGemmArgs& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a.rows_per_expert <= kGroupedGemvMaxRows && a.k % 8 == 0 && aligned(a.x) && aligned(a.w) && a.x_lo == nullptr &&
-         a.w_lo == nullptr && a.path != GroupedGemmPath::kTiled;
+  return a.k % 8 == 0 && aligned(a.x) && aligned(a.w) && a.x_lo == nullptr && a.w_lo == nullptr;
 }
+
+}  // namespace
 
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
-  if (a.path == GroupedGemmPath::kGemv && !grouped_gemv_applies(a)) {
-    cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");
-  }
   // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel (benchmarks compare the two).
   static const bool force_tiled = [] {
     const char* v = std::getenv("STRATA_MOE_GEMM");
     return v != nullptr && std::string(v) == "tiled";
   }();
-  if (grouped_gemv_applies(a) && !(force_tiled && a.path == GroupedGemmPath::kAuto)) {
+  const bool fits = grouped_gemv_fits(a);
+  GroupedGemmPath path = a.path;
+  if (path == GroupedGemmPath::kAuto) {
+    path = fits && a.rows_per_expert <= kGroupedGemvMaxRows && !force_tiled ? GroupedGemmPath::kGemv : GroupedGemmPath::kTiled;
+  }
+  if (path == GroupedGemmPath::kGemv) {
+    if (!fits) cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");
     const int64_t cols_per_block = int64_t(kGemvWarps) * kGemvCols;
     const dim3 grid(unsigned((a.n + cols_per_block - 1) / cols_per_block), unsigned(a.n_experts));
     grouped_gemv_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a);

@@ -74,8 +74,6 @@ struct GroupedGemmArgs {
   const uint16_t* w_lo = nullptr;  // [n_experts, n, k] or null
   GroupedGemmPath path = GroupedGemmPath::kAuto;
 };
-// Whether kAuto takes the GEMV path for these arguments.
-bool grouped_gemv_applies(const GroupedGemmArgs& a);
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
 
 // out[t, :] = sum over j (ascending ids[t, j]) of weights[t, j] * y[slot_row[t * k + j], :].
