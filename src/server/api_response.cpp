@@ -70,11 +70,15 @@ class ChatBuilder : public OpenAiBase {
     reasoning_ += d.reasoning;
     json lp = logprob_entries(d.logprobs);
     for (auto& e : lp) logprobs_.push_back(e);
-    if (d.content.empty() && d.reasoning.empty()) return "";
-    json delta = json::object();
-    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-    if (!d.content.empty()) delta["content"] = d.content;
-    return chunk(delta, c_.logprobs >= 0 ? json{{"content", lp}, {"refusal", nullptr}} : json(nullptr), nullptr);
+    std::string out;
+    if (!d.content.empty() || !d.reasoning.empty()) {
+      json delta = json::object();
+      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      if (!d.content.empty()) delta["content"] = d.content;
+      out = chunk(delta, c_.logprobs >= 0 ? json{{"content", lp}, {"refusal", nullptr}} : json(nullptr), nullptr);
+    }
+    if (!d.tool_calls.empty()) out += chunk(json{{"tool_calls", tool_call_deltas(d.tool_calls)}}, nullptr, nullptr);
+    return out;
   }
 
   std::string finish(const OutputDelta& last, const std::vector<ToolCall>& calls, const FinishState& f) override {
@@ -82,13 +86,12 @@ class ChatBuilder : public OpenAiBase {
     if (!last.logprobs.empty() && last.content.empty() && last.reasoning.empty() && c_.logprobs >= 0) {
       out += chunk(json::object(), json{{"content", logprob_entries(last.logprobs)}, {"refusal", nullptr}}, nullptr);
     }
+    // The stream showed the calls as deltas (last completes them); the body has them whole,
+    // under the same ids.
     for (size_t i = 0; i < calls.size(); ++i) {
-      json call = {{"id", random_id("call_")},
-                   {"type", "function"},
-                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-      calls_.push_back(call);
-      call["index"] = int(i);
-      out += chunk(json{{"tool_calls", json::array({call})}}, nullptr, nullptr);
+      calls_.push_back({{"id", call_id(int(i))},
+                        {"type", "function"},
+                        {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}});
     }
     finish_reason_ = openai_finish_reason(f, !calls.empty());
     usage_ = f.usage;
@@ -122,6 +125,29 @@ class ChatBuilder : public OpenAiBase {
     return sse_data(j);
   }
 
+  const std::string& call_id(int index) {
+    while (int(call_ids_.size()) <= index) call_ids_.push_back(random_id("call_"));
+    return call_ids_[size_t(index)];
+  }
+
+  // OpenAI's streamed tool calls: the first delta of a call carries its index, id, type and
+  // name (arguments ""), the later ones the index and the next piece of arguments.
+  json tool_call_deltas(const std::vector<ToolCallDelta>& deltas) {
+    json arr = json::array();
+    for (const auto& d : deltas) {
+      json call = {{"index", d.index}};
+      if (d.first) {
+        call["id"] = call_id(d.index);
+        call["type"] = "function";
+        call["function"] = {{"name", d.name}, {"arguments", d.arguments}};
+      } else {
+        call["function"] = {{"arguments", d.arguments}};
+      }
+      arr.push_back(std::move(call));
+    }
+    return arr;
+  }
+
   json logprob_entries(const std::vector<TokenLogprobs>& lps) const {
     json out = json::array();
     if (c_.logprobs < 0) return out;
@@ -140,6 +166,7 @@ class ChatBuilder : public OpenAiBase {
   std::string content_, reasoning_;
   json logprobs_ = json::array();
   json calls_ = json::array();
+  std::vector<std::string> call_ids_;  // by call index
   std::string finish_reason_;
   Usage usage_;
 };

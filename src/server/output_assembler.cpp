@@ -6,7 +6,8 @@ OutputAssembler::OutputAssembler(const tokenizer::Tokenizer& tokenizer, OutputOp
     : options_(std::move(options)),
       decoder_(tokenizer, options_.skip_special),
       stop_(options_.stop),
-      tools_(options_.tools) {
+      tools_(options_.tools),
+      tool_stream_(options_.tools) {
   if (options_.reasoning) reasoning_.emplace(options_.reasoning_starts_inside);
 }
 
@@ -25,6 +26,7 @@ OutputDelta OutputAssembler::route(const std::string& text, bool final) {
   }
   d.reasoning = std::move(r.reasoning);
   d.content = tools_.push(r.content);
+  if (options_.tools != ToolCallFormat::kNone) d.tool_calls = tool_stream_.update(tools_.captured());
   return d;
 }
 
@@ -39,7 +41,7 @@ OutputDelta OutputAssembler::push(const std::vector<int32_t>& tokens, const std:
     ++n_tokens_;
   }
   OutputDelta d = route(safe, false);
-  if (!d.content.empty() || !d.reasoning.empty() || stop_.stopped()) {
+  if (!d.content.empty() || !d.reasoning.empty() || !d.tool_calls.empty() || stop_.stopped()) {
     d.tokens = std::move(pending_tokens_);
     d.logprobs = std::move(pending_logprobs_);
     pending_tokens_.clear();
@@ -55,6 +57,9 @@ OutputDelta OutputAssembler::finish(std::vector<ToolCall>* calls) {
   OutputDelta d = route(text, true);
   ToolParse t = tools_.finish();
   d.content += t.content;
+  if (options_.tools != ToolCallFormat::kNone) {
+    for (auto& more : tool_stream_.finish(t.calls)) d.tool_calls.push_back(std::move(more));
+  }
   if (calls) *calls = std::move(t.calls);
   d.tokens = std::move(pending_tokens_);
   d.logprobs = std::move(pending_logprobs_);

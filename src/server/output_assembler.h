@@ -13,6 +13,7 @@
 #include "server/reasoning_parser.h"
 #include "server/stop_matcher.h"
 #include "server/tool_parser.h"
+#include "server/tool_stream.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace strata::server {
@@ -30,7 +31,8 @@ struct OutputDelta {
   std::string reasoning;
   std::vector<int32_t> tokens;               // ids whose text is in this delta or before
   std::vector<TokenLogprobs> logprobs;       // theirs, when the request asked for logprobs
-  bool empty() const { return content.empty() && reasoning.empty() && tokens.empty(); }
+  std::vector<ToolCallDelta> tool_calls;     // pieces of the tool calls being written
+  bool empty() const { return content.empty() && reasoning.empty() && tokens.empty() && tool_calls.empty(); }
 };
 
 class OutputAssembler {
@@ -46,7 +48,8 @@ class OutputAssembler {
   // Tokens that count: all pushed so far, or those up to the one completing the stop string.
   int32_t n_tokens() const { return n_tokens_; }
 
-  // The end of the generation: everything held back, and the tool calls found.
+  // The end of the generation: everything held back, and the tool calls found (the delta's
+  // tool_calls complete what the stream showed of them).
   OutputDelta finish(std::vector<ToolCall>* calls);
 
  private:
@@ -57,6 +60,7 @@ class OutputAssembler {
   StopMatcher stop_;
   std::optional<ReasoningSplitter> reasoning_;
   ToolCallFilter tools_;
+  ToolCallStreamer tool_stream_;
   std::vector<int32_t> pending_tokens_;
   std::vector<TokenLogprobs> pending_logprobs_;
   int32_t n_tokens_ = 0;

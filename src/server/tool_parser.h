@@ -6,7 +6,7 @@
 //             ```json ARGS ```<｜tool▁call▁end｜>...; V3.1 writes NAME<｜tool▁sep｜>ARGS
 // Output that does not parse as calls stays content, unchanged. ToolCallFilter does the same
 // over streamed text: content before a call streams through, the call itself is held back and
-// parsed when the generation ends.
+// parsed when the generation ends (ToolCallStreamer, tool_stream.h, streams it as deltas).
 #pragma once
 
 #include <string>
@@ -42,6 +42,8 @@ class ToolCallFilter {
   std::string push(std::string_view text);
   // The end: held-back content and the parsed calls.
   ToolParse finish();
+  // The call text held back so far (from the first call marker on); empty before a call.
+  std::string_view captured() const { return capturing_ ? std::string_view(held_) : std::string_view(); }
 
  private:
   ToolCallFormat format_;
