@@ -8,7 +8,7 @@
 //    gets the same pool bytes (what the bf16 decoder needs for the batch), and the blocks it
 //    holds are counted as 8,192-token sequences, with the ratio to bf16.
 //  - default (--kv-quant-start auto, one block: CudaModelOptions::kv_quant_start 16 with
-//    kv_quant_codecs): the same pool bytes split by plan_kv_quant_pools (max_seqs 64, the
+//    kv_quant_codecs): the same pool bytes split by plan_kv_pools (max_seqs 64, the
 //    bench's max_tokens) into an exact bf16 pool and a codec pool. Each sequence holds 511
 //    converted blocks in the codec pool and its 512th block, where the step's token is written
 //    at position 8,191, in the exact pool (the step attends 8,192 keys, one fewer than at
@@ -42,7 +42,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/reference/kv_codec.h"
-#include "engine/kv_conversion.h"
+#include "kv/kv_plan.h"
 #include "bench_models.h"
 #include "bench_timing.h"
 
@@ -96,7 +96,7 @@ std::vector<KvRowLayout> layer_formats(const KvCodecSpec& spec, int64_t n_layers
   return formats;
 }
 
-// The default mode's row: the step and the two pools plan_kv_quant_pools gave the decoder.
+// The default mode's row: the step and the two pools plan_kv_pools gave the decoder.
 struct QuantRow {
   std::string name;
   double ms = 0;  // default launch settings
@@ -259,9 +259,17 @@ int main(int argc, char** argv) {
     // Capacity with max_num_seqs sized to it: the largest N whose pools hold N sequences.
     const int64_t exact_token_bytes = m.kv_block_bytes() / kBlock;
     for (int64_t n_seqs = 1;; ++n_seqs) {
-      auto pools = plan_kv_quant_pools(opt.kv_cache_bytes, 0, 0, kBlock, kQuantStart, int32_t(n_seqs), opt.max_tokens,
-                                       exact_token_bytes, r.quant_token_bytes);
-      if (!pools.ok() || int64_t(pools->n_quant_blocks) < n_seqs * seq_quant_blocks || pools->n_exact_blocks < n_seqs) break;
+      KvPoolShape shape;
+      shape.full_bytes_per_token = exact_token_bytes;
+      shape.quant_bytes_per_token = r.quant_token_bytes;
+      KvPlanOptions po;
+      po.kv_cache_bytes = opt.kv_cache_bytes;
+      po.block_size = kBlock;
+      po.quant_start = kQuantStart;
+      po.max_num_seqs = int32_t(n_seqs);
+      po.max_batch_tokens = opt.max_tokens;
+      auto pools = plan_kv_pools(shape, po);
+      if (!pools.ok() || int64_t(pools->n_quant_blocks) < n_seqs * seq_quant_blocks || pools->n_blocks < n_seqs) break;
       r.capacity = n_seqs;
     }
     // The conversion a decode step pays on average: every sequence fills a block every 16 steps,
@@ -294,12 +302,12 @@ int main(int argc, char** argv) {
   }
   const double base_seqs = double(base.blocks) * kBlock / double(ctx);
   std::printf("\ndefault (--kv-quant-start auto = %d tokens): %d converted blocks per sequence in the codec pool, the tail block "
-              "(the step's token at position %d) in the exact bf16 pool; pools split by plan_kv_quant_pools (max_seqs %d, "
+              "(the step's token at position %d) in the exact bf16 pool; pools split by plan_kv_pools (max_seqs %d, "
               "max_tokens %d) from the same %.2f GiB; a %d-token sequence takes %lld codec blocks + 1 exact block\n",
               kQuantStart, n_quant, quant_pos, opt.max_seqs, opt.max_tokens, double(opt.kv_cache_bytes) / double(int64_t(1) << 30), ctx,
               static_cast<long long>(seq_quant_blocks));
   std::printf("capacity: the most %d-token sequences N the same bytes hold when the engine runs max_num_seqs N (the exact "
-              "pool then keeps 2 blocks per sequence and one step's tokens, plan_kv_quant_pools)\n", ctx);
+              "pool then keeps 2 blocks per sequence and one step's tokens, plan_kv_pools)\n", ctx);
   std::printf("\n| KV | step ms | conversion ms per step | tok/s with conversion | vs bf16 decoder | vs at write | codec bytes/token "
               "(32 layers) | exact blocks | codec blocks | %d-token sequences | vs bf16 |\n", ctx);
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -1,5 +1,6 @@
 // strata inspect: what a model directory holds, as strata reads it: family, shape, RoPE,
-// parameter count, dtypes and the KV cache cost per token.
+// parameter count, dtypes, the KV cache cost per token and the pools the engine would plan
+// (kv/kv_plan.h) under the given limits.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -8,13 +9,14 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
 #include "model/registry.h"
 
 namespace strata::cli {
 
 namespace {
 
-int run_inspect(const std::string& dir) {
+int run_inspect(const std::string& dir, const EngineOptions& eo) {
   ThreadPool pool(1);
   auto model = load_model(dir, pool);
   if (!model.ok()) {
@@ -67,6 +69,13 @@ int run_inspect(const std::string& dir) {
   for (const auto& [d, n] : by_dtype) std::printf(" %s %lld", d.c_str(), static_cast<long long>(n));
   std::printf("\n");
   std::printf("kv_bytes/token:  %lld (f32 cache)\n", static_cast<long long>(KvStorage::bytes_per_token(layout)));
+  auto plan = describe_kv_plan(**model, eo);
+  if (!plan.ok()) {
+    log::error("{}", plan.error().to_string());
+    return 1;
+  }
+  std::printf("kv_plan:         %s in %lld bytes, %d sequences\n", plan->c_str(), static_cast<long long>(eo.kv_cache_bytes),
+              eo.max_num_seqs);
   std::printf("eos_ids:        ");
   for (int32_t id : c.eos_ids) std::printf(" %d", id);
   std::printf("\n");
@@ -77,9 +86,15 @@ int run_inspect(const std::string& dir) {
 
 void register_inspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
+  auto eo = std::make_shared<EngineOptions>();
   CLI::App* cmd = app.add_subcommand("inspect", "Describe a model directory");
   cmd->add_option("--model", *dir, "Model directory")->required();
-  cmd->callback([dir] { exit_code() = run_inspect(*dir); });
+  cmd->add_option("--kv-cache-bytes", eo->kv_cache_bytes, "Bytes of KV cache the plan splits")->capture_default_str();
+  cmd->add_option("--max-num-seqs", eo->max_num_seqs, "Sequences running at once")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", eo->max_batch_tokens, "Token budget of one engine step")->capture_default_str();
+  cmd->add_option("--max-model-len", eo->max_model_len, "Prompt + generated tokens at most (0: the model's maximum)");
+  cmd->add_option("--block-size", eo->block_size, "Tokens per KV block")->capture_default_str();
+  cmd->callback([dir, eo] { exit_code() = run_inspect(*dir, *eo); });
 }
 
 }  // namespace strata::cli

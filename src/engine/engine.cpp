@@ -80,14 +80,28 @@ Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvC
   return layout;
 }
 
+namespace {
+
+KvPlanOptions kv_plan_options(const EngineOptions& o, int32_t max_len) {
+  KvPlanOptions p;
+  p.kv_cache_bytes = o.kv_cache_bytes;
+  p.kv_blocks = o.kv_blocks;
+  p.kv_window_blocks = o.kv_window_blocks;
+  p.kv_quant_blocks = o.kv_quant_blocks;
+  p.block_size = o.block_size;
+  p.max_num_seqs = o.max_num_seqs;
+  p.max_batch_tokens = o.max_batch_tokens;
+  p.max_len = max_len;
+  p.quant_start = o.kv_codecs.quant_start;
+  return p;
+}
+
+}  // namespace
+
 Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
-  if (o.block_size < 1 || o.block_size > 1024) return bad("block_size must be in [1, 1024], got " + std::to_string(o.block_size));
-  if (o.max_batch_tokens < 1) return bad("max_batch_tokens must be >= 1, got " + std::to_string(o.max_batch_tokens));
-  if (o.max_num_seqs < 1) return bad("max_num_seqs must be >= 1, got " + std::to_string(o.max_num_seqs));
   if (o.max_queued < 1) return bad("max_queued must be >= 1, got " + std::to_string(o.max_queued));
   if (o.session_ttl_s < 0) return bad("session_ttl must be >= 0, got " + std::to_string(o.session_ttl_s));
-  if (o.kv_window_blocks < 0) return bad("kv_window_blocks must be >= 0, got " + std::to_string(o.kv_window_blocks));
   const int32_t max_pos = model.config().max_position;
   if (o.max_model_len < 0 || (max_pos > 0 && o.max_model_len > max_pos)) {
     return bad("max_model_len must be in [1, " + std::to_string(max_pos) + "] (the model's max_position_embeddings), got " +
@@ -95,89 +109,53 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   }
   if (o.max_model_len == 0 && max_pos <= 0) return bad("max_model_len must be set: the model config gives no maximum position");
   const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
+  if (o.kv_codecs.quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(o.kv_codecs.quant_start));
 
   KvPlan plan;
-  if (o.kv_codecs.quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(o.kv_codecs.quant_start));
   const bool quant = o.kv_codecs.quant_start > 0;  // the pool holds exact KV; the codecs go to a second one
   auto layout = resolve_kv_layout(model, quant ? KvCodecConfig{} : o.kv_codecs);
   if (!layout.ok()) return layout.error();
   plan.layout = std::move(layout).value();
   if (quant) {
-    auto q = plan_kv_quant(model, o, KvStorage::bytes_per_token(plan.layout));
+    auto q = kv_quant_layout(model, o);
     if (!q.ok()) return q.error();
-    plan.n_blocks = q->pools.n_exact_blocks;
-    plan.n_quant_blocks = q->pools.n_quant_blocks;
-    plan.quant_layout = std::move(q->layout);
-    return plan;
+    plan.quant_layout = std::move(q).value();
+    plan.shape.quant_bytes_per_token = KvStorage::bytes_per_token(plan.quant_layout);
   }
-  int64_t full_bytes = 0, window_bytes = 0;  // per token, over the layers owning KV of each kind
   for (const auto& s : plan.layout) {
     if (!s.has_kv || s.shares_with >= 0) continue;
     const int64_t b = KvStorage::layer_bytes_per_token(s);  // in the layer's codec
     if (s.window > 0) {
-      window_bytes += b;
-      plan.window = std::max(plan.window, s.window);
+      plan.shape.window_bytes_per_token += b;
+      plan.shape.window = std::max(plan.shape.window, s.window);
     } else {
-      full_bytes += b;
+      plan.shape.full_bytes_per_token += b;
     }
   }
   int32_t chunk = 1;  // the recurrent layers' prefill chunk: cuts and snapshots align to it
   for (const auto& s : model.state_layout()) {
-    plan.has_state = plan.has_state || s.has_state;
+    plan.shape.has_state = plan.shape.has_state || s.has_state;
     if (s.has_state && s.prefill_chunk > 1) chunk = std::lcm(chunk, s.prefill_chunk);
   }
-  const int32_t snap = std::lcm(chunk, o.block_size);
-  if (plan.has_state && o.prefix_caching && (o.state_snapshot_interval < 1 || o.state_snapshot_interval % snap != 0)) {
+  const int32_t snap = std::lcm(chunk, std::max(o.block_size, 1));
+  if (plan.shape.has_state && o.prefix_caching && (o.state_snapshot_interval < 1 || o.state_snapshot_interval % snap != 0)) {
     return bad("state_snapshot_interval must be a positive multiple of " + std::to_string(snap) + " (block_size " +
                std::to_string(o.block_size) + (chunk > 1 ? ", prefill chunk " + std::to_string(chunk) : std::string()) +
                "), got " + std::to_string(o.state_snapshot_interval));
   }
-  if (plan.has_state && o.state_snapshot_bytes < 0) {
+  if (plan.shape.has_state && o.state_snapshot_bytes < 0) {
     return bad("state_snapshot_bytes must be >= 0, got " + std::to_string(o.state_snapshot_bytes));
   }
-  const int64_t bs = o.block_size;
-  const int64_t cap = int64_t(1) << 30;
-  // Window pool: what one query reads behind it plus a block, per sequence, and one step's tokens.
-  const int64_t window_min = (plan.window - 1 + bs - 1) / bs + 2;
-  const int64_t window_need = int64_t(o.max_num_seqs) * window_min + (o.max_batch_tokens + bs - 1) / bs;
-  int64_t n_full = 0, n_window = 0;
-  if (o.kv_blocks > 0) {
-    n_full = o.kv_blocks;
-    if (plan.window > 0) {
-      n_window = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(window_min, std::min(window_need, n_full));
-    }
-  } else {
-    const int64_t token_budget = o.kv_cache_bytes / bs;  // bytes per token position of a block
-    if (plan.window > 0) {
-      if (o.kv_window_blocks > 0) {
-        n_window = o.kv_window_blocks;
-      } else {
-        // At most an equal share: a window pool past what the windows need buys only cache.
-        n_window = full_bytes > 0 ? std::min(window_need, token_budget / (full_bytes + window_bytes))
-                                  : token_budget / window_bytes;
-      }
-    }
-    if (full_bytes > 0) {
-      n_full = (token_budget - window_bytes * n_window) / full_bytes;
-    } else {
-      // Only sliding layers: the full pool is bookkeeping for the prefix index, no bytes.
-      n_full = int64_t(o.max_num_seqs) * ((max_len + bs - 1) / bs);
-    }
-    if (n_full < 2 || (plan.window > 0 && n_window < window_min)) {
-      return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " +
-                 std::to_string(std::max<int64_t>(n_full, 0)) + " full-attention and " +
-                 std::to_string(std::max<int64_t>(n_window, 0)) + " sliding-window KV blocks of " + std::to_string(bs) +
-                 " tokens (" + std::to_string(full_bytes * bs) + " and " + std::to_string(window_bytes * bs) +
-                 " bytes); at least 2 and " + std::to_string(plan.window > 0 ? window_min : 0) + " are needed");
-    }
-  }
-  if (plan.window > 0 && n_window < window_min) {
-    return bad("kv_window_blocks " + std::to_string(n_window) + " cannot hold one sliding window of " +
-               std::to_string(plan.window) + " tokens; at least " + std::to_string(window_min) + " blocks are needed");
-  }
-  plan.n_blocks = int32_t(std::min(n_full, cap));
-  plan.n_window_blocks = int32_t(std::min(n_window, cap));
+  auto pools = plan_kv_pools(plan.shape, kv_plan_options(o, max_len));
+  if (!pools.ok()) return pools.error();
+  plan.pools = *pools;
   return plan;
+}
+
+Result<std::string> describe_kv_plan(const Model& model, const EngineOptions& options) {
+  auto plan = Engine::plan_blocks(model, options);
+  if (!plan.ok()) return plan.error();
+  return plan->pools.describe(plan->shape, options.block_size);
 }
 
 int32_t default_kv_quant_start(const Model& model, const EngineOptions& o, const StepExecutor* executor) {
@@ -270,8 +248,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().message);
   auto policy = make_scheduling_policy(options_.scheduling_policy);
   if (!policy.ok()) throw std::invalid_argument(policy.error().message);
-  n_blocks_ = kv_plan->n_blocks;
-  n_window_blocks_ = kv_plan->n_window_blocks;
+  n_blocks_ = kv_plan->pools.n_blocks;
+  n_window_blocks_ = kv_plan->pools.n_window_blocks;
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
   eos_ids_ = options_.eos_ids.empty() ? model_->config().eos_ids : options_.eos_ids;
   SchedulerOptions so;
@@ -281,22 +259,22 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   kv_bytes_per_token_ = KvStorage::bytes_per_token(kv_plan->layout);
   prefix_namespace_ = namespace_identity(*model_, options_);
   so.prefix_salt = prefix_namespace_salt(prefix_namespace_);
-  if (kv_plan->n_quant_blocks > 0) {
+  if (kv_plan->pools.n_quant_blocks > 0) {
     // Exact blocks live under the exact namespace, converted ones under the codecs' (KvConversion).
     prefix_namespace_ += ";quant_start=" + std::to_string(options_.kv_codecs.quant_start);
     EngineOptions exact = options_;
     exact.kv_codecs = KvCodecConfig{};
     so.prefix_salt = prefix_namespace_salt(namespace_identity(*model_, exact));
   }
-  so.window = kv_plan->window;
-  so.n_state_slots = kv_plan->has_state ? options_.max_num_seqs : 0;
+  so.window = kv_plan->shape.window;
+  so.n_state_slots = kv_plan->pools.n_state_slots;
   so.state_snapshot_interval = options_.state_snapshot_interval;
   for (const auto& s : model_->state_layout()) {
     if (s.has_state && s.prefill_chunk > 1) so.state_chunk = std::lcm(std::max(so.state_chunk, 1), s.prefill_chunk);
   }
   core_ = std::make_unique<Core>(*model_, *kv_plan, options_, so, std::move(policy).value(), std::move(executor));
-  if (kv_plan->n_quant_blocks > 0) {
-    n_quant_blocks_ = kv_plan->n_quant_blocks;
+  if (kv_plan->pools.n_quant_blocks > 0) {
+    n_quant_blocks_ = kv_plan->pools.n_quant_blocks;
     const uint64_t codec_salt = prefix_namespace_salt(prefix_namespace_);
     if (auto* host = dynamic_cast<ModelRunner*>(&core_->runner); host != nullptr) {
       core_->conversion = std::make_unique<KvConversion>(options_.kv_codecs.quant_start, n_quant_blocks_, codec_salt,
@@ -312,7 +290,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   core_->stats.kv = core_->kv.stats(0.0);
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
   queue_.publish_stats(core_->stats);
-  setup_kv_tiers(kv_plan->n_window_blocks > 0 || kv_plan->has_state);
+  setup_kv_tiers(kv_plan->pools.n_window_blocks > 0 || kv_plan->shape.has_state);
   setup_checkpoints();
   setup_overlap();
 }

@@ -19,6 +19,7 @@
 #include "engine/request_queue.h"
 #include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
+#include "kv/kv_plan.h"
 #include "model/model.h"
 
 namespace strata {
@@ -88,6 +89,10 @@ struct EngineOptions {
 // calls this with quant_start 0 for each of its two layouts.
 Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvCodecConfig& config);
 
+// The pools the engine sizes for `model` under `options` (kv/kv_plan.h) as one line, the
+// options' errors as create() gives them (`strata inspect`).
+Result<std::string> describe_kv_plan(const Model& model, const EngineOptions& options);
+
 class StepExecutor;
 // What --kv-quant-start auto stands for: one block when some layer stores fp8, int8, int4 or
 // turbo and the engine can convert this model's KV (every attention layer full, no recurrent
@@ -151,16 +156,14 @@ class Engine {
  private:
   struct Active;
   struct KvPlan {
-    int32_t n_blocks = 0;         // full-attention layers' pool
-    int32_t n_window_blocks = 0;  // sliding-window layers' pool, 0: none
-    int32_t window = 0;           // largest sliding window, 0: none
-    bool has_state = false;       // recurrent-state layers
-    std::vector<KvLayerSpec> layout;  // the model's KV layout with each layer's resolved codec
-    int32_t n_quant_blocks = 0;             // --kv-quant-start: the codec pool (layout is then exact)
-    std::vector<KvLayerSpec> quant_layout;  // the codec pool's layout
+    KvPoolShape shape;                      // bytes per token of each pool, the window, recurrent state
+    KvPoolPlan pools;                       // kv/kv_plan.h
+    std::vector<KvLayerSpec> layout;        // the model's KV layout with each layer's resolved codec
+    std::vector<KvLayerSpec> quant_layout;  // --kv-quant-start: the codec pool's layout (layout is then exact)
   };
   static Status check_model(const Model& model);
   static Result<KvPlan> plan_blocks(const Model& model, const EngineOptions& options);
+  friend Result<std::string> describe_kv_plan(const Model& model, const EngineOptions& options);
   void loop();
   void run_loop();
   void admit_new(std::vector<PendingRequest> incoming);

@@ -51,14 +51,15 @@ struct Engine::Active {
 struct Engine::Core {
   Core(Model& model, const KvPlan& plan, const EngineOptions& o, SchedulerOptions so,
        std::unique_ptr<SchedulingPolicy> policy, std::unique_ptr<StepExecutor> executor)
-      : kv(plan.n_blocks, o.block_size),
-        kv_window(plan.n_window_blocks > 0 ? std::make_unique<KvCacheManager>(plan.n_window_blocks, o.block_size)
-                                           : nullptr),
-        snapshots(plan.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
+      : kv(plan.pools.n_blocks, o.block_size),
+        kv_window(plan.pools.n_window_blocks > 0
+                      ? std::make_unique<KvCacheManager>(plan.pools.n_window_blocks, o.block_size)
+                      : nullptr),
+        snapshots(plan.shape.has_state ? std::make_unique<StateSnapshotStore>(o.state_snapshot_bytes) : nullptr),
         sched(so, kv, std::move(policy), kv_window.get(), snapshots.get()),
         exec(executor ? std::move(executor)
-                      : std::make_unique<ModelRunner>(model, plan.layout, plan.n_blocks, o.block_size, plan.n_window_blocks,
-                                                      plan.has_state ? o.max_num_seqs : 0)),
+                      : std::make_unique<ModelRunner>(model, plan.layout, plan.pools.n_blocks, o.block_size,
+                                                      plan.pools.n_window_blocks, plan.pools.n_state_slots)),
         runner(*exec) {}
   KvCacheManager kv;                             // full-attention layers
   std::unique_ptr<KvCacheManager> kv_window;     // sliding-window layers, when the model has any

@@ -9,44 +9,7 @@
 
 namespace strata {
 
-Result<KvQuantPools> plan_kv_quant_pools(int64_t kv_cache_bytes, int32_t kv_blocks, int32_t kv_quant_blocks,
-                                         int32_t block_size, int32_t quant_start, int32_t max_num_seqs,
-                                         int32_t max_batch_tokens, int64_t exact_bytes, int64_t quant_bytes) {
-  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
-  if (quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(quant_start));
-  if (kv_quant_blocks < 0) return bad("kv_quant_blocks must be >= 0, got " + std::to_string(kv_quant_blocks));
-  const int64_t bs = block_size;
-  // One sequence holds ceil((N + 1) / bs) exact blocks when it passes N, plus the block it grows into.
-  const int64_t one_seq = (int64_t(quant_start) + 1 + bs - 1) / bs + 1;
-  const int64_t cap = int64_t(1) << 30;
-  KvQuantPools p;
-  if (kv_blocks > 0) {
-    if (kv_blocks < one_seq) {
-      return bad("kv_blocks " + std::to_string(kv_blocks) + " cannot hold the " + std::to_string(quant_start) +
-                 " exact tokens of --kv-quant-start in blocks of " + std::to_string(block_size) + "; at least " +
-                 std::to_string(one_seq) + " are needed");
-    }
-    p.n_exact_blocks = kv_blocks;
-    p.n_quant_blocks = kv_quant_blocks > 0 ? kv_quant_blocks : kv_blocks;
-    return p;
-  }
-  const int64_t exact_block = exact_bytes * bs, quant_block = quant_bytes * bs;
-  const int64_t want = int64_t(max_num_seqs) * ((quant_start + bs - 1) / bs + 1) + (max_batch_tokens + bs - 1) / bs;
-  int64_t n_exact = std::min(want, kv_cache_bytes / 2 / exact_block);
-  n_exact = std::max(n_exact, one_seq);
-  const int64_t left = kv_cache_bytes - n_exact * exact_block;
-  const int64_t n_quant = kv_quant_blocks > 0 ? kv_quant_blocks : (left > 0 ? left / quant_block : 0);
-  if (n_exact * exact_block > kv_cache_bytes || n_quant < 2) {
-    return bad("kv_cache_bytes " + std::to_string(kv_cache_bytes) + " cannot hold the exact KV of --kv-quant-start " +
-               std::to_string(quant_start) + " (" + std::to_string(n_exact) + " blocks of " +
-               std::to_string(exact_block) + " bytes) and 2 codec blocks of " + std::to_string(quant_block) + " bytes");
-  }
-  p.n_exact_blocks = int32_t(std::min(n_exact, cap));
-  p.n_quant_blocks = int32_t(std::min(n_quant, cap));
-  return p;
-}
-
-Result<KvQuantPlan> plan_kv_quant(const Model& model, const EngineOptions& o, int64_t exact_bytes) {
+Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const EngineOptions& o) {
   const int32_t n = o.kv_codecs.quant_start;
   const std::string flag = "--kv-quant-start " + std::to_string(n);
   for (const auto& s : model.kv_layout()) {
@@ -72,13 +35,7 @@ Result<KvQuantPlan> plan_kv_quant(const Model& model, const EngineOptions& o, in
     return make_error(ErrorCode::kInvalidArgument,
                       flag + ": no layer has a codec to convert to (set --kv-cache-dtype or --kv-config)");
   }
-  KvQuantPlan plan;
-  plan.layout = std::move(layout).value();
-  auto pools = plan_kv_quant_pools(o.kv_cache_bytes, o.kv_blocks, o.kv_quant_blocks, o.block_size, n, o.max_num_seqs,
-                                   o.max_batch_tokens, exact_bytes, KvStorage::bytes_per_token(plan.layout));
-  if (!pools.ok()) return pools.error();
-  plan.pools = *pools;
-  return plan;
+  return layout;
 }
 
 KvConversion::KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t codec_salt,

@@ -19,10 +19,7 @@
 // sequence already converted under the same hash). A sequence whose tokens pass N may start
 // from converted blocks; one that stays within N reads exact blocks only.
 //
-// Budget split (plan_kv_quant_pools): the exact pool gets what the running sequences hold
-// before conversion, max_num_seqs x (ceil(N / block) + 1) blocks plus one step's tokens, at most
-// half of kv_cache_bytes but never less than one sequence's need (ceil((N + 1) / block) + 1);
-// the rest of the bytes go to the codec pool at its (smaller) bytes per token.
+// Budget split: kv/kv_plan.h (plan_kv_pools) sizes the exact and the codec pool.
 #pragma once
 
 #include <cstdint>
@@ -39,31 +36,14 @@
 
 namespace strata {
 
-struct KvQuantPools {
-  int32_t n_exact_blocks = 0;  // the exact pool (the runner's storage)
-  int32_t n_quant_blocks = 0;  // the codec pool
-};
-
-// Splits the KV budget between the two pools. exact_bytes / quant_bytes: bytes of one token
-// over all layers in the exact and in the codec layout. kv_blocks > 0: the exact pool has that
-// many blocks and the codec pool kv_quant_blocks (0: as many). Errors name the option and value.
-Result<KvQuantPools> plan_kv_quant_pools(int64_t kv_cache_bytes, int32_t kv_blocks, int32_t kv_quant_blocks,
-                                         int32_t block_size, int32_t quant_start, int32_t max_num_seqs,
-                                         int32_t max_batch_tokens, int64_t exact_bytes, int64_t quant_bytes);
-
 struct EngineOptions;
 
-struct KvQuantPlan {
-  std::vector<KvLayerSpec> layout;  // the model's layout in the codecs (the codec pool's rows)
-  KvQuantPools pools;
-};
-
 // Checks that --kv-quant-start (options.kv_codecs.quant_start > 0) can run with these options
-// and this model, and plans the codec pool: the codecs must store something other than exact
-// f32 (kInvalidArgument), the model must have neither sliding-window layers nor recurrent
-// state and the lower KV tiers must be off (kUnsupported); errors name the flag and value.
-// exact_bytes: bytes of one token in the exact layout.
-Result<KvQuantPlan> plan_kv_quant(const Model& model, const EngineOptions& options, int64_t exact_bytes);
+// and this model and returns the model's layout in the codecs (the codec pool's rows; the pools
+// are sized by kv/kv_plan.h): the codecs must store something other than exact f32
+// (kInvalidArgument), the model must have neither sliding-window layers nor recurrent state and
+// the lower KV tiers must be off (kUnsupported); errors name the flag and value.
+Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const EngineOptions& options);
 
 class KvConversion {
  public:

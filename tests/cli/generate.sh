@@ -74,6 +74,17 @@ grep -q "^experts: *8 (top 2" "$TMP/inspect" || fail "inspect: experts: $(cat "$
 grep -q "^parameters: *$params\$" "$TMP/inspect" || fail "inspect: parameters != $params: $(cat "$TMP/inspect")"
 # 2 layers x 2 KV heads x (32 + 32) dims x 4 bytes
 grep -q "^kv_bytes/token: *1024 " "$TMP/inspect" || fail "inspect: kv bytes: $(cat "$TMP/inspect")"
+# The engine's KV plan under the default limits: 512 MiB of 16-token blocks of 16 KiB.
+grep -q "^kv_plan: *32768 full-attention blocks of 16 tokens (512 MiB) in 536870912 bytes, 64 sequences" "$TMP/inspect" ||
+  fail "inspect: kv plan: $(cat "$TMP/inspect")"
+# A model with sliding-window layers gets a window pool; limits that hold no block are refused.
+"$BIN" inspect --model "$MODELS/gemma3-tiny" --kv-cache-bytes 4194304 --max-num-seqs 2 >"$TMP/inspect" 2>"$TMP/stderr" ||
+  fail "inspect gemma3: $(cat "$TMP/stderr")"
+grep -q "^kv_plan: .* sliding-window blocks" "$TMP/inspect" || fail "inspect gemma3: kv plan: $(cat "$TMP/inspect")"
+if "$BIN" inspect --model "$MODELS/qwen3moe-tiny" --kv-cache-bytes 100 >"$TMP/inspect" 2>"$TMP/stderr"; then
+  fail "inspect: 100 KV bytes accepted"
+fi
+grep -q "kv_cache_bytes 100 " "$TMP/stderr" || fail "inspect: kv bytes error: $(cat "$TMP/stderr")"
 
 # 5. Error exits: a message on stderr, a nonzero status, never a crash (status > 128).
 expect_error() {  # expect_error <pattern> <args...>

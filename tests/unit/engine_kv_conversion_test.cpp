@@ -89,39 +89,6 @@ Sequence make_seq(uint64_t id, int32_t n_prompt, int32_t salt = 0) {
   return s;
 }
 
-TEST(KvConversionPlan, SplitsTheBudget) {
-  // Exact 1024 B/token, codec 272: 16-token blocks of 16 KiB and 4352 B.
-  const int64_t budget = int64_t(64) << 20;
-  auto p = plan_kv_quant_pools(budget, 0, 0, 16, 512, 4, 256, 1024, 272);
-  ASSERT_TRUE(p.ok()) << p.error().to_string();
-  // 4 sequences x (32 + 1) blocks + 16 for one step's tokens.
-  EXPECT_EQ(p->n_exact_blocks, 4 * 33 + 16);
-  EXPECT_EQ(p->n_quant_blocks, (budget - int64_t(p->n_exact_blocks) * 16384) / 4352);
-  // Many sequences: the exact pool stops at half the bytes.
-  p = plan_kv_quant_pools(budget, 0, 0, 16, 512, 256, 256, 1024, 272);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->n_exact_blocks, budget / 2 / 16384);
-  EXPECT_EQ(p->n_quant_blocks, budget / 2 / 4352);
-  // Explicit block counts.
-  p = plan_kv_quant_pools(budget, 40, 0, 16, 512, 4, 256, 1024, 272);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->n_exact_blocks, 40);
-  EXPECT_EQ(p->n_quant_blocks, 40);
-  p = plan_kv_quant_pools(budget, 40, 100, 16, 512, 4, 256, 1024, 272);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->n_quant_blocks, 100);
-  // Too small: the errors name the option and value.
-  p = plan_kv_quant_pools(budget, 20, 0, 16, 512, 4, 256, 1024, 272);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.error().message.find("kv_blocks 20"), std::string::npos) << p.error().message;
-  p = plan_kv_quant_pools(int64_t(1) << 19, 0, 0, 16, 512, 4, 256, 1024, 272);  // under 34 exact blocks
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.error().message.find("kv_cache_bytes 524288"), std::string::npos) << p.error().message;
-  p = plan_kv_quant_pools(budget, 0, 0, 16, -3, 4, 256, 1024, 272);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.error().message.find("-3"), std::string::npos) << p.error().message;
-}
-
 TEST(KvConversion, FullBlocksMoveOncePastTheStartAndHoldTheEncodedRows) {
   Rig rig(32, 32);
   Sequence a = make_seq(1, 9);  // within quant_start: stays exact

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "kv/kv_plan.h"
 #include "model/qwen3_next.h"
 #include "model/registry.h"
 #include "model/safetensors.h"
@@ -580,28 +581,13 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.auto_kv_f32 = o.kv_codecs.default_spec.codec == KvCodec::kAuto &&
                    std::none_of(o.kv_codecs.layers.begin(), o.kv_codecs.layers.end(),
                                 [](const KvLayerCodec& l) { return l.spec.codec == KvCodec::kBf16; });
-  if (o.window_paging) {
-    const int32_t window = cuda_window_pool_window(*cfg);
-    if (window > 0) {
-      if (o.kv_window_blocks < 0) {
-        return make_error(ErrorCode::kInvalidArgument, "kv_window_blocks must be >= 0, got " + std::to_string(o.kv_window_blocks));
-      }
-      // What the engine plans by default (Engine::plan_blocks): one window plus a block per
-      // sequence, and one step's tokens.
-      const int64_t bs = o.block_size;
-      const int64_t window_min = (window - 1 + bs - 1) / bs + 2;
-      const int64_t need = int64_t(o.max_num_seqs) * window_min + (o.max_batch_tokens + bs - 1) / bs;
-      mo.kv_window_blocks = o.kv_window_blocks > 0 ? o.kv_window_blocks : int32_t(std::min<int64_t>(need, INT32_MAX));
-      mo.kv_window_exact = o.kv_window_blocks > 0;
-    }
+  if (o.window_paging && cuda_window_pool_window(*cfg) > 0) {
+    mo.kv_window_paging = true;  // the pool's split is the KV plan's (init_common)
+    mo.kv_window_blocks = o.kv_window_blocks;
   }
   if (o.kv_cache_bytes > 0) {
     mo.kv_cache_bytes = o.kv_cache_bytes;
   } else {
-    if (!(o.gpu_memory_fraction > 0.0 && o.gpu_memory_fraction <= 1.0)) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "--gpu-memory-fraction must be in (0, 1], got " + std::to_string(o.gpu_memory_fraction));
-    }
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return make_error(ErrorCode::kUnsupported, "cudaMemGetInfo failed");
     // What the process holds already (context) counts against the fraction; the cuBLASLt
@@ -621,15 +607,10 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
       ModelConfig named = *cfg;
       if (archive.ok() && resolve_weight_names(&named, **archive).ok()) split_bytes = WeightSplit::extra_bytes(**archive, named, mo);
     }
-    const int64_t budget = int64_t(o.gpu_memory_fraction * double(total_b)) - int64_t(total_b - free_b) -
-                           CudaDecoder::arena_bytes_for(*cfg, mo) - split_bytes - reserve;
-    if (budget <= 0) {
-      return make_error(ErrorCode::kResourceExhausted,
-                        "--gpu-memory-fraction " + std::to_string(o.gpu_memory_fraction) + " of " + std::to_string(total_b) +
-                            " bytes leaves no room for the KV cache after the weights and scratch (" +
-                            std::to_string(CudaDecoder::arena_bytes_for(*cfg, mo)) + " bytes)");
-    }
-    mo.kv_cache_bytes = budget;
+    auto budget = device_kv_bytes(o.gpu_memory_fraction, int64_t(total_b), int64_t(free_b),
+                                  CudaDecoder::arena_bytes_for(*cfg, mo) + split_bytes, reserve);
+    if (!budget.ok()) return budget.error();
+    mo.kv_cache_bytes = *budget;
   }
   Result<std::unique_ptr<CudaDecoder>> dec = o.random_weights ? CudaDecoder::random(*cfg, mo, o.seed, o.random_scale)
                                                               : CudaDecoder::load(dir, mo);

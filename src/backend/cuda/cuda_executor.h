@@ -168,15 +168,14 @@ struct CudaEngineOptions {
   float random_scale = 0.02f;
   bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
   // --kv-cache-dtype / --kv-config (auto: bf16) and --kv-quant-start: N > 0 keeps a second
-  // pool in the codecs (full-attention models; the pool bytes split as the engine's
-  // plan_kv_quant_pools does); auto is one block where that runs and the codecs quantize
+  // pool in the codecs (full-attention models; the pool bytes split by the KV plan,
+  // kv/kv_plan.h); auto is one block where that runs and the codecs quantize
   // (fp8, int8, int4, turbo) and kv_tiers is false, else 0.
   KvCodecConfig kv_codecs;
   bool kv_tiers = false;  // the engine keeps lower KV tiers (--kv-quant-start auto is then 0)
   // Sliding-window layers page in a pool of their own as on the CPU (models with both kinds of
-  // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what max_num_seqs
-  // windows and one step's tokens need (EngineOptions::kv_window_blocks' rule), fewer when the
-  // KV bytes cannot give both pools that share. false: every layer keeps full KV.
+  // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what the KV plan
+  // gives (kv/kv_plan.h, the engine's rule). false: every layer keeps full KV.
   bool window_paging = true;
   int32_t kv_window_blocks = 0;
 };

@@ -13,7 +13,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/token_feed.h"
 #include "core/log.h"
-#include "engine/kv_conversion.h"
+#include "kv/kv_plan.h"
 #include "model/decoder.h"
 #include "model/registry.h"
 #include "model/rope.h"
@@ -161,32 +161,43 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
     kl.row_bytes = codec_->row_bytes();
   }
   // Window paging needs both kinds of layer (a model of sliding layers only keeps one pool).
-  if (opt_.kv_window_blocks > 0 && kv_layers_ == 0 && cfg_.sliding_window > 0) {
+  if (opt_.kv_window_paging && kv_layers_ == 0 && cfg_.sliding_window > 0) {
     for (int l = 0; l < cfg_.n_layers; ++l) kl.window_layers.push_back(cfg_.is_sliding(l) ? 1 : 0);
     if (kl.window_paged() && !kl.block_parts().empty()) {
-      kl.window_blocks = opt_.kv_window_blocks;
-      kl.window_exact = opt_.kv_window_exact;
       max_window_ = cfg_.sliding_window;
     } else {
       kl.window_layers.clear();
     }
   }
+  // The pools' blocks: the one KV plan over this pool's row bytes.
+  const int64_t bs = opt_.block_size;
+  KvPoolShape shape;
+  shape.full_bytes_per_token = kl.bytes_per_block() / bs;
+  shape.window_bytes_per_token = kl.window_bytes_per_block() / bs;
+  shape.window = max_window_;
+  KvPoolLayout ql = kl;
   if (quant) {
-    KvPoolLayout ql = kl;
     ql.row_bytes = codec_->quant_row_bytes();
-    const int64_t bs = opt_.block_size;
-    auto pools = plan_kv_quant_pools(opt_.kv_cache_bytes, 0, 0, opt_.block_size, opt_.kv_quant_start, opt_.max_seqs,
-                                     opt_.max_tokens, kl.bytes_per_block() / bs, ql.bytes_per_block() / bs);
-    if (!pools.ok()) return pools.error();
-    auto qkv = KvBlockPool::create(ql, int64_t(pools->n_quant_blocks) * ql.bytes_per_block());
+    shape.quant_bytes_per_token = ql.bytes_per_block() / bs;
+  }
+  KvPlanOptions po;
+  po.kv_cache_bytes = opt_.kv_cache_bytes;
+  po.kv_window_blocks = opt_.kv_window_blocks;
+  po.block_size = opt_.block_size;
+  po.max_num_seqs = opt_.max_seqs;
+  po.max_batch_tokens = opt_.max_tokens;
+  po.max_len = opt_.max_blocks_per_seq * opt_.block_size;
+  po.quant_start = opt_.kv_quant_start;
+  auto plan = plan_kv_pools(shape, po);
+  if (!plan.ok()) return plan.error();
+  kl.window_blocks = plan->n_window_blocks;
+  if (quant) {
+    auto qkv = KvBlockPool::create(ql, int64_t(plan->n_quant_blocks) * ql.bytes_per_block());
     if (!qkv.ok()) return qkv.error();
     quant_kv_ = std::move(*qkv);
-    auto kv = KvBlockPool::create(kl, int64_t(pools->n_exact_blocks) * kl.bytes_per_block());
-    if (!kv.ok()) return kv.error();
-    kv_ = std::move(*kv);
-    return Status();
   }
-  auto kv = KvBlockPool::create(kl, opt_.kv_cache_bytes);
+  auto kv = KvBlockPool::create(kl, int64_t(plan->n_blocks) * kl.bytes_per_block() +
+                                        int64_t(plan->n_window_blocks) * kl.window_bytes_per_block());
   if (!kv.ok()) return kv.error();
   kv_ = std::move(*kv);
   return Status();

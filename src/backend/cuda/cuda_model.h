@@ -84,19 +84,19 @@ struct CudaModelOptions {
   // no fused decode. Not for the hybrid families.
   std::vector<KvCodecSpec> kv_codecs;
   // Sliding-window layers page in a KV pool of their own, as the engine's window pool (Gemma 2/3/4
-  // with both kinds of layer): > 0, its blocks (at most this many, fewer when kv_cache_bytes
-  // cannot give each pool its share; exactly this many with kv_window_exact), which such layers
-  // read and write through SeqSpan::window_block_table. 0: every layer keeps full KV in the one
-  // pool and reads the sequence's table (the window applied in attention only).
+  // with both kinds of layer), read and written through SeqSpan::window_block_table; the pool
+  // splits kv_cache_bytes by the one KV plan (kv/kv_plan.h): kv_window_blocks > 0 exactly that
+  // many window blocks, 0 what the plan gives. false: every layer keeps full KV in the one pool
+  // and reads the sequence's table (the window applied in attention only).
+  bool kv_window_paging = false;
   int32_t kv_window_blocks = 0;
-  bool kv_window_exact = false;
   // Whether kAuto rows may be f32 with split weights (kv_codecs above). false: the caller asked
   // for bf16 rows by name (--kv-cache-dtype bf16), so they stay bf16 for any checkpoint dtype.
   bool auto_kv_f32 = true;
   // Delayed quantization (--kv-quant-start, engine/kv_conversion.h): kv_quant_start > 0 with one
   // resolved codec per layer here (kv_codecs above then empty). The pool above holds exact rows
   // (bf16, or f32 with split weights) and a second pool the codec rows; kv_cache_bytes is split
-  // between them as the engine's plan_kv_quant_pools does. Sequences' block-table entries
+  // between them by the KV plan (kv/kv_plan.h). Sequences' block-table entries
   // [0, SeqSpan::n_quant_blocks) are ids in the codec pool; every step attends through
   // KvCodecStep over both. Full-attention models only (KvCodecStep::supported).
   int32_t kv_quant_start = 0;

@@ -85,7 +85,7 @@ size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_ro
   }
   add(kGemmWorkspace);
   add(1 << 20);  // step metadata (sized exactly in init_common; checked there)
-  if (o.kv_window_blocks > 0) add(4 * S * size_t(o.max_blocks_per_seq) + 8 * T + 32);  // the window tables and slots
+  if (o.kv_window_paging) add(4 * S * size_t(o.max_blocks_per_seq) + 8 * T + 32);  // the window tables and slots
   return b;
 }
 
@@ -147,7 +147,7 @@ Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o
   b->off_tile_seq = place(4 * (T + S));
   b->off_tile_q0 = place(4 * (T + S));
   b->off_row_map = place(4 * R);
-  const bool window = o.kv_window_blocks > 0;
+  const bool window = o.kv_window_paging;
   b->off_window_tables = place(window ? 4 * S * o.max_blocks_per_seq : 0);
   b->off_window_slots = place(window ? 8 * T : 0);
   b->off_quant = place(o.kv_quant_start > 0 ? 4 * S : 0);

@@ -58,12 +58,11 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvPoolLayout& lay
   int64_t n_window = 0;
   if (per_window_block > 0) {
     if (layout.window_blocks < 1) return make_error(ErrorCode::kInvalidArgument, "KV pool layout: window layers without window blocks");
-    n_window = layout.window_exact ? layout.window_blocks
-                                   : std::min<int64_t>(layout.window_blocks, bytes / (per_block + per_window_block));
-    if (n_window < 1 || n_window * per_window_block >= bytes) {
-      return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) + " hold no sliding-window block (" +
-                                                         std::to_string(layout.window_blocks) + " asked, one takes " +
-                                                         std::to_string(per_window_block) + " bytes) beside a full one");
+    n_window = layout.window_blocks;
+    if (n_window * per_window_block >= bytes) {
+      return make_error(ErrorCode::kInvalidArgument, "KV cache bytes " + std::to_string(bytes) + " hold no full-attention block beside " +
+                                                         std::to_string(n_window) + " sliding-window blocks of " +
+                                                         std::to_string(per_window_block) + " bytes");
     }
   }
   const int64_t n_blocks = (bytes - n_window * per_window_block) / per_block;

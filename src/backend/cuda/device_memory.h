@@ -58,10 +58,8 @@ struct KvPoolLayout {
   std::vector<int32_t> row_bytes = {};
   // Per layer: nonzero when the layer's parts page in the sliding-window pool; empty: none do.
   std::vector<uint8_t> window_layers = {};
-  // Blocks of the window pool: exactly window_blocks when window_exact, else at most that many,
-  // fewer when the pool's bytes cannot give every window its share (KvBlockPool::create).
+  // Blocks of the window pool (the KV plan's, kv/kv_plan.h).
   int32_t window_blocks = 0;
-  bool window_exact = false;
   bool window_part(int part) const { return !window_layers.empty() && window_layers[size_t(part / 2)] != 0; }
   bool window_paged() const {
     for (uint8_t w : window_layers) {
@@ -111,8 +109,8 @@ class KvBlockPool {
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
   // As many blocks as fit in `bytes` (at least one, else an Error naming the sizes). With
-  // window layers: the window pool takes its blocks (layout.window_blocks, or with window_exact
-  // unset at most bytes / (full + window block bytes)) and the full-attention parts the rest.
+  // window layers: the window pool takes layout.window_blocks and the full-attention parts the
+  // rest.
   static Result<std::unique_ptr<KvBlockPool>> create(const KvPoolLayout& layout, int64_t bytes);
 
   const KvPoolLayout& layout() const { return layout_; }
