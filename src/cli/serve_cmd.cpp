@@ -49,6 +49,8 @@ struct ServeArgs {
   int threads = 0;
   int http_threads = 0;
   int max_json_depth = 256;
+  double responses_store_ttl = 3600.0;
+  int64_t responses_store_bytes = int64_t(64) << 20;
   double header_timeout = 10.0;
   int max_connections_per_address = 256;
   std::string scheduling_policy = "fcfs";
@@ -154,6 +156,12 @@ int run_serve(ServeArgs a) {
   if (a.max_json_depth < 2 || a.max_json_depth > 100000) {
     return fail(make_error(ErrorCode::kInvalidArgument, "--max-json-depth must be in [2, 100000], got " + std::to_string(a.max_json_depth)));
   }
+  if (!(a.responses_store_ttl >= 0.0 && a.responses_store_ttl <= 30.0 * 86400.0)) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--responses-store-ttl must be in [0, 2592000] seconds, got " + std::to_string(a.responses_store_ttl)));
+  }
+  if (a.responses_store_bytes < 0) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--responses-store-bytes must be >= 0, got " + std::to_string(a.responses_store_bytes)));
+  }
   if (!(a.header_timeout > 0.0 && a.header_timeout <= 3600.0)) {
     return fail(make_error(ErrorCode::kInvalidArgument, "--header-timeout must be in (0, 3600] seconds, got " + std::to_string(a.header_timeout)));
   }
@@ -252,6 +260,8 @@ int run_serve(ServeArgs a) {
   ho.max_num_seqs = a.max_num_seqs;
   ho.supervised = a.supervised_child;
   ho.max_json_depth = a.max_json_depth;
+  ho.responses_store_ttl_s = a.responses_store_ttl;
+  ho.responses_store_bytes = size_t(a.responses_store_bytes);
   ho.listener.header_timeout_s = a.header_timeout;
   // A supervised child's every peer is its supervisor, which budgets its clients' addresses.
   ho.listener.max_connections_per_address = a.supervised_child ? 0 : a.max_connections_per_address;
@@ -335,6 +345,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Compute threads (0: one per hardware thread)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads (0: max-num-seqs + 8)");
   cmd->add_option("--max-json-depth", a->max_json_depth, "JSON nested deeper than this answers 400 (body and JSON strings in it)")
+      ->capture_default_str();
+  cmd->add_option("--responses-store-ttl", a->responses_store_ttl,
+                  "Seconds a stored /v1/responses answer can be continued (previous_response_id)")
+      ->capture_default_str();
+  cmd->add_option("--responses-store-bytes", a->responses_store_bytes,
+                  "Bytes all stored /v1/responses answers may hold; the oldest go first (0: none stored)")
       ->capture_default_str();
   cmd->add_option("--header-timeout", a->header_timeout,
                   "Seconds a connection has to send its request head (and a short body) before it is answered 408")

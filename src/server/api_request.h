@@ -17,7 +17,7 @@
 
 namespace strata::server {
 
-enum class ApiKind { kChat, kCompletion, kMessages };
+enum class ApiKind { kChat, kCompletion, kMessages, kResponses };
 
 struct ApiRequest {
   ApiKind kind = ApiKind::kChat;

@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 
 #include "core/log.h"
@@ -19,6 +20,7 @@
 #include "server/http_listener.h"
 #include "server/json_guard.h"
 #include "server/output_assembler.h"
+#include "server/responses_api.h"
 #include "server/supervisor.h"
 
 namespace strata::server {
@@ -54,6 +56,7 @@ std::string id_prefix(ApiKind k) {
   switch (k) {
     case ApiKind::kChat: return "chatcmpl-";
     case ApiKind::kCompletion: return "cmpl-";
+    case ApiKind::kResponses: return "resp_";
     default: return "msg_";
   }
 }
@@ -64,6 +67,7 @@ struct Generation {
   std::unique_ptr<OutputAssembler> assembler;
   std::unique_ptr<ResponseBuilder> builder;
   int fd = -1;  // the client's socket, for noticing that it went away
+  std::function<void()> on_complete;  // after a finish that is not an error, before its text is sent
   bool cancel_sent = false;
   bool stop_string = false;
 
@@ -179,6 +183,7 @@ bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, Serv
     std::vector<ToolCall> calls;
     OutputDelta last = gen.assembler->finish(&calls);
     tail = gen.builder->finish(last, calls, fin);
+    if (gen.on_complete) gen.on_complete();
   }
   write(tail + part("end"));
   sink.done();
@@ -188,7 +193,11 @@ bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, Serv
 }  // namespace
 
 HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions options)
-    : engine_(engine), model_(model), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
+    : engine_(engine),
+      model_(model),
+      options_(std::move(options)),
+      responses_(options_.responses_store_ttl_s, options_.responses_store_bytes),
+      http_(std::make_unique<httplib::Server>()) {
   if (const char* marker = std::getenv(kCrashMarkerEnv); marker && *marker) crash_marker_ = marker;
   install_routes();
   ListenerLimits limits = options_.listener;
@@ -408,10 +417,18 @@ void HttpServer::install_routes() {
       json body;
       if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
       ApiRequest r;
+      ResponsesRequest rr;  // kResponses: r is its chat form
       const ParseLimits limits{{model_.name}, options_.max_json_depth};
-      std::optional<ApiError> perr = kind == ApiKind::kChat         ? parse_chat_request(body, limits, &r)
-                                     : kind == ApiKind::kCompletion ? parse_completion_request(body, limits, &r)
-                                                                    : parse_messages_request(body, limits, &r);
+      std::optional<ApiError> perr;
+      if (kind == ApiKind::kResponses) {
+        perr = parse_responses_request(body, limits, &rr);
+        if (!perr) perr = resolve_previous_response(responses_, &rr);
+        if (!perr) r = rr.api;
+      } else {
+        perr = kind == ApiKind::kChat         ? parse_chat_request(body, limits, &r)
+               : kind == ApiKind::kCompletion ? parse_completion_request(body, limits, &r)
+                                              : parse_messages_request(body, limits, &r);
+      }
       if (perr) return fail(*perr);
       if (r.session_id.empty()) r.session_id = req.get_header_value("X-Session-Id");
       const bool from_supervisor = options_.supervised && !options_.supervisor_secret.empty() &&
@@ -452,7 +469,20 @@ void HttpServer::install_routes() {
       auto gen = std::make_shared<Generation>();
       gen->stream = std::move(submitted).value();
       gen->assembler = std::make_unique<OutputAssembler>(model_.tokenizer, p.output);
-      gen->builder = make_response_builder(kind, std::move(ctx), model_.tokenizer);
+      if (kind == ApiKind::kResponses) {
+        const std::string id = ctx.id;
+        auto rb = std::make_unique<ResponsesBuilder>(std::move(ctx), rr.echo);
+        if (rr.store) {
+          // Stored before the last event is sent, so a client that continues at once finds it.
+          gen->on_complete = [this, b = rb.get(), id, conv = std::move(rr.conversation)]() mutable {
+            conv.push_back(b->assistant_message());
+            responses_.put(id, StoredResponse{std::move(conv), b->body()});
+          };
+        }
+        gen->builder = std::move(rb);
+      } else {
+        gen->builder = make_response_builder(kind, std::move(ctx), model_.tokenizer);
+      }
       gen->fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
       metrics_.count_request(req.path, 200);
 
@@ -478,7 +508,9 @@ void HttpServer::install_routes() {
         std::vector<ToolCall> calls;
         OutputDelta last = gen->assembler->finish(&calls);
         gen->builder->finish(last, calls, fin);
-        if (fin.reason == FinishReason::kError && !fin.stop_string) {
+        const bool failed = fin.reason == FinishReason::kError && !fin.stop_string;
+        if (!failed && gen->on_complete) gen->on_complete();
+        if (failed) {
           // The supervising process re-sends a request its dead engine failed.
           if (options_.supervised && !engine_.alive()) res.set_header(kEngineDownHeader, "1");
           ApiError e;
@@ -537,6 +569,7 @@ void HttpServer::install_routes() {
               tail = gen->builder->stream_error(e);
             } else {
               tail = gen->builder->finish(last, calls, fin);
+              if (gen->on_complete) gen->on_complete();
             }
             write(tail);
             sink.done();
@@ -552,6 +585,32 @@ void HttpServer::install_routes() {
   s.Post("/v1/chat/completions", generate(ApiKind::kChat));
   s.Post("/v1/completions", generate(ApiKind::kCompletion));
   s.Post("/v1/messages", generate(ApiKind::kMessages));
+  s.Post("/v1/responses", generate(ApiKind::kResponses));
+  // A stored response (store: true, within --responses-store-ttl): retrieve or delete it.
+  auto stored_response = [this](bool erase) {
+    return [this, erase](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      auto found = responses_.get(id);
+      if (!found) {
+        ApiError e;
+        e.status = 404;
+        e.param = "response_id";
+        e.message = "response '" + id + "' is not stored here (unknown, expired or stored with store: false)";
+        write_error(req, res, e);
+        metrics_.count_request("/v1/responses/{id}", 404);
+        return;
+      }
+      if (erase) {
+        responses_.erase(id);
+        write_json(res, {{"id", id}, {"object", "response"}, {"deleted", true}});
+      } else {
+        write_json(res, found->response);
+      }
+      metrics_.count_request("/v1/responses/{id}", 200);
+    };
+  };
+  s.Get(R"(/v1/responses/([^/]+))", stored_response(false));
+  s.Delete(R"(/v1/responses/([^/]+))", stored_response(true));
 }
 
 }  // namespace strata::server

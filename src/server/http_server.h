@@ -1,6 +1,6 @@
 // HttpServer: the OpenAI- and Anthropic-compatible HTTP front of an Engine (cpp-httplib).
-// Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /tokenize, /detokenize;
-// GET /v1/models, /health, /metrics. HTTP threads only parse, tokenize, submit and stream;
+// Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses, /tokenize,
+// /detokenize; GET /v1/models, /v1/responses/{id}, /health, /metrics. HTTP threads only parse, tokenize, submit and stream;
 // the engine thread does the rest (engine.h). The thread pool is sized so that max_num_seqs
 // streams run at once with room for short requests beside them.
 #pragma once
@@ -14,6 +14,7 @@
 #include "server/http_listener.h"
 #include "server/metrics.h"
 #include "server/request_mapping.h"
+#include "server/response_store.h"
 
 namespace httplib {
 class Server;
@@ -36,6 +37,10 @@ struct HttpOptions {
   // honored only with it (a client that reaches the child's port directly cannot forge them).
   std::string supervisor_secret;
   int max_json_depth = 256;  // JSON nested deeper answers 400 (json_guard.h)
+  // The Responses API's stored responses (previous_response_id): seconds each lives, and the
+  // bytes all of them may hold.
+  double responses_store_ttl_s = 3600.0;
+  size_t responses_store_bytes = size_t(64) << 20;
   // Connection screening (http_listener.h); its workers and body limit come from http_threads
   // and max_body_bytes above.
   ListenerLimits listener;
@@ -65,6 +70,7 @@ class HttpServer {
   const ServedModel& model_;
   HttpOptions options_;
   ServerMetrics metrics_;
+  ResponseStore responses_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<HttpListener> listener_;
   std::string crash_marker_;  // kCrashMarkerEnv's value: a generation request holding it aborts the process

@@ -16,7 +16,9 @@ std::string leading_field(const std::string& message) {
   return sp == std::string::npos ? message : message.substr(0, sp);
 }
 
-std::string prompt_field(const ApiRequest& r) { return r.kind == ApiKind::kCompletion ? "prompt" : "messages"; }
+std::string prompt_field(const ApiRequest& r) {
+  return r.kind == ApiKind::kCompletion ? "prompt" : r.kind == ApiKind::kResponses ? "input" : "messages";
+}
 
 }  // namespace
 
