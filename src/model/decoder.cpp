@@ -11,6 +11,7 @@
 #include "model/layers/moe.h"
 #include "model/layers/ops.h"
 #include "model/rope.h"
+#include "model/weight_manifest.h"
 
 namespace strata {
 
@@ -106,20 +107,84 @@ Result<cpu::Activation> activation_from_name(const std::string& name) {
   return make_error(ErrorCode::kUnsupported, "activation '" + name + "' is not supported (silu, gelu_pytorch_tanh)");
 }
 
+namespace {
+
+// Where one manifest entry of a layer goes in the CPU model (null: a role the decoder lacks).
+struct LayerSlots {
+  DecoderLayer* L;
+  WeightMatrix* matrix(const WeightEntry& e) {
+    GatedMlpWeights* x = e.expert >= 0 ? &L->moe->experts[size_t(e.expert)] : nullptr;
+    switch (e.role) {
+      case WeightRole::kQ: return &L->attn.q;
+      case WeightRole::kK: return &L->attn.k;
+      case WeightRole::kV: return &L->attn.v;
+      case WeightRole::kO: return &L->attn.o;
+      case WeightRole::kGate: return &L->mlp.gate;
+      case WeightRole::kUp: return &L->mlp.up;
+      case WeightRole::kDown: return &L->mlp.down;
+      case WeightRole::kRouter: return &L->moe->router;
+      case WeightRole::kExpertGate: return &x->gate;
+      case WeightRole::kExpertUp: return &x->up;
+      case WeightRole::kExpertDown: return &x->down;
+      default: return nullptr;
+    }
+  }
+  std::vector<float>* vector(const WeightEntry& e) {
+    switch (e.role) {
+      case WeightRole::kInputNorm: return &L->input_norm;
+      case WeightRole::kPostAttnNorm: return &L->post_attn_norm;
+      case WeightRole::kPreFfnNorm: return &L->pre_ffn_norm;
+      case WeightRole::kPostFfnNorm: return &L->post_ffn_norm;
+      case WeightRole::kQBias: return &L->attn.q_bias;
+      case WeightRole::kKBias: return &L->attn.k_bias;
+      case WeightRole::kVBias: return &L->attn.v_bias;
+      case WeightRole::kOBias: return &L->attn.o_bias;
+      case WeightRole::kQNorm: return &L->attn.q_norm;
+      case WeightRole::kKNorm: return &L->attn.k_norm;
+      case WeightRole::kGateBias: return &L->mlp.gate_bias;
+      case WeightRole::kUpBias: return &L->mlp.up_bias;
+      case WeightRole::kDownBias: return &L->mlp.down_bias;
+      default: return nullptr;
+    }
+  }
+};
+
+Status load_layer_weights(const WeightManifest& manifest, const WeightLoader& w, int32_t l, DecoderLayer* L) {
+  LayerSlots slots{L};
+  for (const WeightEntry* e : manifest.of_layer(l)) {
+    if (e->is_matrix()) {
+      WeightMatrix* dst = slots.matrix(*e);
+      if (dst == nullptr) return make_error(ErrorCode::kInternal, "the CPU decoder has no slot for " + e->name);
+      STRATA_RETURN_IF_ERROR(take(w.matrix(e->name, e->shape[0], e->shape[1]), dst));
+    } else {
+      std::vector<float>* dst = slots.vector(*e);
+      if (dst == nullptr) return make_error(ErrorCode::kInternal, "the CPU decoder has no slot for " + e->name);
+      STRATA_RETURN_IF_ERROR(take(w.vector(e->name, e->shape[0]), dst));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const WeightLoader& w, ThreadPool& pool,
                                             const DecoderSpec& spec) {
+  auto manifest = decoder_manifest(cfg, spec);
+  if (!manifest.ok()) return manifest.error();
   auto m = std::make_unique<DecoderModel>(cfg, pool, spec);
   m->archive_ = w.archive();
-  const int64_t H = cfg.hidden, V = cfg.vocab_size, hd = cfg.head_dim;
-  const int64_t nh = cfg.n_heads, nkv = cfg.n_kv_heads;
-  STRATA_RETURN_IF_ERROR(take(w.embedding("embed_tokens.weight", V, H), &m->embed_));
-  STRATA_RETURN_IF_ERROR(take(w.vector("norm.weight", H), &m->final_norm_));
-  if (cfg.lm_head_name.empty()) {
-    auto t = w.tensor("embed_tokens.weight", {V, H});
+  const int64_t hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
+  const WeightEntry* embed = manifest->find(WeightRole::kEmbed);
+  const WeightEntry* final_norm = manifest->find(WeightRole::kFinalNorm);
+  STRATA_RETURN_IF_ERROR(take(w.embedding(embed->name, embed->shape[0], embed->shape[1]), &m->embed_));
+  STRATA_RETURN_IF_ERROR(take(w.vector(final_norm->name, final_norm->shape[0]), &m->final_norm_));
+  if (manifest->tied_embeddings) {
+    auto t = w.tensor(embed->name, embed->shape);
     if (!t.ok()) return t.error();
-    STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, V, H), &m->lm_head_));
+    STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, embed->shape[0], embed->shape[1]), &m->lm_head_));
   } else {
-    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(cfg.lm_head_name, V, H), &m->lm_head_));
+    const WeightEntry* head = manifest->find(WeightRole::kLmHead);
+    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(head->name, head->shape[0], head->shape[1]), &m->lm_head_));
   }
 
   // One RoPE provider per distinct layer type.
@@ -138,28 +203,6 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
   m->layers_.resize(size_t(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
     DecoderLayer& L = m->layers_[size_t(l)];
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "input_layernorm.weight", H), &L.input_norm));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_attention_layernorm.weight", H), &L.post_attn_norm));
-    if (spec.sandwich_norms) {
-      STRATA_RETURN_IF_ERROR(take(w.vector(p + "pre_feedforward_layernorm.weight", H), &L.pre_ffn_norm));
-      STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_feedforward_layernorm.weight", H), &L.post_ffn_norm));
-    }
-    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "q_proj.weight", nh * hd, H), &L.attn.q));
-    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "k_proj.weight", nkv * hd, H), &L.attn.k));
-    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "v_proj.weight", nkv * hd, H), &L.attn.v));
-    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "o_proj.weight", H, nh * hd), &L.attn.o));
-    if (spec.qkv_bias) {
-      STRATA_RETURN_IF_ERROR(take(w.vector(a + "q_proj.bias", nh * hd), &L.attn.q_bias));
-      STRATA_RETURN_IF_ERROR(take(w.vector(a + "k_proj.bias", nkv * hd), &L.attn.k_bias));
-      STRATA_RETURN_IF_ERROR(take(w.vector(a + "v_proj.bias", nkv * hd), &L.attn.v_bias));
-    }
-    if (spec.o_bias) STRATA_RETURN_IF_ERROR(take(w.vector(a + "o_proj.bias", H), &L.attn.o_bias));
-    if (spec.qk_norm) {
-      STRATA_RETURN_IF_ERROR(take(w.vector(a + "q_norm.weight", hd), &L.attn.q_norm));
-      STRATA_RETURN_IF_ERROR(take(w.vector(a + "k_norm.weight", hd), &L.attn.k_norm));
-    }
     const std::string& type = cfg.layer_types.empty() ? std::string("full_attention") : cfg.layer_types[size_t(l)];
     if (type != "full_attention" && type != "sliding_attention") {
       return make_error(ErrorCode::kUnsupported, "layer " + std::to_string(l) + " has layer type '" + type + "', which the " +
@@ -175,30 +218,13 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
     L.params.window = type == "sliding_attention" ? cfg.sliding_window : 0;
     L.params.norm_eps = cfg.rms_eps;
     L.params.norm_one_plus_w = spec.norm_one_plus_w;
-
-    const bool sparse = spec.moe && cfg.n_experts > 0 &&
-                        std::find(cfg.mlp_only_layers.begin(), cfg.mlp_only_layers.end(), l) == cfg.mlp_only_layers.end() &&
-                        (l + 1) % std::max(1, cfg.decoder_sparse_step) == 0;
-    if (sparse) {
-      auto moe = std::make_unique<MoeWeights>();
-      moe->top_k = cfg.n_experts_per_tok;
-      moe->norm_topk_prob = cfg.norm_topk_prob;
-      if (moe->top_k <= 0 || moe->top_k > cfg.n_experts || moe->top_k > 64) {
-        return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(moe->top_k) +
-                                                           " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
-      }
-      if (cfg.moe_intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size must be positive");
-      STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate.weight", cfg.n_experts, H), &moe->router));
-      moe->experts.resize(size_t(cfg.n_experts));
-      for (int e = 0; e < cfg.n_experts; ++e) {
-        STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.experts." + std::to_string(e) + ".", H, cfg.moe_intermediate, false,
-                                        &moe->experts[size_t(e)]));
-      }
-      L.moe = std::move(moe);
-    } else {
-      if (cfg.intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
-      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.", H, cfg.intermediate, spec.mlp_bias, &L.mlp));
+    if (decoder_layer_sparse(cfg, spec, l)) {
+      L.moe = std::make_unique<MoeWeights>();
+      L.moe->top_k = cfg.n_experts_per_tok;
+      L.moe->norm_topk_prob = cfg.norm_topk_prob;
+      L.moe->experts.resize(size_t(cfg.n_experts));
     }
+    STRATA_RETURN_IF_ERROR(load_layer_weights(*manifest, w, l, &L));
   }
   return std::unique_ptr<Model>(std::move(m));
 }

@@ -43,8 +43,14 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
 // Maps hidden_act / hidden_activation to a kernel activation.
 Result<cpu::Activation> activation_from_name(const std::string& name);
 
-// Gemma 2's decoder settings ((1 + w) and sandwich norms, embedding scale, query_pre_attn_scalar,
-// soft-caps); Gemma 3 adds q/k norms on top.
+// Each DecoderSpec family's settings for its config (the family files), registered beside its
+// loader (registry.h, family_decoder_spec). Gemma 2: (1 + w) and sandwich norms, embedding
+// scale, query_pre_attn_scalar, soft-caps; Gemma 3 adds q/k norms on top.
+Result<DecoderSpec> llama_decoder_spec(const ModelConfig& cfg);  // llama, mistral
+Result<DecoderSpec> qwen2_decoder_spec(const ModelConfig& cfg);
+Result<DecoderSpec> qwen3_decoder_spec(const ModelConfig& cfg);
+Result<DecoderSpec> qwen3_moe_decoder_spec(const ModelConfig& cfg);
 Result<DecoderSpec> gemma2_decoder_spec(const ModelConfig& cfg);
+Result<DecoderSpec> gemma3_decoder_spec(const ModelConfig& cfg);
 
 }  // namespace strata

@@ -6,10 +6,16 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_gemma3(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> gemma3_decoder_spec(const ModelConfig& cfg) {
   auto spec = gemma2_decoder_spec(cfg);
   if (!spec.ok()) return spec.error();
   spec->qk_norm = true;
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_gemma3(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = gemma3_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
   return load_decoder(cfg, weights, pool, *spec);
 }
 

@@ -4,7 +4,7 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_llama(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> llama_decoder_spec(const ModelConfig& cfg) {
   DecoderSpec spec;
   spec.qkv_bias = cfg.attention_bias;
   spec.o_bias = cfg.attention_bias;
@@ -12,7 +12,13 @@ Result<std::unique_ptr<Model>> load_llama(const ModelConfig& cfg, const WeightLo
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
   spec.act = *act;
-  return load_decoder(cfg, weights, pool, spec);
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_llama(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = llama_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  return load_decoder(cfg, weights, pool, *spec);
 }
 
 }  // namespace strata

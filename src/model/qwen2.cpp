@@ -4,13 +4,19 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_qwen2(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> qwen2_decoder_spec(const ModelConfig& cfg) {
   DecoderSpec spec;
   spec.qkv_bias = true;
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
   spec.act = *act;
-  return load_decoder(cfg, weights, pool, spec);
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_qwen2(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = qwen2_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  return load_decoder(cfg, weights, pool, *spec);
 }
 
 }  // namespace strata

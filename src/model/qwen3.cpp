@@ -5,7 +5,7 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_qwen3(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> qwen3_decoder_spec(const ModelConfig& cfg) {
   DecoderSpec spec;
   spec.qk_norm = true;
   spec.qkv_bias = cfg.attention_bias;
@@ -13,7 +13,13 @@ Result<std::unique_ptr<Model>> load_qwen3(const ModelConfig& cfg, const WeightLo
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
   spec.act = *act;
-  return load_decoder(cfg, weights, pool, spec);
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_qwen3(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = qwen3_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  return load_decoder(cfg, weights, pool, *spec);
 }
 
 }  // namespace strata

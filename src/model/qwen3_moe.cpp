@@ -6,19 +6,20 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Model>> load_qwen3_moe(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+Result<DecoderSpec> qwen3_moe_decoder_spec(const ModelConfig& cfg) {
   if (cfg.n_experts <= 0) {
     return make_error(ErrorCode::kInvalidArgument, "qwen3_moe config needs num_experts (or num_local_experts) > 0");
   }
-  DecoderSpec spec;
-  spec.qk_norm = true;
-  spec.qkv_bias = cfg.attention_bias;
-  spec.o_bias = cfg.attention_bias;
-  spec.moe = true;
-  auto act = activation_from_name(cfg.hidden_act);
-  if (!act.ok()) return act.error();
-  spec.act = *act;
-  return load_decoder(cfg, weights, pool, spec);
+  auto spec = qwen3_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  spec->moe = true;
+  return spec;
+}
+
+Result<std::unique_ptr<Model>> load_qwen3_moe(const ModelConfig& cfg, const WeightLoader& weights, ThreadPool& pool) {
+  auto spec = qwen3_moe_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  return load_decoder(cfg, weights, pool, *spec);
 }
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 #include "model/registry.h"
 
 #include "core/log.h"
+#include "model/decoder.h"
 #include "model/qwen3_next.h"
 #include "model/gemma4.h"
 
@@ -8,13 +9,13 @@ namespace strata {
 
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> kFamilies = {
-      {"llama", load_llama},
-      {"mistral", load_llama},
-      {"qwen2", load_qwen2},
-      {"qwen3", load_qwen3},
-      {"qwen3_moe", load_qwen3_moe},
-      {"gemma2", load_gemma2},
-      {"gemma3_text", load_gemma3},
+      {"llama", load_llama, llama_decoder_spec},
+      {"mistral", load_llama, llama_decoder_spec},
+      {"qwen2", load_qwen2, qwen2_decoder_spec},
+      {"qwen3", load_qwen3, qwen3_decoder_spec},
+      {"qwen3_moe", load_qwen3_moe, qwen3_moe_decoder_spec},
+      {"gemma2", load_gemma2, gemma2_decoder_spec},
+      {"gemma3_text", load_gemma3, gemma3_decoder_spec},
       {"qwen3_next", load_qwen3_next},
       {"qwen3_5_text", load_qwen3_5},
       {"qwen3_5_moe_text", load_qwen3_5_moe},
@@ -27,6 +28,19 @@ std::vector<std::string> supported_model_types() {
   std::vector<std::string> v;
   for (const auto& f : model_families()) v.emplace_back(f.model_type);
   return v;
+}
+
+const ModelFamily* find_model_family(const std::string& model_type) {
+  for (const auto& f : model_families()) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
+Result<DecoderSpec> family_decoder_spec(const ModelConfig& cfg) {
+  const ModelFamily* f = find_model_family(cfg.model_type);
+  if (f != nullptr && f->decoder_spec != nullptr) return f->decoder_spec(cfg);
+  return make_error(ErrorCode::kUnsupported, "model_type '" + cfg.model_type + "' is not a decoder-spec family");
 }
 
 Status resolve_weight_names(ModelConfig* cfg, const SafetensorsArchive& archive) {

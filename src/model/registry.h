@@ -15,9 +15,15 @@
 
 namespace strata {
 
+struct DecoderSpec;
+using DecoderSpecFn = Result<DecoderSpec> (*)(const ModelConfig& cfg);
+
 struct ModelFamily {
   const char* model_type;  // text model_type as config.json spells it
   ModelLoadFn load;
+  // The family's DecoderSpec (model/decoder.h) when its layer is the shared decoder's; null for
+  // families with a layer of their own (Gemma 4, the DeltaNet hybrids).
+  DecoderSpecFn decoder_spec = nullptr;
 };
 
 // Every registered family, in registration order.
@@ -25,6 +31,12 @@ const std::vector<ModelFamily>& model_families();
 // Their model_type strings (the accepted values of config.json's model_type, or of a
 // wrapper's text_config.model_type).
 std::vector<std::string> supported_model_types();
+
+// The registered family of `model_type`, or null.
+const ModelFamily* find_model_family(const std::string& model_type);
+// The DecoderSpec of cfg's family: kUnsupported naming the model_type when the family is not
+// a DecoderSpec family (or not registered), else the family's own errors.
+Result<DecoderSpec> family_decoder_spec(const ModelConfig& cfg);
 
 // Sets cfg->weight_prefix (where embed_tokens.weight lives: "model.", "model.language_model.",
 // "language_model.model.", ...) and cfg->lm_head_name (empty when tied).

@@ -7,41 +7,50 @@
 
 #include "model/decoder.h"
 #include "model/gemma4_config.h"
+#include "model/registry.h"
 
 namespace strata::cuda {
 
+namespace {
+
+Status check_moe(const ModelConfig& cfg) {
+  if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts || cfg.n_experts_per_tok > 64) {
+    return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(cfg.n_experts_per_tok) +
+                                                       " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
+  }
+  if (cfg.n_experts > 4096) return make_error(ErrorCode::kUnsupported, "num_experts " + std::to_string(cfg.n_experts) + " (the CUDA routing takes at most 4096)");
+  return Status();
+}
+
+}  // namespace
+
+FamilyFlags flags_of(const DecoderSpec& spec) {
+  FamilyFlags f;
+  f.qk_norm = spec.qk_norm;
+  f.qkv_bias = spec.qkv_bias;
+  f.o_bias = spec.o_bias;
+  f.one_plus_w = spec.norm_one_plus_w;
+  f.sandwich = spec.sandwich_norms;
+  f.moe = spec.moe;
+  f.embed_scale = spec.embed_scale;
+  f.attn_scale = spec.attn_scale;
+  f.attn_softcap = spec.attn_softcap;
+  f.final_softcap = spec.final_softcap;
+  return f;
+}
+
 Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
   FamilyFlags f;
-  if (cfg.model_type == "llama" || cfg.model_type == "mistral") {
-    f.qkv_bias = f.o_bias = cfg.attention_bias;
-  } else if (cfg.model_type == "qwen2") {
-    f.qkv_bias = true;
-  } else if (cfg.model_type == "qwen3") {
-    f.qk_norm = true;
-    f.qkv_bias = f.o_bias = cfg.attention_bias;
-  } else if (cfg.model_type == "qwen3_moe") {
-    if (cfg.n_experts <= 0) return make_error(ErrorCode::kInvalidArgument, "qwen3_moe config needs num_experts (or num_local_experts) > 0");
-    if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts || cfg.n_experts_per_tok > 64) {
-      return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(cfg.n_experts_per_tok) +
-                                                         " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
-    }
-    if (cfg.n_experts > 4096) return make_error(ErrorCode::kUnsupported, "num_experts " + std::to_string(cfg.n_experts) + " (the CUDA routing takes at most 4096)");
-    if (cfg.moe_intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size must be positive");
-    f.qk_norm = true;
-    f.qkv_bias = f.o_bias = cfg.attention_bias;
-    f.moe = true;
-  } else if (cfg.model_type == "gemma2" || cfg.model_type == "gemma3_text") {
-    auto spec = gemma2_decoder_spec(cfg);
+  const ModelFamily* family = find_model_family(cfg.model_type);
+  if (family != nullptr && family->decoder_spec != nullptr) {
+    // The shared decoder's families: the family's own DecoderSpec (model/<family>.cpp).
+    auto spec = family->decoder_spec(cfg);
     if (!spec.ok()) return spec.error();
-    f.qk_norm = cfg.model_type == "gemma3_text";
-    f.qkv_bias = spec->qkv_bias;
-    f.o_bias = spec->o_bias;
-    f.one_plus_w = spec->norm_one_plus_w;
-    f.sandwich = spec->sandwich_norms;
-    f.embed_scale = spec->embed_scale;
-    f.attn_scale = spec->attn_scale;
-    f.attn_softcap = spec->attn_softcap;
-    f.final_softcap = spec->final_softcap;
+    f = flags_of(*spec);
+    if (f.moe) {
+      STRATA_RETURN_IF_ERROR(check_moe(cfg));
+      if (cfg.moe_intermediate <= 0) return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size must be positive");
+    }
   } else if (cfg.model_type == "gemma4_text") {
     auto g4 = parse_gemma4_text_config(cfg);
     if (!g4.ok()) return g4.error();
@@ -66,11 +75,7 @@ Result<FamilyFlags> family_flags(const ModelConfig& cfg) {
     if (cfg.attention_bias) return make_error(ErrorCode::kUnsupported, cfg.model_type + ": attention_bias true is not supported by the CUDA forward");
     if (f.moe) {
       if (cfg.n_experts <= 0) return make_error(ErrorCode::kInvalidArgument, cfg.model_type + " config needs num_experts > 0");
-      if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts || cfg.n_experts_per_tok > 64) {
-        return make_error(ErrorCode::kInvalidArgument, "num_experts_per_tok " + std::to_string(cfg.n_experts_per_tok) +
-                                                           " must lie in [1, min(num_experts " + std::to_string(cfg.n_experts) + ", 64)]");
-      }
-      if (cfg.n_experts > 4096) return make_error(ErrorCode::kUnsupported, "num_experts " + std::to_string(cfg.n_experts) + " (the CUDA routing takes at most 4096)");
+      STRATA_RETURN_IF_ERROR(check_moe(cfg));
       if (cfg.moe_intermediate <= 0 || cfg.shared_expert_intermediate <= 0) {
         return make_error(ErrorCode::kInvalidArgument, "moe_intermediate_size and shared_expert_intermediate_size must be positive");
       }

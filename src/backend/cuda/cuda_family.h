@@ -1,12 +1,17 @@
 // Which decoder families CudaDecoder computes and what each changes in the plain layer: the
 // settings of the family's DecoderSpec (model/decoder.h) that the CUDA forward implements,
-// derived from the shared ModelConfig (no config parsing of its own).
+// derived from the shared ModelConfig (no config parsing of its own); for the shared decoder's
+// families, from the family's own DecoderSpec (flags_of).
 #pragma once
 
 #include <cstdint>
 
 #include "core/status.h"
 #include "model/model_config.h"
+
+namespace strata {
+struct DecoderSpec;
+}  // namespace strata
 
 namespace strata::cuda {
 
@@ -21,6 +26,9 @@ struct FamilyFlags {
   float attn_scale = 0.0f;  // 0: head_dim^-0.5
   float attn_softcap = 0.0f, final_softcap = 0.0f;
 };
+
+// The flags of a DecoderSpec family (its spec from the family file, registry.h).
+FamilyFlags flags_of(const DecoderSpec& spec);
 
 // The flags of cfg's family, or kUnsupported naming the model_type (kInvalidArgument for a
 // MoE config without experts or with a bad top-k).

@@ -19,6 +19,7 @@
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weight_loader.h"
+#include "model/weight_manifest.h"
 #include "tensor/dtype.h"
 
 namespace strata::cuda {
@@ -210,6 +211,168 @@ Status CudaDecoder::take_weight_arena(size_t bytes) {
   return Status();
 }
 
+namespace {
+
+using WeightSink = CudaDecoder::WeightSink;
+
+class CheckpointSink : public WeightSink {
+ public:
+  CheckpointSink(WeightLoader w, DeviceArena& arena, WeightSplit& split) : w_(std::move(w)), arena_(arena), split_(split) {}
+  Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) override {
+    std::vector<float> v;
+    for (const WeightEntry* e : parts) {
+      auto t = (e->absolute ? w_.with_prefix("") : w_).f32(e->name, e->shape);
+      if (!t.ok()) return t.error();
+      v.insert(v.end(), t->begin(), t->end());
+    }
+    return split_.upload(arena_, v, parts.front()->name);
+  }
+  Result<float*> vector(const std::vector<const WeightEntry*>& parts) override {
+    std::vector<float> v;
+    for (const WeightEntry* e : parts) {
+      auto t = w_.vector(e->name, e->shape[0]);
+      if (!t.ok()) return t.error();
+      v.insert(v.end(), t->begin(), t->end());
+    }
+    return upload_f32(arena_, v, parts.front()->name);
+  }
+
+ private:
+  WeightLoader w_;
+  DeviceArena& arena_;
+  WeightSplit& split_;
+};
+
+// --load-format dummy: matrices uniform in [-scale, scale] (one draw per group), vectors their
+// entries' constants (norms at their unit, biases 0).
+class RandomSink : public WeightSink {
+ public:
+  RandomSink(DeviceArena& arena, uint64_t seed, float scale, cudaStream_t stream)
+      : arena_(arena), seed_(seed), scale_(scale), stream_(stream) {}
+  Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) override {
+    int64_t n = 0;
+    for (const WeightEntry* e : parts) n += e->numel();
+    auto p = arena_.take_array<uint16_t>(size_t(n), parts.front()->name);
+    if (!p.ok()) return p.error();
+    launch_fill_random_bf16(*p, n, ++seed_, scale_, stream_);
+    return *p;
+  }
+  Result<float*> vector(const std::vector<const WeightEntry*>& parts) override {
+    int64_t n = 0;
+    for (const WeightEntry* e : parts) n += e->numel();
+    auto p = arena_.take_array<float>(size_t(n), parts.front()->name);
+    if (!p.ok()) return p.error();
+    int64_t off = 0;
+    for (const WeightEntry* e : parts) {
+      if (e->init != WeightInit::kConstant) return make_error(ErrorCode::kUnsupported, e->name + ": no random vector init on the GPU");
+      launch_fill_f32(*p + off, e->numel(), e->value, stream_);
+      off += e->numel();
+    }
+    return *p;
+  }
+
+ private:
+  DeviceArena& arena_;
+  uint64_t seed_;
+  float scale_;
+  cudaStream_t stream_;
+};
+
+// The entries of `layer` grouped as a backend fuses them (WeightFuse), in manifest order.
+std::vector<std::vector<const WeightEntry*>> fused_groups(const WeightManifest& m, int32_t layer) {
+  std::vector<std::vector<const WeightEntry*>> groups;
+  std::vector<WeightFuse> kinds;
+  for (const WeightEntry* e : m.of_layer(layer)) {
+    auto it = std::find(kinds.begin(), kinds.end(), e->fuse);
+    if (e->fuse == WeightFuse::kNone || it == kinds.end()) {
+      groups.push_back({e});
+      kinds.push_back(e->fuse);
+    } else {
+      groups[size_t(it - kinds.begin())].push_back(e);
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+void CudaDecoder::adopt_family(const FamilyFlags& flags, cpu::Activation act, const CudaModelOptions& options) {
+  qk_norm_ = flags.qk_norm;
+  qkv_bias_ = flags.qkv_bias;
+  o_bias_ = flags.o_bias;
+  act_ = act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
+  one_plus_w_ = flags.one_plus_w;
+  sandwich_ = flags.sandwich;
+  embed_scale_ = flags.embed_scale;
+  attn_softcap_ = options.attn_softcap ? flags.attn_softcap : 0.0f;
+  final_softcap_ = flags.final_softcap;
+  moe_ = flags.moe;
+  fused_ok_ = !one_plus_w_ && !sandwich_ && embed_scale_ == 1.0f && attn_softcap_ == 0.0f && final_softcap_ == 0.0f && !moe_;
+  attn_scale_ = flags.attn_scale > 0.0f ? flags.attn_scale : float(1.0 / std::sqrt(double(cfg_.head_dim)));
+}
+
+Status CudaDecoder::upload_rope(const RopeConfig& rc) {
+  auto tab = compute_rope(rc, int32_t(cfg_.head_dim), cfg_.max_position);
+  if (!tab.ok()) return tab.error();
+  auto f = upload_f32(*arena_, tab->inv_freq, "RoPE table");
+  if (!f.ok()) return f.error();
+  buf_->rope_inv_freq.push_back(*f);
+  buf_->rope_rot_dim.push_back(tab->rot_dim);
+  buf_->rope_attn_factor.push_back(tab->attn_factor);
+  return Status();
+}
+
+Status CudaDecoder::place_weights(const WeightManifest& manifest, WeightSink& sink) {
+  Buffers& B = *buf_;
+  auto mat = [&](uint16_t** dst, const std::vector<const WeightEntry*>& parts) -> Status {
+    auto p = sink.matrix(parts);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    return Status();
+  };
+  auto vec = [&](float** dst, const std::vector<const WeightEntry*>& parts) -> Status {
+    auto p = sink.vector(parts);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    return Status();
+  };
+  STRATA_RETURN_IF_ERROR(mat(&B.embed, {manifest.find(WeightRole::kEmbed)}));
+  if (manifest.tied_embeddings) {
+    B.lm_head = B.embed;
+  } else {
+    STRATA_RETURN_IF_ERROR(mat(&B.lm_head, {manifest.find(WeightRole::kLmHead)}));
+  }
+  STRATA_RETURN_IF_ERROR(vec(&B.final_norm, {manifest.find(WeightRole::kFinalNorm)}));
+  layers_.resize(size_t(cfg_.n_layers));
+  for (int32_t l = 0; l < cfg_.n_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    for (const auto& g : fused_groups(manifest, l)) {
+      Status st;
+      switch (g.front()->role) {
+        case WeightRole::kQ: st = mat(&L.qkv, g); break;
+        case WeightRole::kO: st = mat(&L.o, g); break;
+        case WeightRole::kGate: st = mat(&L.gate_up, g); break;
+        case WeightRole::kDown: st = mat(&L.down, g); break;
+        case WeightRole::kRouter: st = mat(&L.router, g); break;
+        case WeightRole::kExpertGate: st = mat(&L.experts_gate_up, g); break;
+        case WeightRole::kExpertDown: st = mat(&L.experts_down, g); break;
+        case WeightRole::kInputNorm: st = vec(&L.in_norm, g); break;
+        // Plain layers: the FFN's input norm; sandwich layers: the attention output's.
+        case WeightRole::kPostAttnNorm: st = vec(sandwich_ ? &L.attn_out_norm : &L.post_norm, g); break;
+        case WeightRole::kPreFfnNorm: st = vec(&L.post_norm, g); break;
+        case WeightRole::kPostFfnNorm: st = vec(&L.ffn_out_norm, g); break;
+        case WeightRole::kQBias: st = vec(&L.qkv_bias, g); break;
+        case WeightRole::kOBias: st = vec(&L.o_bias, g); break;
+        case WeightRole::kQNorm: st = vec(&L.q_norm, g); break;
+        case WeightRole::kKNorm: st = vec(&L.k_norm, g); break;
+        default: return make_error(ErrorCode::kUnsupported, g.front()->name + " has no place in the CUDA decoder");
+      }
+      if (!st.ok()) return st;
+    }
+  }
+  return Status();
+}
+
 Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& options) {
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
@@ -220,128 +383,37 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
   if (flags->gemma4) return load_gemma4(*cfg, *archive, options);
   if (flags->hybrid) return load_hybrid(*cfg, *archive, options);
-  auto act = activation_from_name(cfg->hidden_act);
-  if (!act.ok()) return act.error();
+  auto spec = family_decoder_spec(*cfg);
+  if (!spec.ok()) return spec.error();
+  auto manifest = decoder_manifest(*cfg, *spec);
+  if (!manifest.ok()) return manifest.error();
 
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
   m->cfg_ = *cfg;
-  m->qk_norm_ = flags->qk_norm;
-  m->qkv_bias_ = flags->qkv_bias;
-  m->o_bias_ = flags->o_bias;
-  m->act_ = *act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
-  m->one_plus_w_ = flags->one_plus_w;
-  m->sandwich_ = flags->sandwich;
-  m->embed_scale_ = flags->embed_scale;
-  m->attn_softcap_ = options.attn_softcap ? flags->attn_softcap : 0.0f;
-  m->final_softcap_ = flags->final_softcap;
-  m->moe_ = flags->moe;
-  m->fused_ok_ = !m->one_plus_w_ && !m->sandwich_ && m->embed_scale_ == 1.0f && m->attn_softcap_ == 0.0f &&
-                 m->final_softcap_ == 0.0f && !m->moe_;
+  m->adopt_family(*flags, spec->act, options);
   m->auto_f32_kv_ = WeightSplit::splits(**archive, options);
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(m->cfg_);
-  m->attn_scale_ = flags->attn_scale > 0.0f ? flags->attn_scale : float(1.0 / std::sqrt(double(d.hd)));
   std::vector<int32_t> rope_index;
   const auto types = rope_types(m->cfg_, &rope_index);
-  const bool tied = m->cfg_.lm_head_name.empty();
-  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, int(types.size()))));
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, manifest->tied_embeddings, int(types.size()))));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  const WeightLoader w(*archive, m->cfg_.weight_prefix);
   // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
   B.split = WeightSplit::for_checkpoint(**archive, options, m->cfg_.model_type);
   if (B.split->on()) m->fused_ok_ = false;
-  auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {
-    return B.split->upload(a, v, what);
-  };
-
-
-  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {d.V, d.H}), upload_matrix, "embedding");
-  if (tied) {
-    B.lm_head = B.embed;
-  } else {
-    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {d.V, d.H}), upload_matrix, "lm_head");
-  }
-  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", d.H), upload_f32, "final norm");
+  CheckpointSink sink(WeightLoader(*archive, m->cfg_.weight_prefix), A, *B.split);
+  STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
   for (const auto& t : types) {
     if (t != "full_attention" && t != "sliding_attention") {
       return make_error(ErrorCode::kUnsupported, "layer type '" + t + "' has no CUDA forward");
     }
     const RopeConfig& rc = m->cfg_.rope_for(t);
     if (rc.type == "dynamic") return make_error(ErrorCode::kUnsupported, "dynamic RoPE has no CUDA forward yet");
-    auto tab = compute_rope(rc, int32_t(d.hd), m->cfg_.max_position);
-    if (!tab.ok()) return tab.error();
-    float* f = nullptr;
-    STRATA_CUDA_LOAD(f, Result<std::vector<float>>(tab->inv_freq), upload_f32, "RoPE table");
-    B.rope_inv_freq.push_back(f);
-    B.rope_rot_dim.push_back(tab->rot_dim);
-    B.rope_attn_factor.push_back(tab->attn_factor);
+    STRATA_RETURN_IF_ERROR(m->upload_rope(rc));
   }
-  m->layers_.resize(size_t(d.L));
   for (int64_t l = 0; l < d.L; ++l) {
     Layer& L = m->layers_[size_t(l)];
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
-    {
-      std::vector<float> qkv;
-      for (const auto& [name, rows] : {std::pair<std::string, int64_t>{"q_proj", d.nh * d.hd}, {"k_proj", d.nkv * d.hd},
-                                       {"v_proj", d.nkv * d.hd}}) {
-        auto t = w.f32(a + name + ".weight", {rows, d.H});
-        if (!t.ok()) return t.error();
-        qkv.insert(qkv.end(), t->begin(), t->end());
-      }
-      STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
-    }
-    STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {d.H, d.nh * d.hd}), upload_matrix, "o_proj");
-    if (layer_sparse(m->cfg_, l)) {
-      STRATA_CUDA_LOAD(L.router, w.f32(p + "mlp.gate.weight", {d.E, d.H}), upload_matrix, "router");
-      std::vector<float> gu, dn;
-      for (int64_t e = 0; e < d.E; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        for (const char* name : {"gate_proj", "up_proj"}) {
-          auto t = w.f32(x + name + ".weight", {d.mI, d.H});
-          if (!t.ok()) return t.error();
-          gu.insert(gu.end(), t->begin(), t->end());
-        }
-        auto t = w.f32(x + "down_proj.weight", {d.H, d.mI});
-        if (!t.ok()) return t.error();
-        dn.insert(dn.end(), t->begin(), t->end());
-      }
-      STRATA_CUDA_LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
-      STRATA_CUDA_LOAD(L.experts_down, Result<std::vector<float>>(std::move(dn)), upload_matrix, "experts down_proj");
-    } else {
-      if (d.I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
-      auto g = w.f32(p + "mlp.gate_proj.weight", {d.I, d.H});
-      if (!g.ok()) return g.error();
-      auto u = w.f32(p + "mlp.up_proj.weight", {d.I, d.H});
-      if (!u.ok()) return u.error();
-      g->insert(g->end(), u->begin(), u->end());
-      STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(*g)), upload_matrix, "gate_up");
-      STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {d.H, d.I}), upload_matrix, "down_proj");
-    }
-    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", d.H), upload_f32, "input norm");
-    if (m->sandwich_) {
-      STRATA_CUDA_LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
-      STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", d.H), upload_f32, "pre-feedforward norm");
-      STRATA_CUDA_LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", d.H), upload_f32, "post-feedforward norm");
-    } else {
-      STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", d.H), upload_f32, "post-attention norm");
-    }
-    if (m->qkv_bias_) {
-      std::vector<float> bias;
-      for (const auto& [name, rows] : {std::pair<std::string, int64_t>{"q_proj", d.nh * d.hd}, {"k_proj", d.nkv * d.hd},
-                                       {"v_proj", d.nkv * d.hd}}) {
-        auto t = w.vector(a + name + ".bias", rows);
-        if (!t.ok()) return t.error();
-        bias.insert(bias.end(), t->begin(), t->end());
-      }
-      STRATA_CUDA_LOAD(L.qkv_bias, Result<std::vector<float>>(std::move(bias)), upload_f32, "qkv bias");
-    }
-    if (m->o_bias_) STRATA_CUDA_LOAD(L.o_bias, w.vector(a + "o_proj.bias", d.H), upload_f32, "o_proj bias");
-    if (m->qk_norm_) {
-      STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", d.hd), upload_f32, "q_norm");
-      STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", d.hd), upload_f32, "k_norm");
-    }
     L.rope = rope_index[size_t(l)];
     L.window = m->cfg_.is_sliding(int(l)) ? m->cfg_.sliding_window : 0;
   }
@@ -367,85 +439,27 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
   if (flags->gemma4 || flags->hybrid) {
     return make_error(ErrorCode::kUnsupported, "random weights for " + cfg.model_type + " are not supported on the GPU");
   }
-  auto act = activation_from_name(cfg.hidden_act);
-  if (!act.ok()) return act.error();
+  auto spec = family_decoder_spec(cfg);
+  if (!spec.ok()) return spec.error();
+  ModelConfig named = cfg;
+  named.lm_head_name.clear();  // dummies name their tensors as the manifest does
+  auto manifest = decoder_manifest(named, *spec);
+  if (!manifest.ok()) return manifest.error();
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
   m->cfg_ = cfg;
-  m->qk_norm_ = flags->qk_norm;
-  m->act_ = *act == cpu::Activation::kSilu ? int32_t(Act::kSilu) : int32_t(Act::kGeluTanh);
-  m->one_plus_w_ = flags->one_plus_w;
-  m->sandwich_ = flags->sandwich;
-  m->embed_scale_ = flags->embed_scale;
-  m->attn_softcap_ = options.attn_softcap ? flags->attn_softcap : 0.0f;
-  m->final_softcap_ = flags->final_softcap;
-  m->moe_ = flags->moe;
-  m->fused_ok_ = !m->one_plus_w_ && !m->sandwich_ && m->embed_scale_ == 1.0f && m->attn_softcap_ == 0.0f &&
-                 m->final_softcap_ == 0.0f && !m->moe_;
+  m->adopt_family(*flags, spec->act, options);
   STRATA_RETURN_IF_ERROR(m->init_common(options));
   const Dims d = dims_of(cfg);
-  m->attn_scale_ = flags->attn_scale > 0.0f ? flags->attn_scale : float(1.0 / std::sqrt(double(d.hd)));
   std::vector<int32_t> rope_index;
   const auto types = rope_types(cfg, &rope_index);
-  const bool tied = cfg.tie_embeddings;
-  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, int(types.size()))));
+  STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, manifest->tied_embeddings, int(types.size()))));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  uint64_t s = seed;
-  auto rnd = [&](uint16_t** dst, int64_t n, const char* what) -> Status {
-    auto p = A.take_array<uint16_t>(size_t(n), what);
-    if (!p.ok()) return p.error();
-    *dst = *p;
-    launch_fill_random_bf16(*dst, n, ++s, scale, m->stream_);
-    return Status();
-  };
-  // Norm weights that scale by 1 ((1 + w) norms hold 0).
-  const float unit = m->one_plus_w_ ? 0.0f : 1.0f;
-  auto ones = [&](float** dst, int64_t n, const char* what) -> Status {
-    auto p = A.take_array<float>(size_t(n), what);
-    if (!p.ok()) return p.error();
-    *dst = *p;
-    launch_fill_f32(*dst, n, unit, m->stream_);
-    return Status();
-  };
-  STRATA_RETURN_IF_ERROR(rnd(&B.embed, d.V * d.H, "embedding"));
-  if (tied) {
-    B.lm_head = B.embed;
-  } else {
-    STRATA_RETURN_IF_ERROR(rnd(&B.lm_head, d.V * d.H, "lm_head"));
-  }
-  STRATA_RETURN_IF_ERROR(ones(&B.final_norm, d.H, "final norm"));
-  for (const auto& t : types) {
-    auto tab = compute_rope(cfg.rope_for(t), int32_t(d.hd), cfg.max_position);
-    if (!tab.ok()) return tab.error();
-    auto f = upload_f32(A, tab->inv_freq, "RoPE table");
-    if (!f.ok()) return f.error();
-    B.rope_inv_freq.push_back(*f);
-    B.rope_rot_dim.push_back(tab->rot_dim);
-    B.rope_attn_factor.push_back(tab->attn_factor);
-  }
-  m->layers_.resize(size_t(d.L));
+  RandomSink sink(A, seed, scale, m->stream_);
+  STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
+  for (const auto& t : types) STRATA_RETURN_IF_ERROR(m->upload_rope(cfg.rope_for(t)));
   for (int64_t l = 0; l < d.L; ++l) {
     Layer& L = m->layers_[size_t(l)];
-    STRATA_RETURN_IF_ERROR(rnd(&L.qkv, d.qkv_rows * d.H, "qkv"));
-    STRATA_RETURN_IF_ERROR(rnd(&L.o, d.H * d.nh * d.hd, "o_proj"));
-    if (layer_sparse(cfg, l)) {
-      STRATA_RETURN_IF_ERROR(rnd(&L.router, d.E * d.H, "router"));
-      STRATA_RETURN_IF_ERROR(rnd(&L.experts_gate_up, d.E * 2 * d.mI * d.H, "experts gate_up"));
-      STRATA_RETURN_IF_ERROR(rnd(&L.experts_down, d.E * d.H * d.mI, "experts down_proj"));
-    } else {
-      STRATA_RETURN_IF_ERROR(rnd(&L.gate_up, 2 * d.I * d.H, "gate_up"));
-      STRATA_RETURN_IF_ERROR(rnd(&L.down, d.H * d.I, "down_proj"));
-    }
-    STRATA_RETURN_IF_ERROR(ones(&L.in_norm, d.H, "input norm"));
-    STRATA_RETURN_IF_ERROR(ones(&L.post_norm, d.H, "post-attention norm"));
-    if (m->sandwich_) {
-      STRATA_RETURN_IF_ERROR(ones(&L.attn_out_norm, d.H, "post-attention norm"));
-      STRATA_RETURN_IF_ERROR(ones(&L.ffn_out_norm, d.H, "post-feedforward norm"));
-    }
-    if (m->qk_norm_) {
-      STRATA_RETURN_IF_ERROR(ones(&L.q_norm, d.hd, "q_norm"));
-      STRATA_RETURN_IF_ERROR(ones(&L.k_norm, d.hd, "k_norm"));
-    }
     L.rope = rope_index[size_t(l)];
     L.window = cfg.is_sliding(int(l)) ? cfg.sliding_window : 0;
   }

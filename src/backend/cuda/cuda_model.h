@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_family.h"
 #include "backend/cuda/cuda_kv_codec_step.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
@@ -42,6 +44,7 @@
 #include "model/kv_storage.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
+#include "model/weight_manifest.h"
 #include "model/step_batch.h"
 
 namespace strata::cuda {
@@ -196,8 +199,23 @@ class CudaDecoder {
   struct Layer;
   struct Buffers;
   struct Hybrid;
+  // How the tensors of a fused group of manifest entries (one WeightFuse group of a layer, or a
+  // single entry) reach the arena: from the checkpoint, or drawn for a dummy model.
+  class WeightSink {
+   public:
+    virtual ~WeightSink() = default;
+    // The entries' rows concatenated, bf16 (split checkpoints also keep the lo part).
+    virtual Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) = 0;
+    virtual Result<float*> vector(const std::vector<const WeightEntry*>& parts) = 0;
+  };
 
  private:
+  // The shared decoder's families: the family's flags (cuda_family.h) with its activation, the
+  // RoPE table of one layer type, and the manifest's weights placed through `sink` (each
+  // WeightFuse group as one tensor of Layer / Buffers).
+  void adopt_family(const FamilyFlags& flags, cpu::Activation act, const CudaModelOptions& options);
+  Status upload_rope(const RopeConfig& rc);
+  Status place_weights(const WeightManifest& manifest, WeightSink& sink);
   CudaDecoder();  // out of line: members hold types complete in cuda_model.cpp only
   Status init_common(const CudaModelOptions& options);
   // The device arena of the weights and step scratch (bytes from the loader's sizing).

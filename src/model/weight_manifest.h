@@ -1,0 +1,90 @@
+// WeightManifest: every tensor a family reads, described once in src/model: its checkpoint
+// name, what it is for (its role, layer and expert), its shape, the fused groups a backend
+// may pack it into, and what a dummy (random-weights) model holds in it. A backend's loader
+// walks the manifest (the CPU packs each entry, the GPU uploads fused groups into its arena,
+// --load-format dummy draws every entry from its init) and never spells a tensor name; formats
+// (quantized weights) and adapters plug in here, once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model_config.h"
+
+namespace strata {
+
+struct DecoderSpec;
+
+enum class WeightRole : uint8_t {
+  kEmbed,        // [vocab, hidden]
+  kLmHead,       // [vocab, hidden]; absent when tied to kEmbed
+  kFinalNorm,    // [hidden]
+  kInputNorm,    // [hidden] before attention
+  kPostAttnNorm, // [hidden] after attention: the FFN's input norm (plain) or the attention output's (sandwich)
+  kPreFfnNorm,   // [hidden] sandwich: the FFN's input norm
+  kPostFfnNorm,  // [hidden] sandwich: the FFN output's norm
+  kQ, kK, kV,    // [heads * head_dim, hidden]
+  kO,            // [hidden, heads * head_dim]
+  kQBias, kKBias, kVBias, kOBias,
+  kQNorm, kKNorm,           // [head_dim] per-head RMSNorm before RoPE
+  kGate, kUp,               // [intermediate, hidden] dense gated MLP
+  kDown,                    // [hidden, intermediate]
+  kGateBias, kUpBias, kDownBias,
+  kRouter,                  // [experts, hidden]
+  kExpertGate, kExpertUp,   // [moe_intermediate, hidden] of expert `expert`
+  kExpertDown,              // [hidden, moe_intermediate]
+};
+
+// Entries a backend may concatenate by rows, in manifest order, into one tensor per layer.
+enum class WeightFuse : uint8_t {
+  kNone,
+  kQkv,            // q, k, v
+  kQkvBias,        // their biases
+  kGateUp,         // gate, up
+  kExpertsGateUp,  // every expert's gate then up, expert by expert
+  kExpertsDown,    // every expert's down, expert by expert
+};
+
+// What a dummy model holds: uniform random values, or a constant.
+enum class WeightInit : uint8_t { kRandom, kConstant };
+
+struct WeightEntry {
+  std::string name;        // the checkpoint tensor, under the config's weight prefix unless `absolute`
+  bool absolute = false;   // the name is the whole tensor name (lm_head.weight beside model.*)
+  WeightRole role = WeightRole::kEmbed;
+  int32_t layer = -1;      // -1: not in a layer
+  int32_t expert = -1;     // -1: not an expert's
+  std::vector<int64_t> shape;  // [rows, cols] of a matrix (rows = outputs), [n] of a vector
+  WeightFuse fuse = WeightFuse::kNone;
+  WeightInit init = WeightInit::kRandom;
+  float value = 0.0f;      // kConstant: the value (a norm's unit: 1, or 0 for (1 + w) norms)
+  bool is_matrix() const { return shape.size() == 2; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+struct WeightManifest {
+  std::vector<WeightEntry> entries;  // model-level entries first, then layer by layer
+  bool tied_embeddings = false;      // the LM head reads kEmbed
+  // The entries of `layer` (-1: the model-level ones), in manifest order.
+  std::vector<const WeightEntry*> of_layer(int32_t layer) const;
+  // The one entry with `role` in `layer` (and `expert`), or null.
+  const WeightEntry* find(WeightRole role, int32_t layer = -1, int32_t expert = -1) const;
+};
+
+// The manifest of a DecoderSpec family (model/decoder.h) for `cfg`, whose weight_prefix and
+// lm_head_name are resolved (resolve_weight_names) or, for a dummy model, left empty (the LM
+// head is then tied exactly when the config ties it). kInvalidArgument names a config field
+// whose value gives no valid shape.
+Result<WeightManifest> decoder_manifest(const ModelConfig& cfg, const DecoderSpec& spec);
+
+// Whether layer l of a DecoderSpec family with spec.moe routes to experts
+// (decoder_sparse_step, mlp_only_layers).
+bool decoder_layer_sparse(const ModelConfig& cfg, const DecoderSpec& spec, int64_t l);
+
+}  // namespace strata
