@@ -28,6 +28,7 @@ class EbnfParser {
       defined_[name] = true;
       b_.set_rule(r, parse_alternatives(0));
       skip_space();
+      if (i_ < s_.size() && s_[i_] == ')') fail("unexpected ')'");
     }
     for (auto& [name, r] : rules_)
       if (!defined_.count(name)) throw EbnfError{"ebnf: rule '" + name + "' is used but not defined"};
