@@ -48,7 +48,7 @@ class OpenAiBase : public ResponseBuilder {
     if (!c_.include_usage) return "";
     json j = chunk_base(object);
     j["choices"] = json::array();
-    j["usage"] = usage_json(u);
+    j["usage"] = with_usage_extension(usage_json(u));
     return sse_data(j);
   }
   void add_usage_null(json& j) const {
@@ -112,7 +112,7 @@ class ChatBuilder : public OpenAiBase {
     choice["finish_reason"] = finish_reason_;
     json j = {{"id", c_.id}, {"object", "chat.completion"}, {"created", c_.created}, {"model", c_.model}};
     j["choices"] = json::array({choice});
-    j["usage"] = usage_json(usage_);
+    j["usage"] = with_usage_extension(usage_json(usage_));
     return j;
   }
 
@@ -218,7 +218,7 @@ class CompletionBuilder : public OpenAiBase {
     choice["finish_reason"] = finish_reason_;
     json j = {{"id", c_.id}, {"object", "text_completion"}, {"created", c_.created}, {"model", c_.model}};
     j["choices"] = json::array({choice});
-    j["usage"] = usage_json(usage_);
+    j["usage"] = with_usage_extension(usage_json(usage_));
     return j;
   }
 
@@ -334,7 +334,7 @@ class MessagesBuilder : public ResponseBuilder {
     usage_ = f.usage;
     out += sse_event("message_delta", {{"type", "message_delta"},
                                        {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
-                                       {"usage", {{"output_tokens", f.usage.completion_tokens}}}});
+                                       {"usage", with_usage_extension({{"output_tokens", f.usage.completion_tokens}})}});
     out += sse_event("message_stop", {{"type", "message_stop"}});
     return out;
   }
@@ -348,10 +348,10 @@ class MessagesBuilder : public ResponseBuilder {
     msg["content"] = content;
     msg["stop_reason"] = stop_reason_;
     msg["stop_sequence"] = stop_sequence_;
-    msg["usage"] = {{"input_tokens", usage_.prompt_tokens - usage_.cached_tokens},
-                    {"output_tokens", usage_.completion_tokens},
-                    {"cache_read_input_tokens", usage_.cached_tokens},
-                    {"cache_creation_input_tokens", 0}};
+    msg["usage"] = with_usage_extension({{"input_tokens", usage_.prompt_tokens - usage_.cached_tokens},
+                                         {"output_tokens", usage_.completion_tokens},
+                                         {"cache_read_input_tokens", usage_.cached_tokens},
+                                         {"cache_creation_input_tokens", 0}});
     return msg;
   }
 

@@ -54,6 +54,15 @@ class ResponseBuilder {
   virtual nlohmann::json body() const = 0;
   // An error after the stream started: an SSE error event (and the stream's end).
   virtual std::string stream_error(const ApiError& e) const = 0;
+  // A field added under usage (the strata trace), set before finish().
+  void set_usage_extension(const std::string& key, nlohmann::json value) { usage_ext_[key] = std::move(value); }
+
+ protected:
+  nlohmann::json with_usage_extension(nlohmann::json usage) const {
+    for (auto it = usage_ext_.begin(); it != usage_ext_.end(); ++it) usage[it.key()] = it.value();
+    return usage;
+  }
+  nlohmann::json usage_ext_ = nlohmann::json::object();
 };
 
 std::unique_ptr<ResponseBuilder> make_response_builder(ApiKind kind, ResponseContext context, const tokenizer::Tokenizer& tokenizer);

@@ -20,6 +20,7 @@
 #include "server/http_listener.h"
 #include "server/json_guard.h"
 #include "server/output_assembler.h"
+#include "server/request_trace.h"
 #include "server/responses_api.h"
 #include "server/supervisor.h"
 
@@ -68,12 +69,16 @@ struct Generation {
   std::unique_ptr<ResponseBuilder> builder;
   int fd = -1;  // the client's socket, for noticing that it went away
   std::function<void()> on_complete;  // after a finish that is not an error, before its text is sent
+  std::optional<RequestTrace> trace;
+  bool trace_in_usage = false;  // "strata": {"trace": true}
+  std::string method, path;     // for the log line
   bool cancel_sent = false;
   bool stop_string = false;
 
   // Feeds one event; returns its SSE text. Sets *final on the last event.
   std::string feed(const StreamEvent& ev, bool* final, FinishState* fin) {
     std::string out;
+    if (trace) trace->on_event(ev);
     if (!ev.prompt_logprobs.empty()) builder->prompt_logprobs(ev.prompt_logprobs);
     if (!ev.tokens.empty()) {
       OutputDelta d = assembler->push(ev.tokens, ev.logprobs);
@@ -99,6 +104,22 @@ struct Generation {
       fin->error = ev.message;
     }
     return out;
+  }
+
+  // The end of a generation that did not fail: its closing text (with the trace under usage when
+  // asked, after storing what on_complete stores), and its log line.
+  std::string complete(const FinishState& fin) {
+    std::vector<ToolCall> calls;
+    OutputDelta last = assembler->finish(&calls);
+    if (trace_in_usage && trace) builder->set_usage_extension("strata", {{"trace", trace->to_json()}});
+    std::string tail = builder->finish(last, calls, fin);
+    if (on_complete) on_complete();
+    log_end(200, fin);
+    return tail;
+  }
+
+  void log_end(int status, const FinishState& fin) const {
+    if (trace) log::info("{}", trace->log_line(method, path, status, fin.stop_string ? "stop" : finish_reason_name(fin.reason)));
   }
 };
 
@@ -179,11 +200,9 @@ bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, Serv
     e.status = 500;
     e.message = "generation failed: " + fin.error;
     tail = gen.builder->stream_error(e);
+    gen.log_end(500, fin);
   } else {
-    std::vector<ToolCall> calls;
-    OutputDelta last = gen.assembler->finish(&calls);
-    tail = gen.builder->finish(last, calls, fin);
-    if (gen.on_complete) gen.on_complete();
+    tail = gen.complete(fin);
   }
   write(tail + part("end"));
   sink.done();
@@ -226,6 +245,7 @@ void HttpServer::install_routes() {
   s.set_write_timeout(30, 0);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    res.set_header(kRequestIdHeader, accept_request_id(req.get_header_value(kRequestIdHeader)));
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const auto e = check_api_key(options_.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
     if (!e) return httplib::Server::HandlerResponse::Unhandled;
@@ -248,6 +268,17 @@ void HttpServer::install_routes() {
     }
     write_error(req, res, e);
     metrics_.count_request(res.status == 404 ? "other" : req.path, res.status);
+  });
+
+  // One line per request; a generation that was submitted logs its own, with its trace.
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const bool generation = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                            req.path == "/v1/messages" || req.path == "/v1/responses";
+    if (generation && res.status == 200) return;
+    const std::string line = "request id=" + res.get_header_value(kRequestIdHeader) + " method=" + req.method +
+                             " path=" + req.path + " status=" + std::to_string(res.status);
+    if (req.path == "/health" || req.path == "/metrics") log::debug("{}", line);
+    else log::info("{}", line);
   });
 
   s.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -410,12 +441,15 @@ void HttpServer::install_routes() {
 
   auto generate = [this](ApiKind kind) {
     return [this, kind](const httplib::Request& req, httplib::Response& res) {
+      const auto arrived = RequestTrace::Clock::now();
       auto fail = [&](const ApiError& e) {
         write_error(req, res, e);
         metrics_.count_request(req.path, e.status);
       };
       json body;
       if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
+      bool trace_in_usage = false;
+      if (auto e = parse_trace_option(body, &trace_in_usage)) return fail(*e);
       ApiRequest r;
       ResponsesRequest rr;  // kResponses: r is its chat form
       const ParseLimits limits{{model_.name}, options_.max_json_depth};
@@ -468,6 +502,11 @@ void HttpServer::install_routes() {
       }
       auto gen = std::make_shared<Generation>();
       gen->stream = std::move(submitted).value();
+      gen->trace.emplace(res.get_header_value(kRequestIdHeader), arrived);
+      gen->trace->submitted();
+      gen->trace_in_usage = trace_in_usage;
+      gen->method = req.method;
+      gen->path = req.path;
       gen->assembler = std::make_unique<OutputAssembler>(model_.tokenizer, p.output);
       if (kind == ApiKind::kResponses) {
         const std::string id = ctx.id;
@@ -505,12 +544,8 @@ void HttpServer::install_routes() {
           if (ev) gen->feed(*ev, &final, &fin);
         }
         metrics_.count_usage(fin.usage);
-        std::vector<ToolCall> calls;
-        OutputDelta last = gen->assembler->finish(&calls);
-        gen->builder->finish(last, calls, fin);
-        const bool failed = fin.reason == FinishReason::kError && !fin.stop_string;
-        if (!failed && gen->on_complete) gen->on_complete();
-        if (failed) {
+        if (fin.reason == FinishReason::kError && !fin.stop_string) {
+          // The 500 is logged as every answer but a submitted generation's 200 is.
           // The supervising process re-sends a request its dead engine failed.
           if (options_.supervised && !engine_.alive()) res.set_header(kEngineDownHeader, "1");
           ApiError e;
@@ -519,6 +554,7 @@ void HttpServer::install_routes() {
           write_error(req, res, e);
           return;
         }
+        gen->complete(fin);
         write_json(res, gen->builder->body());
         return;
       }
@@ -559,17 +595,15 @@ void HttpServer::install_routes() {
               if (!write(text)) return vanish();
             }
             metrics_.count_usage(fin.usage);
-            std::vector<ToolCall> calls;
-            OutputDelta last = gen->assembler->finish(&calls);
             std::string tail;
             if (fin.reason == FinishReason::kError && !fin.stop_string) {
               ApiError e;
               e.status = 500;
               e.message = "generation failed: " + fin.error;
               tail = gen->builder->stream_error(e);
+              gen->log_end(500, fin);
             } else {
-              tail = gen->builder->finish(last, calls, fin);
-              if (gen->on_complete) gen->on_complete();
+              tail = gen->complete(fin);
             }
             write(tail);
             sink.done();

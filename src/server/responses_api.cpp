@@ -508,7 +508,7 @@ std::string ResponsesBuilder::finish(const OutputDelta& last, const std::vector<
             {"output_tokens", f.usage.completion_tokens},
             {"output_tokens_details", {{"reasoning_tokens", 0}}},
             {"total_tokens", f.usage.prompt_tokens + f.usage.completion_tokens}};
-  for (auto it = usage_ext_.begin(); it != usage_ext_.end(); ++it) usage_[it.key()] = it.value();
+  usage_ = with_usage_extension(std::move(usage_));
   out += event(cut ? "response.incomplete" : "response.completed", {{"response", response_json(status_)}});
   return out;
 }

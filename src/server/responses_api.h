@@ -49,8 +49,6 @@ class ResponsesBuilder : public ResponseBuilder {
   // The output as one assistant chat message (content, reasoning_content, tool_calls), for the
   // stored conversation.
   nlohmann::ordered_json assistant_message() const;
-  // Adds a field under usage (the strata trace), before finish().
-  void set_usage_extension(const std::string& key, nlohmann::json value) { usage_ext_[key] = std::move(value); }
 
  private:
   enum class Open { kNone, kMessage, kReasoning };
@@ -70,7 +68,6 @@ class ResponsesBuilder : public ResponseBuilder {
   std::string closing_status_ = "completed";  // of a message item closed now: "incomplete" when cut
   nlohmann::json incomplete_ = nullptr;
   nlohmann::json usage_ = nullptr;
-  nlohmann::json usage_ext_ = nlohmann::json::object();
 };
 
 }  // namespace strata::server
