@@ -262,13 +262,12 @@ int main(int argc, char** argv) {
       KvPoolShape shape;
       shape.full_bytes_per_token = exact_token_bytes;
       shape.quant_bytes_per_token = r.quant_token_bytes;
-      KvPlanOptions po;
-      po.kv_cache_bytes = opt.kv_cache_bytes;
-      po.block_size = kBlock;
-      po.quant_start = kQuantStart;
-      po.max_num_seqs = int32_t(n_seqs);
-      po.max_batch_tokens = opt.max_tokens;
-      auto pools = plan_kv_pools(shape, po);
+      KvLimits limits;
+      limits.kv_cache_bytes = opt.kv_cache_bytes;
+      limits.block_size = kBlock;
+      limits.max_num_seqs = int32_t(n_seqs);
+      limits.max_batch_tokens = opt.max_tokens;
+      auto pools = plan_kv_pools(shape, limits, opt.max_blocks_per_seq * kBlock, kQuantStart);
       if (!pools.ok() || int64_t(pools->n_quant_blocks) < n_seqs * seq_quant_blocks || pools->n_blocks < n_seqs) break;
       r.capacity = n_seqs;
     }

@@ -80,18 +80,13 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   if (!cfg.ok()) return cfg.error();
   STRATA_RETURN_IF_ERROR(cuda::check_cuda_engine_support(*cfg, eo->kv_codecs));
   cuda::CudaEngineOptions co;
+  static_cast<KvLimits&>(co) = *eo;
   const CLI::Option* kv_opt = d.cmd != nullptr ? d.cmd->get_option_no_throw("--kv-cache-bytes") : nullptr;
   const bool kv_explicit = kv_opt != nullptr && kv_opt->count() > 0;
   if (d.gpu_memory_fraction || !kv_explicit) {
     co.gpu_memory_fraction = d.gpu_memory_fraction.value_or(0.9);
     co.kv_cache_bytes = 0;
-  } else {
-    co.kv_cache_bytes = eo->kv_cache_bytes;
   }
-  co.block_size = eo->block_size;
-  co.max_batch_tokens = eo->max_batch_tokens;
-  co.max_num_seqs = eo->max_num_seqs;
-  co.max_model_len = eo->max_model_len;
   co.random_weights = d.load_format == "dummy";
   co.deterministic = d.deterministic;
   co.kv_codecs = eo->kv_codecs;

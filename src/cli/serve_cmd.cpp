@@ -37,10 +37,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string served_model_name;
-  int64_t kv_cache_bytes = int64_t(512) << 20;
-  int32_t max_batch_tokens = 2048;
-  int32_t max_num_seqs = 64;
-  int32_t max_model_len = 0;
+  KvLimits kv;  // --kv-cache-bytes, --max-batch-tokens, --max-num-seqs, --max-model-len
   int32_t max_queued = 256;
   double session_ttl = 600.0;
   std::string api_key;
@@ -137,7 +134,7 @@ int run_supervised(const ServeArgs& a) {
   so.port = a.port;
   so.api_key = a.api_key;
   so.max_body_bytes = size_t(a.max_body_bytes);
-  so.http_threads = a.http_threads > 0 ? a.http_threads : a.max_num_seqs + 8;
+  so.http_threads = a.http_threads > 0 ? a.http_threads : a.kv.max_num_seqs + 8;
   so.listener.header_timeout_s = a.header_timeout;
   so.listener.max_connections_per_address = a.max_connections_per_address;
   so.max_restarts_per_minute = a.max_restarts_per_minute;
@@ -190,10 +187,7 @@ int run_serve(ServeArgs a) {
 
   ThreadPool pool(a.threads);
   EngineOptions device_eo;  // what --device cuda sizes its pool and scratch by
-  device_eo.kv_cache_bytes = a.kv_cache_bytes;
-  device_eo.max_batch_tokens = a.max_batch_tokens;
-  device_eo.max_num_seqs = a.max_num_seqs;
-  device_eo.max_model_len = a.max_model_len;
+  static_cast<KvLimits&>(device_eo) = a.kv;
   device_eo.kv_codecs = *kv_codecs;
   device_eo.kv_host_bytes = a.kv_host_bytes;  // tiers keep --kv-quant-start auto at 0
   device_eo.kv_disk_dir = a.kv_disk_dir;
@@ -205,10 +199,7 @@ int run_serve(ServeArgs a) {
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
 
   EngineOptions eo;
-  eo.kv_cache_bytes = a.kv_cache_bytes;
-  eo.max_batch_tokens = a.max_batch_tokens;
-  eo.max_num_seqs = a.max_num_seqs;
-  eo.max_model_len = a.max_model_len;
+  static_cast<KvLimits&>(eo) = a.kv;
   eo.max_queued = a.max_queued;
   eo.session_ttl_s = a.session_ttl;
   eo.kv_host_bytes = a.kv_host_bytes;
@@ -228,7 +219,7 @@ int run_serve(ServeArgs a) {
   eo.async_scheduling = device_eo.async_scheduling;
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
-  const int32_t max_len_guess = a.max_model_len > 0 ? a.max_model_len : cfg.max_position;
+  const int32_t max_len_guess = a.kv.max_model_len > 0 ? a.kv.max_model_len : cfg.max_position;
   auto served = server::load_served_model(a.model_dir, name, cfg, max_len_guess, a.tool_parser);
   if (!served.ok()) return fail(served.error());
   eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
@@ -255,9 +246,9 @@ int run_serve(ServeArgs a) {
   ho.host = a.host;
   ho.port = a.port;
   ho.api_key = a.api_key;
+  ho.device = model->device;
   ho.max_body_bytes = size_t(a.max_body_bytes);
-  ho.http_threads = a.http_threads;
-  ho.max_num_seqs = a.max_num_seqs;
+  ho.http_threads = a.http_threads > 0 ? a.http_threads : a.kv.max_num_seqs + 8;
   ho.supervised = a.supervised_child;
   ho.max_json_depth = a.max_json_depth;
   ho.responses_store_ttl_s = a.responses_store_ttl;
@@ -333,10 +324,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed on stdout)")->capture_default_str();
   cmd->add_option("--served-model-name", a->served_model_name, "Name clients use in 'model' (default: the directory name)");
-  cmd->add_option("--kv-cache-bytes", a->kv_cache_bytes, "Bytes of KV cache")->capture_default_str();
-  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one engine step")->capture_default_str();
-  cmd->add_option("--max-num-seqs", a->max_num_seqs, "Sequences (and streams) running at once")->capture_default_str();
-  cmd->add_option("--max-model-len", a->max_model_len, "Prompt + generated tokens at most (0: the model's maximum)");
+  cmd->add_option("--kv-cache-bytes", a->kv.kv_cache_bytes, "Bytes of KV cache")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a->kv.max_batch_tokens, "Token budget of one engine step")->capture_default_str();
+  cmd->add_option("--max-num-seqs", a->kv.max_num_seqs, "Sequences (and streams) running at once")->capture_default_str();
+  cmd->add_option("--max-model-len", a->kv.max_model_len, "Prompt + generated tokens at most (0: the model's maximum)");
   cmd->add_option("--max-queued", a->max_queued, "Requests waiting for admission; past it: 429")->capture_default_str();
   cmd->add_option("--session-ttl", a->session_ttl, "Seconds a session's idle KV blocks stay pinned")->capture_default_str();
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY (or x-api-key) on every endpoint but /health");

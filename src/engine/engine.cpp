@@ -80,24 +80,6 @@ Result<std::vector<KvLayerSpec>> resolve_kv_layout(const Model& model, const KvC
   return layout;
 }
 
-namespace {
-
-KvPlanOptions kv_plan_options(const EngineOptions& o, int32_t max_len) {
-  KvPlanOptions p;
-  p.kv_cache_bytes = o.kv_cache_bytes;
-  p.kv_blocks = o.kv_blocks;
-  p.kv_window_blocks = o.kv_window_blocks;
-  p.kv_quant_blocks = o.kv_quant_blocks;
-  p.block_size = o.block_size;
-  p.max_num_seqs = o.max_num_seqs;
-  p.max_batch_tokens = o.max_batch_tokens;
-  p.max_len = max_len;
-  p.quant_start = o.kv_codecs.quant_start;
-  return p;
-}
-
-}  // namespace
-
 Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptions& o) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
   if (o.max_queued < 1) return bad("max_queued must be >= 1, got " + std::to_string(o.max_queued));
@@ -146,7 +128,7 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
   if (plan.shape.has_state && o.state_snapshot_bytes < 0) {
     return bad("state_snapshot_bytes must be >= 0, got " + std::to_string(o.state_snapshot_bytes));
   }
-  auto pools = plan_kv_pools(plan.shape, kv_plan_options(o, max_len));
+  auto pools = plan_kv_pools(plan.shape, o, max_len, o.kv_codecs.quant_start);
   if (!pools.ok()) return pools.error();
   plan.pools = *pools;
   return plan;
@@ -253,8 +235,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
   eos_ids_ = options_.eos_ids.empty() ? model_->config().eos_ids : options_.eos_ids;
   SchedulerOptions so;
-  so.max_batch_tokens = options_.max_batch_tokens;
-  so.max_num_seqs = options_.max_num_seqs;
+  static_cast<StepLimits&>(so) = options_;
   so.prefix_caching = options_.prefix_caching;
   kv_bytes_per_token_ = KvStorage::bytes_per_token(kv_plan->layout);
   prefix_namespace_ = namespace_identity(*model_, options_);

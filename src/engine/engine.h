@@ -24,14 +24,12 @@
 
 namespace strata {
 
-struct EngineOptions {
-  int64_t kv_cache_bytes = int64_t(512) << 20;  // bytes of KV storage; the block count follows
-  int32_t kv_blocks = 0;             // > 0: exactly this many blocks (overrides kv_cache_bytes)
-  int32_t block_size = 16;           // tokens per KV block
-  int32_t max_batch_tokens = 2048;   // token budget of one step
-  int32_t max_num_seqs = 64;         // sequences running at once
+// The KV and step limits (kv_cache_bytes, kv_blocks, kv_window_blocks, kv_quant_blocks,
+// block_size, max_batch_tokens, max_num_seqs, max_model_len) are KvLimits' (kv/kv_plan.h), which
+// sizes the pools: sliding-window layers page in a pool of their own that holds only what each
+// sequence's window needs, and --kv-quant-start keeps a second pool in the codecs.
+struct EngineOptions : KvLimits {
   int32_t max_queued = 256;          // submitted but not yet admitted; past it submit fails
-  int32_t max_model_len = 0;         // prompt + max_tokens at most; 0: the model's max positions
   std::string scheduling_policy = "fcfs";  // "fcfs" or "priority"
   bool prefix_caching = true;
   double session_ttl_s = 600.0;      // pin of a session's blocks after its request ends
@@ -41,10 +39,6 @@ struct EngineOptions {
   // the disk tier's files and is carried and checked by every checkpoint.
   std::string model_identity;
   std::vector<int32_t> eos_ids;      // empty: the model config's EOS ids
-  // Sliding-window layers page in a pool of their own that holds only what each sequence's
-  // window needs. > 0: exactly this many blocks there; 0: enough for max_num_seqs windows and
-  // one step's tokens (capped at an equal share of kv_cache_bytes, or at kv_blocks).
-  int32_t kv_window_blocks = 0;
   // Hybrid (recurrent-state) families with prefix caching: the state is snapshotted every this
   // many tokens (a multiple of block_size) and at the prompt's last block boundary, so prefix
   // hits restore it exactly; snapshots live in host memory under this budget, LRU.
@@ -67,7 +61,6 @@ struct EngineOptions {
   // kQuantStartAuto: default_kv_quant_start below (the CLI's default); the engine's options()
   // then hold the resolved count.
   KvCodecConfig kv_codecs;
-  int32_t kv_quant_blocks = 0;  // quant_start > 0: > 0 sets the codec pool's blocks (else derived)
   // Generation checkpoints (engine/checkpoint.h): every this many generated tokens an in-flight
   // request persists its generated ids, sampler state and (through the disk tier) its KV; an
   // identical request later resumes there. 0: off. Requests asking for logprobs are not

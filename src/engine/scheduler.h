@@ -40,13 +40,13 @@
 #include "engine/scheduling_policy.h"
 #include "engine/step_plan.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/kv_plan.h"
 #include "kv/state_cache.h"
 
 namespace strata {
 
-struct SchedulerOptions {
-  int32_t max_batch_tokens = 2048;  // tokens per step (decodes + prefill chunks)
-  int32_t max_num_seqs = 64;        // running sequences at once
+// max_batch_tokens and max_num_seqs: StepLimits (kv/kv_plan.h).
+struct SchedulerOptions : StepLimits {
   bool prefix_caching = true;       // off: nothing is looked up or published
   uint64_t prefix_salt = 0;         // namespace of the prefix hashes (prefix_namespace_salt)
   int32_t window = 0;               // > 0: tokens the sliding-window layers read (their largest window)

@@ -12,20 +12,20 @@ Error bad(const std::string& m) { return make_error(ErrorCode::kInvalidArgument,
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Status check_options(const KvPlanOptions& o) {
+Status check_options(const KvLimits& o, int32_t quant_start) {
   if (o.block_size < 1 || o.block_size > 1024) return bad("block_size must be in [1, 1024], got " + std::to_string(o.block_size));
   if (o.max_batch_tokens < 1) return bad("max_batch_tokens must be >= 1, got " + std::to_string(o.max_batch_tokens));
   if (o.max_num_seqs < 1) return bad("max_num_seqs must be >= 1, got " + std::to_string(o.max_num_seqs));
   if (o.kv_window_blocks < 0) return bad("kv_window_blocks must be >= 0, got " + std::to_string(o.kv_window_blocks));
-  if (o.quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(o.quant_start));
+  if (quant_start < 0) return bad("--kv-quant-start must be >= 0, got " + std::to_string(quant_start));
   if (o.kv_quant_blocks < 0) return bad("kv_quant_blocks must be >= 0, got " + std::to_string(o.kv_quant_blocks));
   return Status();
 }
 
 // Delayed quantization: the exact pool and the codec pool (no window pool: the conversion runs
 // for full-attention models only).
-Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvPlanOptions& o) {
-  const int64_t bs = o.block_size, n = o.quant_start;
+Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32_t quant_start) {
+  const int64_t bs = o.block_size, n = quant_start;
   // One sequence holds ceil((N + 1) / bs) exact blocks when it passes N, plus the block it grows into.
   const int64_t one_seq = div_up(n + 1, bs) + 1;
   KvPoolPlan p;
@@ -58,11 +58,11 @@ Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvPlanOptions& o) 
 
 }  // namespace
 
-Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvPlanOptions& o) {
-  STRATA_RETURN_IF_ERROR(check_options(o));
+Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvLimits& o, int32_t max_len, int32_t quant_start) {
+  STRATA_RETURN_IF_ERROR(check_options(o, quant_start));
   KvPoolPlan plan;
-  if (o.quant_start > 0) {
-    auto q = plan_quant(shape, o);
+  if (quant_start > 0) {
+    auto q = plan_quant(shape, o, quant_start);
     if (!q.ok()) return q.error();
     plan = *q;
     plan.n_state_slots = shape.has_state ? o.max_num_seqs : 0;
@@ -93,7 +93,7 @@ Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvPlanOptions& 
       n_full = (token_budget - window_bytes * n_window) / full_bytes;
     } else {
       // Only sliding layers: the full pool is bookkeeping for the prefix index, no bytes.
-      n_full = int64_t(o.max_num_seqs) * div_up(std::max(o.max_len, 1), bs);
+      n_full = int64_t(o.max_num_seqs) * div_up(std::max(max_len, 1), bs);
     }
     if (n_full < 2 || (windows && n_window < window_min && o.kv_window_blocks == 0)) {
       return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " holds " +

@@ -1,7 +1,7 @@
 // KvPlan: how a model's KV memory splits into its pools, the one rule every executor (the host
 // ModelRunner, the CUDA decoder) and `strata inspect` size by. An executor describes what one
 // token costs in each pool in its own row formats (KvPoolShape) and the limits it runs under
-// (KvPlanOptions); plan_kv_pools() answers the block count of every pool and the recurrent
+// (KvLimits); plan_kv_pools() answers the block count of every pool and the recurrent
 // state slots. Devices first take their KV bytes from their memory (device_kv_bytes()).
 //
 // Pools:
@@ -36,17 +36,22 @@ struct KvPoolShape {
   bool has_state = false;              // recurrent-state layers
 };
 
-// The limits a plan is made under. Errors name these as the flags that set them.
-struct KvPlanOptions {
-  int64_t kv_cache_bytes = 0;    // bytes for every pool together
+// The limits of one step, declared once for every layer's options that run steps
+// (EngineOptions, SchedulerOptions, the CUDA engine's).
+struct StepLimits {
+  int32_t max_batch_tokens = 2048;  // token budget of one step (decodes + prefill chunks)
+  int32_t max_num_seqs = 64;        // sequences running at once
+};
+
+// What the KV pools are sized by, declared once for every executor's options (EngineOptions,
+// the CUDA engine's). Errors name these as the flags that set them.
+struct KvLimits : StepLimits {
+  int64_t kv_cache_bytes = int64_t(512) << 20;  // bytes for every pool together
   int32_t kv_blocks = 0;         // > 0: exactly this many full-attention (or exact) blocks
   int32_t kv_window_blocks = 0;  // > 0: exactly this many sliding-window blocks
-  int32_t kv_quant_blocks = 0;   // > 0 with quant_start: exactly this many codec blocks
-  int32_t block_size = 16;
-  int32_t max_num_seqs = 64;
-  int32_t max_batch_tokens = 2048;  // tokens of one step
-  int32_t max_len = 0;              // tokens of one sequence at most (prompt + output)
-  int32_t quant_start = 0;          // --kv-quant-start N: exact rows up to N tokens, then the codecs
+  int32_t kv_quant_blocks = 0;   // > 0 with --kv-quant-start: exactly this many codec blocks
+  int32_t block_size = 16;       // tokens per KV block
+  int32_t max_model_len = 0;     // prompt + max_tokens at most; 0: the model's max positions
 };
 
 struct KvPoolPlan {
@@ -60,9 +65,11 @@ struct KvPoolPlan {
   std::string describe(const KvPoolShape& shape, int32_t block_size) const;
 };
 
-// The pools for `shape` under `options`. kInvalidArgument names the option and value when the
-// bytes (or the explicit counts) cannot hold what one sequence needs.
-Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvPlanOptions& options);
+// The pools for `shape` under `limits`, for sequences of at most max_len tokens (max_model_len
+// resolved against the model) and --kv-quant-start quant_start (0: off). kInvalidArgument names
+// the option and value when the bytes (or the explicit counts) cannot hold what one sequence
+// needs.
+Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvLimits& limits, int32_t max_len, int32_t quant_start = 0);
 
 // Bytes a device gives its KV pools: `fraction` of its `total` memory, less what is in use
 // already (`total - free`: the context, other processes), the weights and step scratch

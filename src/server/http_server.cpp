@@ -22,6 +22,7 @@
 #include "server/output_assembler.h"
 #include "server/request_trace.h"
 #include "server/responses_api.h"
+#include "server/status_page.h"
 #include "server/supervisor.h"
 
 namespace strata::server {
@@ -220,7 +221,7 @@ HttpServer::HttpServer(Engine& engine, const ServedModel& model, HttpOptions opt
   if (const char* marker = std::getenv(kCrashMarkerEnv); marker && *marker) crash_marker_ = marker;
   install_routes();
   ListenerLimits limits = options_.listener;
-  limits.workers = std::max(options_.http_threads > 0 ? options_.http_threads : options_.max_num_seqs + 8, 4);
+  limits.workers = std::max(options_.http_threads, 4);
   limits.max_body_bytes = options_.max_body_bytes;
   listener_ = std::make_unique<HttpListener>(*http_, limits);
 }
@@ -246,7 +247,8 @@ void HttpServer::install_routes() {
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     res.set_header(kRequestIdHeader, accept_request_id(req.get_header_value(kRequestIdHeader)));
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The page holds no data; its own calls send the key typed into it.
+    if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
     const auto e = check_api_key(options_.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
     if (!e) return httplib::Server::HandlerResponse::Unhandled;
     write_error(req, res, *e);
@@ -293,6 +295,19 @@ void HttpServer::install_routes() {
       res.status = 503;
       res.set_content(json{{"status", "error"}, {"message", "the engine loop is not running"}}.dump(), "application/json");
     }
+  });
+
+  s.Get("/", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_header("Content-Security-Policy", "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'");
+    res.set_content(status_page_html(), "text/html; charset=utf-8");
+    metrics_.count_request(req.path, 200);
+  });
+
+  s.Get("/status", [this](const httplib::Request& req, httplib::Response& res) {
+    const StatusInfo info{model_.name, options_.device, model_.max_model_len, engine_.block_size(), engine_.kv_bytes_per_token()};
+    write_json(res, status_json(info, engine_.stats()));
+    metrics_.count_request(req.path, 200);
   });
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {

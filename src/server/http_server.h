@@ -1,8 +1,8 @@
 // HttpServer: the OpenAI- and Anthropic-compatible HTTP front of an Engine (cpp-httplib).
 // Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses, /tokenize,
-// /detokenize; GET /v1/models, /v1/responses/{id}, /health, /metrics. HTTP threads only parse, tokenize, submit and stream;
-// the engine thread does the rest (engine.h). The thread pool is sized so that max_num_seqs
-// streams run at once with room for short requests beside them.
+// /detokenize; GET /v1/models, /v1/responses/{id}, /health, /metrics, /status and the page at /. HTTP threads only parse, tokenize, submit and stream;
+// the engine thread does the rest (engine.h). The thread pool is sized (http_threads) so that
+// max_num_seqs streams run at once with room for short requests beside them.
 #pragma once
 
 #include <cstddef>
@@ -26,9 +26,9 @@ struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                      // 0: any free port
   std::string api_key;                  // "": no authentication
+  std::string device;                   // where the engine runs, for the status page ("cpu", "cuda")
   size_t max_body_bytes = size_t(32) << 20;  // bytes
-  int http_threads = 0;                 // 0: max_num_seqs + 8
-  int max_num_seqs = 64;
+  int http_threads = 72;                // workers (strata serve: --max-num-seqs + 8 unless --http-threads)
   // Run as the engine process of `strata serve --supervise` (supervisor.h): the X-Strata-*
   // headers of the supervising process are honored (pinned seed, response id and created,
   // stream parts) and a stream cut by a dead engine ends without its closing events.

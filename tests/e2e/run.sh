@@ -12,4 +12,7 @@ fi
 export STRATA_BINARY="$binary"
 export STRATA_SOURCE_DIR="$(cd "$here/../.." && pwd)"
 cd "$here"
-exec node --test --test-concurrency=1 ./*.test.mjs
+# The browser test speaks the DevTools protocol over WebSocket: Node 20 has it behind a flag.
+flags=()
+if node -e 'process.exit(typeof WebSocket === "undefined" ? 0 : 1)'; then flags+=(--experimental-websocket); fi
+exec node "${flags[@]}" --test --test-concurrency=1 ./*.test.mjs

@@ -6,20 +6,19 @@
 namespace strata {
 namespace {
 
-KvPlanOptions options(int64_t bytes) {
-  KvPlanOptions o;
+KvLimits options(int64_t bytes) {
+  KvLimits o;
   o.kv_cache_bytes = bytes;
   o.block_size = 16;
   o.max_num_seqs = 4;
   o.max_batch_tokens = 256;
-  o.max_len = 4096;
   return o;
 }
 
 TEST(KvPlan, FullAttentionTakesEveryByte) {
   KvPoolShape shape;
   shape.full_bytes_per_token = 1024;  // 16 KiB blocks
-  auto p = plan_kv_pools(shape, options(int64_t(64) << 20));
+  auto p = plan_kv_pools(shape, options(int64_t(64) << 20), 4096);
   ASSERT_TRUE(p.ok()) << p.error().to_string();
   EXPECT_EQ(p->n_blocks, 4096);
   EXPECT_EQ(p->n_window_blocks, 0);
@@ -27,13 +26,13 @@ TEST(KvPlan, FullAttentionTakesEveryByte) {
   EXPECT_EQ(p->n_state_slots, 0);
   EXPECT_EQ(p->kv_bytes(shape, 16), int64_t(64) << 20);
   // An explicit count wins over the bytes.
-  KvPlanOptions o = options(int64_t(64) << 20);
+  KvLimits o = options(int64_t(64) << 20);
   o.kv_blocks = 77;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_blocks, 77);
   // Too few bytes for two blocks: the error names the option and value.
-  p = plan_kv_pools(shape, options(16384));
+  p = plan_kv_pools(shape, options(16384), 4096);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("kv_cache_bytes 16384"), std::string::npos) << p.error().message;
 }
@@ -45,31 +44,31 @@ TEST(KvPlan, WindowPoolHoldsEachSequencesWindowAtMostAnEqualShare) {
   shape.window = 512;  // 32 blocks behind a query, +2
   // Plenty of bytes: the window pool is what 4 windows and one step need, the rest is full.
   const int64_t bytes = int64_t(256) << 20;
-  auto p = plan_kv_pools(shape, options(bytes));
+  auto p = plan_kv_pools(shape, options(bytes), 4096);
   ASSERT_TRUE(p.ok()) << p.error().to_string();
   const int64_t window_min = (512 - 1 + 15) / 16 + 2;
   EXPECT_EQ(p->n_window_blocks, 4 * window_min + 256 / 16);
   EXPECT_EQ(p->n_blocks, (bytes / 16 - 1536 * p->n_window_blocks) / 512);
   EXPECT_LE(p->kv_bytes(shape, 16), bytes);
   // Few bytes: both pools get an equal share of blocks, and the error names what is missing.
-  p = plan_kv_pools(shape, options(int64_t(2) << 20));
+  p = plan_kv_pools(shape, options(int64_t(2) << 20), 4096);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_window_blocks, (int64_t(2) << 20) / 16 / 2048);
   EXPECT_EQ(p->n_window_blocks, p->n_blocks);
-  p = plan_kv_pools(shape, options(int64_t(1) << 20));  // 32 blocks each: under one window
+  p = plan_kv_pools(shape, options(int64_t(1) << 20), 4096);  // 32 blocks each: under one window
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("at least 2 and " + std::to_string(window_min)), std::string::npos) << p.error().message;
   // Explicit window blocks below one window are refused, naming the option.
-  KvPlanOptions o = options(bytes);
+  KvLimits o = options(bytes);
   o.kv_window_blocks = 10;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("kv_window_blocks 10"), std::string::npos) << p.error().message;
   // Sliding layers only: every byte goes to windows; the full pool is bookkeeping.
   KvPoolShape sliding;
   sliding.window_bytes_per_token = 1024;
   sliding.window = 512;
-  p = plan_kv_pools(sliding, options(int64_t(64) << 20));
+  p = plan_kv_pools(sliding, options(int64_t(64) << 20), 4096);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_window_blocks, 4096);
   EXPECT_EQ(p->n_blocks, 4 * (4096 / 16));
@@ -81,44 +80,44 @@ TEST(KvPlan, DelayedQuantizationSplitsExactAndCodecPools) {
   shape.full_bytes_per_token = 1024;
   shape.quant_bytes_per_token = 272;
   const int64_t budget = int64_t(64) << 20;
-  KvPlanOptions o = options(budget);
-  o.quant_start = 512;
-  auto p = plan_kv_pools(shape, o);
+  KvLimits o = options(budget);
+  int32_t q = 512;
+  auto p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_TRUE(p.ok()) << p.error().to_string();
   // 4 sequences x (32 + 1) blocks + 16 for one step's tokens.
   EXPECT_EQ(p->n_blocks, 4 * 33 + 16);
   EXPECT_EQ(p->n_quant_blocks, (budget - int64_t(p->n_blocks) * 16384) / 4352);
   // Many sequences: the exact pool stops at half the bytes.
   o.max_num_seqs = 256;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_blocks, budget / 2 / 16384);
   EXPECT_EQ(p->n_quant_blocks, budget / 2 / 4352);
   // Explicit block counts.
   o.max_num_seqs = 4;
   o.kv_blocks = 40;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_blocks, 40);
   EXPECT_EQ(p->n_quant_blocks, 40);
   o.kv_quant_blocks = 100;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_quant_blocks, 100);
   // Too small: the errors name the option and value.
   o.kv_quant_blocks = 0;
   o.kv_blocks = 20;
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("kv_blocks 20"), std::string::npos) << p.error().message;
   o.kv_blocks = 0;
   o.kv_cache_bytes = int64_t(1) << 19;  // under 34 exact blocks
-  p = plan_kv_pools(shape, o);
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("kv_cache_bytes 524288"), std::string::npos) << p.error().message;
   o.kv_cache_bytes = budget;
-  o.quant_start = -3;
-  p = plan_kv_pools(shape, o);
+  q = -3;
+  p = plan_kv_pools(shape, o, 4096, q);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.error().message.find("--kv-quant-start must be >= 0, got -3"), std::string::npos) << p.error().message;
 }
@@ -127,7 +126,7 @@ TEST(KvPlan, RecurrentStateGetsASlotPerSequence) {
   KvPoolShape shape;
   shape.full_bytes_per_token = 256;
   shape.has_state = true;
-  auto p = plan_kv_pools(shape, options(int64_t(8) << 20));
+  auto p = plan_kv_pools(shape, options(int64_t(8) << 20), 4096);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->n_state_slots, 4);
   EXPECT_NE(p->describe(shape, 16).find("4 recurrent-state slots"), std::string::npos) << p->describe(shape, 16);
@@ -136,15 +135,15 @@ TEST(KvPlan, RecurrentStateGetsASlotPerSequence) {
 TEST(KvPlan, RefusesBadLimitsNamingThem) {
   KvPoolShape shape;
   shape.full_bytes_per_token = 256;
-  KvPlanOptions o = options(int64_t(8) << 20);
+  KvLimits o = options(int64_t(8) << 20);
   o.block_size = 0;
-  EXPECT_NE(plan_kv_pools(shape, o).error().message.find("block_size must be in [1, 1024], got 0"), std::string::npos);
+  EXPECT_NE(plan_kv_pools(shape, o, 4096).error().message.find("block_size must be in [1, 1024], got 0"), std::string::npos);
   o = options(int64_t(8) << 20);
   o.max_num_seqs = 0;
-  EXPECT_NE(plan_kv_pools(shape, o).error().message.find("max_num_seqs must be >= 1, got 0"), std::string::npos);
+  EXPECT_NE(plan_kv_pools(shape, o, 4096).error().message.find("max_num_seqs must be >= 1, got 0"), std::string::npos);
   o = options(int64_t(8) << 20);
   o.max_batch_tokens = -1;
-  EXPECT_NE(plan_kv_pools(shape, o).error().message.find("max_batch_tokens must be >= 1, got -1"), std::string::npos);
+  EXPECT_NE(plan_kv_pools(shape, o, 4096).error().message.find("max_batch_tokens must be >= 1, got -1"), std::string::npos);
 }
 
 TEST(KvPlan, DeviceBytesAreTheFractionLessWhatIsTaken) {

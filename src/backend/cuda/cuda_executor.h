@@ -20,6 +20,7 @@
 #include "backend/cuda/kv_transfer.h"
 #include "backend/cuda/sampling.h"
 #include "engine/step_executor.h"
+#include "kv/kv_plan.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/model.h"
 
@@ -154,15 +155,13 @@ class CudaExecutor final : public StepExecutor {
   std::chrono::steady_clock::time_point prof_last_end_{};
 };
 
-struct CudaEngineOptions {
-  // Device KV pool: kv_cache_bytes > 0 takes exactly that; else gpu_memory_fraction of the
-  // device's total memory holds the weights, the step scratch and the KV pool (what is left).
-  int64_t kv_cache_bytes = 0;
+// The KV and step limits are KvLimits' (kv/kv_plan.h; kv_blocks and kv_quant_blocks are the
+// device's own). Device KV pool: kv_cache_bytes > 0 takes exactly that; else (the default here)
+// gpu_memory_fraction of the device's total memory holds the weights, the step scratch and the
+// KV pool (what is left).
+struct CudaEngineOptions : KvLimits {
+  CudaEngineOptions() { kv_cache_bytes = 0; }
   double gpu_memory_fraction = 0.9;
-  int32_t block_size = 16;
-  int32_t max_batch_tokens = 2048;  // tokens of one step
-  int32_t max_num_seqs = 64;        // sequences of one step
-  int32_t max_model_len = 0;        // 0: the config's max_position_embeddings
   bool random_weights = false;      // --load-format dummy: uniform weights drawn on the device
   uint64_t seed = 1;
   float random_scale = 0.02f;
@@ -177,7 +176,6 @@ struct CudaEngineOptions {
   // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what the KV plan
   // gives (kv/kv_plan.h, the engine's rule). false: every layer keeps full KV.
   bool window_paging = true;
-  int32_t kv_window_blocks = 0;
 };
 
 struct CudaEngineParts {

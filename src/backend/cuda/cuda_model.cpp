@@ -181,15 +181,13 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
     ql.row_bytes = codec_->quant_row_bytes();
     shape.quant_bytes_per_token = ql.bytes_per_block() / bs;
   }
-  KvPlanOptions po;
-  po.kv_cache_bytes = opt_.kv_cache_bytes;
-  po.kv_window_blocks = opt_.kv_window_blocks;
-  po.block_size = opt_.block_size;
-  po.max_num_seqs = opt_.max_seqs;
-  po.max_batch_tokens = opt_.max_tokens;
-  po.max_len = opt_.max_blocks_per_seq * opt_.block_size;
-  po.quant_start = opt_.kv_quant_start;
-  auto plan = plan_kv_pools(shape, po);
+  KvLimits limits;
+  limits.kv_cache_bytes = opt_.kv_cache_bytes;
+  limits.kv_window_blocks = opt_.kv_window_blocks;
+  limits.block_size = opt_.block_size;
+  limits.max_num_seqs = opt_.max_seqs;
+  limits.max_batch_tokens = opt_.max_tokens;
+  auto plan = plan_kv_pools(shape, limits, opt_.max_blocks_per_seq * opt_.block_size, opt_.kv_quant_start);
   if (!plan.ok()) return plan.error();
   kl.window_blocks = plan->n_window_blocks;
   if (quant) {
