@@ -1,7 +1,9 @@
 #include "sampling/grammar/json_schema.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <optional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -531,10 +533,117 @@ class SchemaCompiler {
     return b_.ref(it->second);
   }
 
+  // Decimal fraction digits r (0.r, possibly empty) between bounds, as (empty r allowed, the
+  // non-empty r). Bounds are digit strings without trailing zeros; "" is 0.
+  struct RSet {
+    bool empty;
+    ExprId nonempty;
+  };
+  ExprId any_digits(int min) { return b_.repeat(b_.byte_range('0', '9'), min, -1); }
+  ExprId rset_expr(const RSet& r) { return b_.alt({r.empty ? b_.empty() : b_.nothing(), r.nonempty}); }
+  RSet r_ge(const std::string& a, bool incl) {
+    if (a.empty()) {
+      if (incl) return {true, any_digits(1)};
+      return {false, b_.seq({b_.star(b_.literal("0")), b_.byte_range('1', '9'), any_digits(0)})};
+    }
+    std::vector<ExprId> alts;
+    if (a[0] < '9') alts.push_back(b_.seq({b_.byte_range(uint8_t(a[0] + 1), '9'), any_digits(0)}));
+    alts.push_back(b_.seq({b_.literal(a.substr(0, 1)), rset_expr(r_ge(a.substr(1), incl))}));
+    return {false, b_.alt(std::move(alts))};
+  }
+  RSet r_le(const std::string& z, bool incl) {
+    if (z.empty()) return {incl, incl ? b_.plus(b_.literal("0")) : b_.nothing()};
+    std::vector<ExprId> alts;
+    if (z[0] > '0') alts.push_back(b_.seq({b_.byte_range('0', uint8_t(z[0] - 1)), any_digits(0)}));
+    alts.push_back(b_.seq({b_.literal(z.substr(0, 1)), rset_expr(r_le(z.substr(1), incl))}));
+    return {true, b_.alt(std::move(alts))};
+  }
+  RSet r_between(const std::string& a, bool ia, const std::string& z, bool iz) {
+    if (a.empty() && z.empty()) return {ia && iz, (ia && iz) ? b_.plus(b_.literal("0")) : b_.nothing()};
+    const char a0 = a.empty() ? '0' : a[0], z0 = z.empty() ? '0' : z[0];
+    const std::string ar = a.empty() ? "" : a.substr(1), zr = z.empty() ? "" : z.substr(1);
+    const bool empty = a.empty() && ia;  // 0.'' = 0 is below any non-empty upper bound
+    if (a0 == z0) return {empty, b_.seq({b_.literal(std::string(1, a0)), rset_expr(r_between(ar, ia, zr, iz))})};
+    std::vector<ExprId> alts{b_.seq({b_.literal(std::string(1, a0)), rset_expr(r_ge(ar, ia))})};
+    if (a0 + 1 <= z0 - 1) alts.push_back(b_.seq({b_.byte_range(uint8_t(a0 + 1), uint8_t(z0 - 1)), any_digits(0)}));
+    alts.push_back(b_.seq({b_.literal(std::string(1, z0)), rset_expr(r_le(zr, iz))}));
+    return {empty, b_.alt(std::move(alts))};
+  }
+  // The fraction part ("" or "." digits) for an r-set.
+  ExprId fraction(const RSet& r) { return b_.alt({r.empty ? b_.empty() : b_.nothing(), b_.seq({b_.literal("."), r.nonempty})}); }
+
+  struct Decimal {
+    int64_t int_part;
+    std::string frac;  // digits, no trailing zeros
+  };
+  static Decimal decimal_of(double x) {  // x >= 0, below 1e15: the shortest exact-round-trip digits
+    char buf[64];
+    auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed);
+    std::string t(buf, res.ptr);
+    const size_t dot = t.find('.');
+    Decimal d{std::stoll(t.substr(0, dot)), dot == std::string::npos ? "" : t.substr(dot + 1)};
+    while (!d.frac.empty() && d.frac.back() == '0') d.frac.pop_back();
+    return d;
+  }
+  struct Bound {
+    double v;
+    bool incl;
+  };
+  // Magnitudes (0|[1-9]\d*)(\.\d+)? between optional bounds (both >= 0).
+  ExprId magnitude(std::optional<Bound> lo, std::optional<Bound> hi) {
+    const ExprId any_frac = b_.opt(b_.seq({b_.literal("."), any_digits(1)}));
+    if (!lo && !hi) return b_.seq({nat_any(), any_frac});
+    if (lo && !hi) {
+      const Decimal a = decimal_of(lo->v);
+      return b_.alt({b_.seq({b_.literal(std::to_string(a.int_part)), fraction(r_ge(a.frac, lo->incl))}),
+                     b_.seq({nat_range(a.int_part + 1, -1), any_frac})});
+    }
+    const Decimal z = decimal_of(hi->v);
+    const Decimal a = lo ? decimal_of(lo->v) : Decimal{0, ""};
+    const bool ia = lo ? lo->incl : true;
+    if (a.int_part == z.int_part) return b_.seq({b_.literal(std::to_string(a.int_part)), fraction(r_between(a.frac, ia, z.frac, hi->incl))});
+    std::vector<ExprId> alts{b_.seq({b_.literal(std::to_string(a.int_part)), fraction(r_ge(a.frac, ia))})};
+    if (a.int_part + 1 <= z.int_part - 1) alts.push_back(b_.seq({nat_range(a.int_part + 1, z.int_part - 1), any_frac}));
+    alts.push_back(b_.seq({b_.literal(std::to_string(z.int_part)), fraction(r_le(z.frac, hi->incl))}));
+    return b_.alt(std::move(alts));
+  }
+
+  // Numbers within minimum/maximum/exclusive*: written without an exponent.
   ExprId number_expr(const json& s, const std::string& path) {
-    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-      if (s.contains(k)) unsupported(std::string(k) + " on type number " + at(path) + " is not supported (only on integer)");
-    return number_any();
+    if (s.contains("multipleOf")) unsupported("multipleOf on type number " + at(path) + " is not supported (only on integer)");
+    std::optional<Bound> lo, hi;
+    auto bound = [&](const char* k, bool upper, bool exclusive) {
+      if (!s.contains(k)) return;
+      const json& v = s[k];
+      if (v.is_boolean()) unsupported(std::string(k) + " as a boolean (draft 4) " + at(path) + " is not supported");
+      if (!v.is_number()) invalid(std::string(k) + " " + at(path) + " must be a number");
+      const double x = v.get<double>();
+      if (!(std::fabs(x) < 1e15)) unsupported(std::string(k) + " " + v.dump() + " " + at(path) + " is past +-1e15");
+      std::optional<Bound>& cur = upper ? hi : lo;
+      const Bound b{x, !exclusive};
+      if (!cur || (upper ? (b.v < cur->v || (b.v == cur->v && !b.incl)) : (b.v > cur->v || (b.v == cur->v && !b.incl)))) cur = b;
+    };
+    bound("minimum", false, false);
+    bound("exclusiveMinimum", false, true);
+    bound("maximum", true, false);
+    bound("exclusiveMaximum", true, true);
+    if (!lo && !hi) return number_any();
+    if (lo && hi && (lo->v > hi->v || (lo->v == hi->v && !(lo->incl && hi->incl))))
+      invalid("number bounds " + at(path) + " leave no value: unsatisfiable");
+    std::vector<ExprId> alts;
+    // x >= 0, written as its magnitude.
+    if (!hi || hi->v >= 0) {
+      std::optional<Bound> mlo = (lo && lo->v >= 0) ? lo : std::nullopt;
+      alts.push_back(magnitude(mlo, hi));
+    }
+    // x = -m.
+    if (!lo || lo->v <= 0) {
+      std::optional<Bound> mlo, mhi;
+      if (hi && hi->v < 0) mlo = Bound{-hi->v, hi->incl};
+      if (lo) mhi = Bound{-lo->v, lo->incl};
+      alts.push_back(b_.seq({b_.literal("-"), magnitude(mlo, mhi)}));
+    }
+    return b_.alt(std::move(alts));
   }
 
   // A rule wrapping e, so repeated uses share one copy.
@@ -821,7 +930,7 @@ const std::vector<KeywordSupport>& json_schema_keywords() {
       {"minLength / maxLength", "supported (code points; not together with pattern or format)"},
       {"pattern", "supported (ECMAScript subset, unanchored unless ^ / $)"},
       {"format", "date, time, date-time, email, uuid, uri, ipv4; int32 on integers; others error"},
-      {"minimum / maximum / exclusiveMinimum / exclusiveMaximum", "integers: digit grammars; number: error"},
+      {"minimum / maximum / exclusiveMinimum / exclusiveMaximum", "supported: integers as digit grammars; numbers as decimals (no exponent when bounded)"},
       {"multipleOf", "integers: any divisor <= 1000, or bounded ranges of <= 1024 multiples; else error"},
       {"nullable", "supported (OpenAPI: adds null)"},
       {"title, description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly, $anchor, contentMediaType, contentEncoding",
