@@ -392,6 +392,17 @@ std::optional<ApiError> resolve_previous_response(ResponseStore& store, Response
 
 ResponsesBuilder::ResponsesBuilder(ResponseContext c, json echo) : c_(std::move(c)), echo_(std::move(echo)) {}
 
+// Output item ids follow from the response id and the item's index, so a stream resumed under
+// --supervise (which replays the same tokens) names its items as the first attempt did.
+std::string ResponsesBuilder::item_id(const std::string& prefix, size_t index) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of "<response id>#<index>"
+  for (char ch : c_.id + "#" + std::to_string(index)) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+  static const char* hex = "0123456789abcdef";
+  std::string s = prefix;
+  for (int i = 0; i < 16; ++i) s += hex[(h >> (4 * i)) & 15];
+  return s;
+}
+
 json ResponsesBuilder::response_json(const std::string& status) const {
   json r = {{"id", c_.id}, {"object", "response"}, {"created_at", c_.created}, {"status", status},
             {"error", nullptr}, {"incomplete_details", incomplete_}, {"model", c_.model}, {"output", items_}};
@@ -419,10 +430,10 @@ std::string ResponsesBuilder::open_item(Open kind) {
   open_index_ = items_.size();
   json item, part;
   if (kind == Open::kMessage) {
-    item = {{"id", random_id("msg_")}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"}, {"content", json::array()}};
+    item = {{"id", item_id("msg_", open_index_)}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"}, {"content", json::array()}};
     part = {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}, {"logprobs", json::array()}};
   } else {
-    item = {{"id", random_id("rs_")}, {"type", "reasoning"}, {"summary", json::array()}, {"content", json::array()}};
+    item = {{"id", item_id("rs_", open_index_)}, {"type", "reasoning"}, {"summary", json::array()}, {"content", json::array()}};
     part = {{"type", "reasoning_text"}, {"text", ""}};
   }
   items_.push_back(item);
@@ -470,8 +481,8 @@ std::string ResponsesBuilder::delta(const OutputDelta& d) {
     if (t.first) {
       out += close_open();
       const size_t index = items_.size();
-      json item = {{"id", random_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
-                   {"call_id", random_id("call_")}, {"name", t.name}, {"arguments", ""}};
+      json item = {{"id", item_id("fc_", index)}, {"type", "function_call"}, {"status", "in_progress"},
+                   {"call_id", item_id("call_", index)}, {"name", t.name}, {"arguments", ""}};
       items_.push_back(item);
       if (call_items_.size() <= size_t(t.index)) call_items_.resize(size_t(t.index) + 1, SIZE_MAX);
       call_items_[size_t(t.index)] = index;

@@ -56,6 +56,7 @@ class ResponsesBuilder : public ResponseBuilder {
   std::string event(const std::string& type, nlohmann::json j) const;
   std::string close_open();
   std::string open_item(Open kind);
+  std::string item_id(const std::string& prefix, size_t index) const;
 
   ResponseContext c_;
   nlohmann::json echo_;

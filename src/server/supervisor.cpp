@@ -215,6 +215,7 @@ std::string percent_encode(const std::string& s) {
 std::string id_prefix(const std::string& path) {
   if (path == "/v1/chat/completions") return "chatcmpl-";
   if (path == "/v1/completions") return "cmpl-";
+  if (path == "/v1/responses") return "resp_";
   return "msg_";
 }
 
@@ -917,7 +918,8 @@ void Supervisor::install_routes() {
   s.set_write_timeout(30, 0);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The page at / holds no data (the engine process serves it); its calls carry the key.
+    if (req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
     const auto e = check_api_key(o_.api_key, req.get_header_value("Authorization"), req.get_header_value("x-api-key"));
     if (!e) return httplib::Server::HandlerResponse::Unhandled;
     write_error(req, res, *e);
@@ -960,6 +962,7 @@ void Supervisor::install_routes() {
   s.Post("/v1/chat/completions", generate);
   s.Post("/v1/completions", generate);
   s.Post("/v1/messages", generate);
+  s.Post("/v1/responses", generate);
   auto plain = [this](const httplib::Request& req, httplib::Response& res) { relay_plain(req, res, {}); };
   s.Get(".*", plain);
   s.Post(".*", plain);

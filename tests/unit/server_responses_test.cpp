@@ -247,6 +247,33 @@ TEST(ResponsesBuilder, StreamEventsAndBody) {
   EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"]["city"], "Paris");
 }
 
+// A stream resumed under --supervise replays the same tokens into a new builder with the same
+// response id: its items must carry the same ids.
+TEST(ResponsesBuilder, ItemIdsFollowFromTheResponseId) {
+  auto ids = [](const std::string& response_id) {
+    ResponseContext c;
+    c.id = response_id;
+    ResponsesBuilder b(c, json::object());
+    b.start();
+    OutputDelta d;
+    d.content = "x";
+    b.delta(d);
+    d = OutputDelta{};
+    d.tool_calls = {{0, true, "f", "{}"}};
+    b.delta(d);
+    b.finish(OutputDelta{}, {{"f", "{}"}}, FinishState{});
+    const json body = b.body();
+    return std::vector<std::string>{body["output"][0]["id"], body["output"][1]["id"], body["output"][1]["call_id"]};
+  };
+  const auto a = ids("resp_a");
+  EXPECT_EQ(a, ids("resp_a"));
+  EXPECT_EQ(a[0].rfind("msg_", 0), 0u);
+  EXPECT_EQ(a[1].rfind("fc_", 0), 0u);
+  EXPECT_EQ(a[2].rfind("call_", 0), 0u);
+  const auto b = ids("resp_b");
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NE(a[i], b[i]);
+}
+
 TEST(ResponsesBuilder, CutByMaxOutputTokensIsIncomplete) {
   ResponseContext c;
   c.id = "resp_2";
