@@ -4,6 +4,7 @@
 #include <bit>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 namespace strata::grammar {
 
@@ -456,34 +457,108 @@ Result<std::shared_ptr<const Grammar>> GrammarBuilder::build(RuleId root) {
       }
   }
   std::vector<int32_t> renum(nn, -1);
-  auto g = std::make_shared<Grammar>();
   {
     int32_t k = 0;
     for (size_t s = 0; s < nn; ++s) renum[s] = (fwd[s] && bwd[s]) ? k++ : -1;
   }
-  g->root_ = root;
-  g->sets_ = sets_;
-  g->rule_names_.reserve(nr);
-  for (const auto& r : rules_) g->rule_names_.push_back(r.name);
-  g->rule_start_.resize(nr);
-  for (size_t r = 0; r < nr; ++r) g->rule_start_[r] = renum[start[r]] >= 0 ? static_cast<uint32_t>(renum[start[r]]) : UINT32_MAX;
+  // Compact nodes with their byte sets inlined, then merge states that behave the same (same
+  // rule, finality and edges): epsilon removal leaves many copies of a loop state (one per
+  // entry into it), and each copy would cost its own token-mask entry.
+  struct MEdge {
+    uint32_t target;
+    int32_t call;
+    ByteSet set;
+  };
+  struct MNode {
+    RuleId rule;
+    bool final;
+    std::vector<MEdge> edges;
+  };
+  std::vector<MNode> cn;
   for (size_t s = 0; s < nn; ++s) {
     if (renum[s] < 0) continue;
-    Node n;
-    n.rule = raw[s].rule;
-    n.final = raw[s].final;
-    n.edge_begin = static_cast<uint32_t>(g->edges_.size());
-    ByteSet first;
+    MNode m{raw[s].rule, raw[s].final, {}};
     for (const Edge& e : raw[s].edges) {
       if (renum[e.target] < 0) continue;
-      if (e.call >= 0 && g->rule_start_[e.call] == UINT32_MAX) continue;
-      Edge x = e;
-      x.target = static_cast<uint32_t>(renum[e.target]);
-      if (x.call < 0) {
-        n.has_bytes = true;
-        for (int k = 0; k < 4; ++k) first.w[k] |= sets_[x.set].w[k];
+      if (e.call >= 0 && renum[start[e.call]] < 0) continue;
+      m.edges.push_back(MEdge{static_cast<uint32_t>(renum[e.target]), e.call, e.call < 0 ? sets_[e.set] : ByteSet{}});
+    }
+    cn.push_back(std::move(m));
+  }
+  std::vector<uint32_t> starts(nr, UINT32_MAX);
+  for (size_t r = 0; r < nr; ++r)
+    if (renum[start[r]] >= 0) starts[r] = static_cast<uint32_t>(renum[start[r]]);
+  auto canonical = [](std::vector<MEdge>& edges) {
+    std::sort(edges.begin(), edges.end(), [](const MEdge& x, const MEdge& y) {
+      return x.call != y.call ? x.call < y.call : x.target < y.target;
+    });
+    std::vector<MEdge> out;
+    for (const MEdge& e : edges) {
+      if (!out.empty() && out.back().call == e.call && out.back().target == e.target) {
+        for (int k = 0; k < 4; ++k) out.back().set.w[k] |= e.set.w[k];  // same target: union
       } else {
-        x.tail = raw[e.target].final && raw[e.target].edges.empty();
+        out.push_back(e);
+      }
+    }
+    edges = std::move(out);
+  };
+  for (auto& m : cn) canonical(m.edges);
+  for (int round = 0; round < 64; ++round) {
+    std::unordered_map<std::string, uint32_t> sig;
+    std::vector<uint32_t> rep(cn.size());
+    for (size_t i = 0; i < cn.size(); ++i) {
+      std::string key(reinterpret_cast<const char*>(&cn[i].rule), sizeof(RuleId));
+      key += cn[i].final ? 'F' : 'N';
+      for (const MEdge& e : cn[i].edges) {
+        key.append(reinterpret_cast<const char*>(&e.target), sizeof e.target);
+        key.append(reinterpret_cast<const char*>(&e.call), sizeof e.call);
+        if (e.call < 0) key.append(reinterpret_cast<const char*>(e.set.w.data()), sizeof e.set.w);
+      }
+      rep[i] = sig.emplace(std::move(key), static_cast<uint32_t>(sig.size())).first->second;
+    }
+    if (sig.size() == cn.size()) break;
+    std::vector<MNode> next(sig.size());
+    std::vector<char> done(sig.size(), 0);
+    for (size_t i = 0; i < cn.size(); ++i) {
+      if (done[rep[i]]) continue;
+      done[rep[i]] = 1;
+      MNode m = std::move(cn[i]);
+      for (MEdge& e : m.edges) e.target = rep[e.target];
+      canonical(m.edges);
+      next[rep[i]] = std::move(m);
+    }
+    for (auto& st : starts)
+      if (st != UINT32_MAX) st = rep[st];
+    cn = std::move(next);
+    STRATA_RETURN_IF_ERROR(check_budget());
+  }
+
+  auto g = std::make_shared<Grammar>();
+  g->root_ = root;
+  g->rule_names_.reserve(nr);
+  for (const auto& r : rules_) g->rule_names_.push_back(r.name);
+  g->rule_start_ = starts;
+  std::unordered_map<std::string, uint32_t> set_ids;
+  auto set_id = [&](const ByteSet& b) {
+    std::string k(reinterpret_cast<const char*>(b.w.data()), sizeof b.w);
+    auto [it, inserted] = set_ids.emplace(k, static_cast<uint32_t>(g->sets_.size()));
+    if (inserted) g->sets_.push_back(b);
+    return it->second;
+  };
+  for (const MNode& m : cn) {
+    Node n;
+    n.rule = m.rule;
+    n.final = m.final;
+    n.edge_begin = static_cast<uint32_t>(g->edges_.size());
+    ByteSet first;
+    for (const MEdge& e : m.edges) {
+      Edge x{e.target, e.call, 0, false};
+      if (e.call < 0) {
+        x.set = set_id(e.set);
+        n.has_bytes = true;
+        for (int k = 0; k < 4; ++k) first.w[k] |= e.set.w[k];
+      } else {
+        x.tail = cn[e.target].final && cn[e.target].edges.empty();
       }
       g->edges_.push_back(x);
     }

@@ -23,9 +23,9 @@ void walk_tokens(Parser& parser, const Vocabulary& vocab, const ParseState& init
   popped_prefix.assign(max_len + 2, 0);
   states[0] = init;
   marks[0] = parser.mark();
-  const auto& sorted = vocab.sorted();
   const auto& lcp = vocab.lcp();
-  const std::string* prev = nullptr;
+  std::string_view prev;
+  bool has_prev = false;
   int32_t prev_pos = -2;
   size_t depth = 0;    // states[0..depth] are valid along prev's bytes
   bool died = false;   // reading prev[depth] emptied the state
@@ -35,17 +35,18 @@ void walk_tokens(Parser& parser, const Vocabulary& vocab, const ParseState& init
   };
   for (size_t i = 0; i < n; ++i) {
     const int32_t sp = pos_at(i);
-    const std::string& t = vocab.token(sorted[sp]);
+    const std::string_view t = vocab.sorted_token(sp);
     size_t l = 0;
-    if (prev != nullptr) {
+    if (has_prev) {
       if (sp == prev_pos + 1) {
         l = lcp[sp];
       } else {
-        const size_t cap = std::min({prev->size(), t.size(), depth + 1});
-        while (l < cap && (*prev)[l] == t[l]) ++l;
+        const size_t cap = std::min({prev.size(), t.size(), depth + 1});
+        while (l < cap && prev[l] == t[l]) ++l;
       }
     }
-    prev = &t;
+    prev = t;
+    has_prev = true;
     prev_pos = sp;
     if (died && l > depth) {
       emit(sp, dead_code(t.size()));

@@ -36,6 +36,11 @@ Result<std::shared_ptr<const Vocabulary>> Vocabulary::create(std::vector<std::st
   std::sort(v->sorted_.begin(), v->sorted_.end(), [&](int32_t x, int32_t y) {
     return b[x] != b[y] ? b[x] < b[y] : x < y;  // std::string compares as unsigned bytes
   });
+  v->sorted_offset_.assign(1, 0);
+  for (int32_t id : v->sorted_) {
+    v->sorted_bytes_ += b[id];
+    v->sorted_offset_.push_back(static_cast<uint32_t>(v->sorted_bytes_.size()));
+  }
   v->lcp_.assign(v->sorted_.size(), 0);
   for (size_t i = 1; i < v->sorted_.size(); ++i) {
     const std::string& p = b[v->sorted_[i - 1]];

@@ -33,6 +33,10 @@ class Vocabulary {
   // Text tokens (non-special, non-empty) in byte order; lcp()[i]: bytes shared with sorted()[i-1].
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
+  // The bytes of sorted()[pos], from one contiguous buffer (walks read it sequentially).
+  std::string_view sorted_token(int32_t pos) const {
+    return std::string_view(sorted_bytes_.data() + sorted_offset_[pos], sorted_offset_[pos + 1] - sorted_offset_[pos]);
+  }
   // Sorted positions of the tokens starting with byte b: [first_begin(b), first_begin(b + 1)).
   int32_t first_begin(int b) const { return first_begin_[b]; }
   size_t max_token_bytes() const { return max_len_; }
@@ -44,6 +48,8 @@ class Vocabulary {
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_offset_;  // [sorted.size() + 1]
   std::vector<int32_t> first_begin_;  // 257 entries
   size_t max_len_ = 0;
 };
