@@ -212,6 +212,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
   STRATA_RETURN_IF_ERROR(check_model(*model));
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
   STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
+  STRATA_RETURN_IF_ERROR(check_speculative(*model, options, executor.get()));
   try {
     return std::make_unique<Engine>(std::move(model), std::move(options), std::move(executor));
   } catch (const std::invalid_argument& e) {  // a KV tier that cannot open (names its directory)
@@ -230,6 +231,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   if (!kv_plan.ok()) throw std::invalid_argument(kv_plan.error().message);
   auto policy = make_scheduling_policy(options_.scheduling_policy);
   if (!policy.ok()) throw std::invalid_argument(policy.error().message);
+  if (auto s = check_speculative(*model_, options_, executor.get()); !s.ok()) throw std::invalid_argument(s.error().message);
   n_blocks_ = kv_plan->pools.n_blocks;
   n_window_blocks_ = kv_plan->pools.n_window_blocks;
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
@@ -274,6 +276,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   setup_kv_tiers(kv_plan->pools.n_window_blocks > 0 || kv_plan->shape.has_state);
   setup_checkpoints();
   setup_overlap();
+  setup_speculation();
 }
 
 void Engine::setup_checkpoints() {
@@ -550,6 +553,7 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
       resume_from_checkpoint(*a);
     }
     admit_overlap(*a);
+    a->spec_on = core_->proposer != nullptr && a->req.speculative;
     Sequence* seq = &a->seq;
     core_->active.emplace(s.id, std::move(a));
     if (core_->promoter && core_->promoter->start(seq, now_s())) continue;  // scheduled once its blocks are in
@@ -568,6 +572,18 @@ void Engine::step() {
     // Sequences past --kv-quant-start move their full blocks to the codec pool before planning.
     for (Sequence* seq : core_->sched.running()) core_->conversion->convert(seq, now, options_.prefix_caching);
     core_->conversion->flush();
+  }
+  if (!overlap && core_->proposer) {
+    try {
+      propose_drafts();
+    } catch (const std::exception& e) {
+      // A proposer that fails costs speculation for this step, never a request's tokens.
+      log::error("drafting failed: {}", e.what());
+      for (Sequence* seq : core_->sched.running()) {
+        seq->tokens.resize(seq->tokens.size() - size_t(seq->n_draft));
+        seq->n_draft = 0;
+      }
+    }
   }
   StepPlan plan;
   try {
@@ -632,7 +648,9 @@ void Engine::step() {
       }
     }
     if (core_->tiers) core_->flush_demotions();
+    const auto t_run = Clock::now();
     const StepRows& rows = core_->runner.run(plan, want, samples);
+    if (core_->proposer) core_->step_cost.observe(plan.n_tokens, std::chrono::duration<double>(Clock::now() - t_run).count());
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
       float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));
@@ -655,6 +673,11 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
   for (const auto& span : plan.spans) {
     Active& a = *core_->active.at(span.seq->id);
     Sequence& seq = a.seq;
+    if (span.n_draft > 0) {
+      commit_verify(a, span, rows, row);
+      row += size_t(span.n_tokens);
+      continue;
+    }
     const int32_t lp_from = seq.prompt_logprob_pos;
     core_->sched.commit(span);
     const int32_t n_rows = span.logits_all ? span.n_tokens : (span.sample ? 1 : 0);
@@ -699,8 +722,8 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
   }
 }
 
-void Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row) {
-  a.sampler.accept(token);
+bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row, bool in_run) {
+  if (!in_run) a.sampler.accept(token);
   ++a.n_generated;
   ++core_->stats.generated_tokens;
   const auto t = Clock::now();
@@ -714,7 +737,7 @@ void Engine::emit_token(Active& a, int32_t token, const float* last, const StepR
                        (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end());
   if (is_stop) {
     finish(a, FinishReason::kStop, "", token);
-    return;
+    return false;
   }
   StreamEvent e;
   e.tokens.push_back(token);
@@ -730,15 +753,17 @@ void Engine::emit_token(Active& a, int32_t token, const float* last, const StepR
   a.channel->push(std::move(e));
   if (a.n_generated >= a.req.max_tokens) {
     finish(a, FinishReason::kLength, "");
-  } else if (!a.ckpt_key.empty() && a.n_generated % options_.checkpoint_every == 0) {
-    write_checkpoint(a);
+    return false;
   }
+  if (!in_run && !a.ckpt_key.empty() && a.n_generated % options_.checkpoint_every == 0) write_checkpoint(a);
+  return true;
 }
 
 void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t stop_token) {
   const double now = now_s();
   const double pin = a.req.session_id.empty() ? 0.0 : now + options_.session_ttl_s;
   if (core_->promoter) core_->promoter->forget(&a.seq, now);
+  if (core_->proposer) core_->proposer->forget(a.seq.id);
   if (pin > 0.0 && core_->tiers) {
     // The session's blocks stay findable in the lower tiers for the TTL, wherever they are then.
     const size_t n = std::min(size_t(std::max(a.seq.n_published, 0)), a.seq.block_hashes.size());
@@ -763,6 +788,9 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   e.usage.prompt_tokens = a.seq.n_prompt;
   e.usage.completion_tokens = a.n_generated;
   e.usage.cached_tokens = std::max(a.seq.cached_tokens, 0);
+  e.usage.speculative = a.spec_on;
+  e.usage.draft_tokens = a.spec_drafted;
+  e.usage.accepted_tokens = a.spec_accepted;
   a.channel->push(std::move(e));
   ++core_->stats.finished[int(reason)];
   core_->stats.prompt_tokens += a.seq.n_prompt;

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "engine/request.h"
 #include "engine/request_queue.h"
+#include "engine/speculative.h"
 #include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
 #include "kv/kv_plan.h"
@@ -74,6 +75,8 @@ struct EngineOptions : KvLimits {
   // logprobs and penalties only where the executor handles them); the rest run one step at a
   // time. Same tokens either way.
   bool async_scheduling = true;
+  // Speculative decoding (engine/speculative.h): --speculative, --num-draft-tokens, --draft-model.
+  SpeculativeOptions speculative;
 };
 
 // The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
@@ -165,7 +168,18 @@ class Engine {
   // Streams one generated token of `a` (logits: its host row, for logprobs; else null, and
   // the logprobs are row `row` of `rows`, computed by the executor) and finishes it on a stop
   // token or at max_tokens.
-  void emit_token(Active& a, int32_t token, const float* logits, const struct StepRows* rows = nullptr, size_t row = 0);
+  // in_run: a token of a verify's accepted run, already accept()ed by the sampler, whose
+  // checkpoint (if one is due) the caller writes after the run. False once `a` has finished
+  // (and is gone).
+  bool emit_token(Active& a, int32_t token, const float* logits, const struct StepRows* rows = nullptr, size_t row = 0,
+                  bool in_run = false);
+  // The speculative method (engine_speculative.cpp): refuses options and executors it cannot
+  // run, builds the proposer, drafts for the step's speculating decodes before planning, and
+  // commits a verify span.
+  static Status check_speculative(const Model& model, const EngineOptions& options, const StepExecutor* executor);
+  void setup_speculation();
+  void propose_drafts();
+  void commit_verify(Active& a, const struct ScheduledSpan& span, const struct StepRows& rows, size_t first_row);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
   // Overlapped steps (engine_async.cpp).
   void setup_overlap();

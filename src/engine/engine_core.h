@@ -16,6 +16,7 @@
 #include "engine/kv_tier_io.h"
 #include "engine/kv_tier_promoter.h"
 #include "engine/model_runner.h"
+#include "engine/proposer.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
 
@@ -46,6 +47,12 @@ struct Engine::Active {
   bool device_only = false;
   int32_t pending_index = -1;
   int32_t pending_row = -1;
+  // The speculative method (engine_speculative.cpp): on when the engine speculates and the
+  // request did not opt out; acceptance drives its draft length; counts go to its usage.
+  bool spec_on = false;
+  AcceptanceStats spec;
+  int32_t spec_drafted = 0;
+  int32_t spec_accepted = 0;
 };
 
 struct Engine::Core {
@@ -105,6 +112,13 @@ struct Engine::Core {
     int32_t index = -1;
   };
   std::optional<std::vector<InFlightSample>> in_flight;  // the step queued and not yet collected
+  // The speculative method: the proposer (null: off), the step cost model adaptive k reads,
+  // and per-step scratch.
+  std::unique_ptr<Proposer> proposer;
+  StepCostModel step_cost;
+  std::vector<DraftRow> draft_rows;
+  std::vector<std::vector<int32_t>> drafts;
+  std::vector<int32_t> verify_tokens;
   // Copies tier hits of new sequences in the background; last, so its thread stops first.
   std::unique_ptr<TierPromoter> promoter;
 };

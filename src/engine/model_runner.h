@@ -41,6 +41,7 @@ class ModelRunner final : public StepExecutor {
   const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
                       std::span<const RowSample> samples) override;
   bool device_argmax() const override { return false; }
+  bool verifies_drafts() const override { return true; }
   int32_t n_kv_blocks() const override { return kv_.n_blocks(); }
   // Blocks through kv_tier_io's layout (full-attention layers in their codecs).
   std::vector<int64_t> block_tensor_bytes() const override;

@@ -26,6 +26,7 @@ struct GenerationRequest {
   int32_t priority = 0;          // lower first under the priority policy
   std::string session_id;        // non-empty: the conversation's blocks stay pinned for the TTL
   int32_t vocab_limit = 0;       // ids >= it are never sampled; 0: the model's vocabulary
+  bool speculative = true;       // false: decode one token per step even when the engine speculates
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -36,6 +37,11 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;  // every sampled token, the stop token included
   int32_t cached_tokens = 0;      // prompt tokens served by the prefix cache
+  // The speculative method (engine/speculative.h): whether the request ran it, the tokens its
+  // proposer drafted and how many of them the verifies accepted.
+  bool speculative = false;
+  int32_t draft_tokens = 0;
+  int32_t accepted_tokens = 0;
 };
 
 // One event of a request's stream: tokens as they are sampled, then exactly one final event.
@@ -82,6 +88,13 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;  // tokens admission took from the prefix cache (recompute too)
   int64_t preemptions = 0;
   int64_t checkpoints_foreign = 0;  // checkpoints skipped: written under another state identity
+  // Speculative decoding: drafted tokens verified, those accepted, verify spans, and verifies
+  // by accepted drafts ([i]: i accepted; the last bucket: kMaxSpecHistogram or more).
+  static constexpr int kMaxSpecHistogram = 16;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_verifies = 0;
+  int64_t spec_accepted_hist[kMaxSpecHistogram + 1] = {};
   int64_t finished[kNumFinishReasons] = {};  // by FinishReason
   LatencyHistogram ttft = LatencyHistogram::with_default_bounds();         // submit -> first token
   LatencyHistogram inter_token = LatencyHistogram::with_default_bounds();  // between tokens

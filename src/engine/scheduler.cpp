@@ -152,6 +152,7 @@ Sequence* Scheduler::victim_after(const Sequence* seq) const {
 }
 
 void Scheduler::preempt(Sequence* seq, double now, StepPlan& plan) {
+  drop_draft(seq, 0);
   // The recurrent state goes with the slot: recompute restarts from the prefix cache or zero.
   release_all(seq, now, 0.0);
   seq->state = SeqState::kPreempted;
@@ -302,10 +303,26 @@ StepPlan Scheduler::schedule(double now) {
   const std::vector<Sequence*> order = running_;
   for (Sequence* seq : order) {
     if (budget == 0) break;
-    if (!seq->running() || seq->n_remaining() != 1) continue;
+    if (!seq->running() || seq->n_remaining() != 1 + seq->n_draft) continue;
     if (grow(seq, seq->n_computed + 1, now, plan) < 0) continue;
     add_span(seq, 1, plan);
     budget -= 1;
+  }
+  // 1b. Drafted tokens of speculating decodes, from what budget and free blocks are left: a
+  // draft never preempts anything, and a draft that does not fit is cut.
+  for (ScheduledSpan& span : plan.spans) {
+    Sequence* seq = span.seq;
+    if (seq->n_draft == 0) continue;
+    int32_t keep = std::min(seq->n_draft, budget);
+    keep = std::max(0, allocate_upto(seq, seq->n_computed + 1 + keep, now) - seq->n_computed - 1);
+    drop_draft(seq, keep);
+    span.sample = true;  // the span now reaches the sequence's last token
+    if (keep == 0) continue;
+    span.n_tokens += keep;
+    span.n_draft = keep;
+    span.logits_all = true;
+    plan.n_tokens += keep;
+    budget -= keep;
   }
   // Aligned prefill (cut_align() > 1): the step's first prefill piece may take a whole chunk
   // when less budget is left, so that decodes or a budget below one chunk cannot starve prefill;
@@ -334,15 +351,52 @@ StepPlan Scheduler::schedule(double now) {
     budget = std::max(0, budget - plan.spans.back().n_tokens);
     prefilled = true;
   }
+  // Drafts of decodes this step does not run are stale by the next one.
+  for (Sequence* seq : running_) {
+    if (seq->n_draft > 0 && !scheduled_.count(seq)) drop_draft(seq, 0);
+  }
   return plan;
+}
+
+void Scheduler::drop_draft(Sequence* seq, int32_t keep) {
+  STRATA_CHECK(keep >= 0 && keep <= seq->n_draft, "a draft is only cut");
+  seq->tokens.resize(seq->tokens.size() - size_t(seq->n_draft - keep));
+  seq->n_draft = keep;
 }
 
 void Scheduler::commit(const ScheduledSpan& span) {
   Sequence* seq = span.seq;
   STRATA_CHECK(seq->n_computed == span.pos0, "a span is committed once, in order");
+  STRATA_CHECK(span.n_draft == 0, "a verify span is committed with commit_verified");
   seq->n_computed += span.n_tokens;
   if (span.logits_all) seq->prompt_logprob_pos = std::max(seq->prompt_logprob_pos, std::min(seq->n_computed, seq->n_prompt - 1));
   if (span.sample) seq->state = SeqState::kDecoding;
+  publish_and_trim(seq);
+}
+
+void Scheduler::commit_verified(const ScheduledSpan& span, int32_t n_kept) {
+  Sequence* seq = span.seq;
+  STRATA_CHECK(seq->n_computed == span.pos0, "a span is committed once, in order");
+  STRATA_CHECK(n_kept >= 1 && n_kept <= span.n_tokens && seq->n_draft == 0 && seq->n_tokens() == span.pos0 + n_kept,
+               "a verify keeps the pending token and a prefix of its draft, the rest already cut");
+  seq->n_computed = span.pos0 + n_kept;
+  // Paged KV rolls back by forgetting: the rejected positions' rows are overwritten before any
+  // query reads them, and blocks wholly past the next token go back to the pool (never published:
+  // publication stops at n_computed's full blocks).
+  const int32_t bs = kv_.block_size();
+  const size_t keep_blocks = size_t((seq->n_computed + 1 + bs - 1) / bs);
+  if (seq->blocks.size() > keep_blocks) {
+    kv_.release(std::span<const int32_t>(seq->blocks).subspan(keep_blocks), now_);
+    seq->blocks.resize(keep_blocks);
+  }
+  if (kv_window_ && seq->window_blocks.size() > keep_blocks) {
+    kv_window_->release(std::span<const int32_t>(seq->window_blocks).subspan(keep_blocks), now_);
+    seq->window_blocks.resize(keep_blocks);
+  }
+  publish_and_trim(seq);
+}
+
+void Scheduler::publish_and_trim(Sequence* seq) {
   const int32_t bs = kv_.block_size();
   int32_t n_full = seq->n_computed / bs;
   if (cut_align() > 1) {

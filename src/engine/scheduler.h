@@ -5,6 +5,10 @@
 // last in policy order (newest first under FCFS): their blocks are released and they recompute
 // later, usually from the prefix cache.
 //
+// Speculating sequences (Sequence::n_draft > 0) bring drafted tokens after their pending one:
+// their decode span takes the draft from the budget and free blocks left after every decode's
+// own token (a draft never preempts), cut to what fits; commit_verified rolls back the rest.
+//
 // Sliding-window layers (options.window > 0) page in a pool of their own (kv_window): a
 // sequence's window_blocks behind the window of its next query go back to that pool at commit,
 // so a long sequence holds full KV only for its full-attention layers. A cached prefix is
@@ -75,6 +79,10 @@ class Scheduler {
   StepPlan schedule(double now);
   // The span ran: its tokens now have KV. Publishes the sequence's newly full blocks.
   void commit(const ScheduledSpan& span);
+  // A verify span (n_draft > 0) ran and its first n_kept tokens (the pending token and the
+  // accepted drafts) are kept: the caller has cut seq->tokens to pos0 + n_kept. n_computed
+  // rolls back to there and blocks past the next token are released.
+  void commit_verified(const ScheduledSpan& span, int32_t n_kept);
   // Removes a sequence in any state and releases its blocks (pin_until as KvCacheManager::release).
   void finish(Sequence* seq, double now, double pin_until = 0.0);
 
@@ -133,6 +141,10 @@ class Scheduler {
   bool admit(Sequence* seq, int32_t budget, double now, StepPlan& plan);
   void add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state = false);
   void sort_by_policy(std::vector<Sequence*>& seqs) const;
+  // Cuts seq's draft to its first `keep` tokens.
+  void drop_draft(Sequence* seq, int32_t keep);
+  // After n_computed advanced: publishes newly full blocks, releases window blocks behind.
+  void publish_and_trim(Sequence* seq);
 
   SchedulerOptions options_;
   KvCacheManager& kv_;

@@ -24,6 +24,10 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int32_t n_prompt = 0;
   int32_t n_computed = 0;       // leading tokens whose KV is in `blocks`
+  // Speculative method: the last n_draft entries of `tokens` are drafted, not yet verified. They
+  // exist only between proposing and committing one step (the scheduler drops them from a
+  // sequence it does not schedule as a decode); the committed tokens are tokens[0, n_tokens() - n_draft).
+  int32_t n_draft = 0;
   std::vector<int32_t> blocks;  // block table, covers at least n_computed tokens
   std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks of `tokens`
   int32_t n_published = 0;      // leading blocks already offered to the prefix index

@@ -96,6 +96,11 @@ class StepExecutor {
   }
   // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
   virtual bool device_argmax() const = 0;
+  // True when a span may carry drafted tokens (ScheduledSpan::n_draft > 0) and comes back with
+  // host logits for every position, each computing the bits a one-token decode at that
+  // position computes (the speculative method's verify). The engine refuses speculation on an
+  // executor without it.
+  virtual bool verifies_drafts() const { return false; }
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).
   virtual bool device_sampling() const { return false; }
   // True when RowSamples may ask for logprobs (RowSample::top_logprobs): the executor computes

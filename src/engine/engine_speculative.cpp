@@ -1,0 +1,172 @@
+// The engine's speculative method: start-up checks, the proposer, drafting before each plan
+// and committing a verify span (engine/speculative.h says what the method guarantees).
+#include <algorithm>
+#include <chrono>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "engine/draft_model_proposer.h"
+#include "engine/engine.h"
+#include "engine/engine_core.h"
+#include "engine/ngram_proposer.h"
+
+namespace strata {
+
+Status Engine::check_speculative(const Model& model, const EngineOptions& o, const StepExecutor* executor) {
+  const SpeculativeOptions& s = o.speculative;
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
+  auto method = parse_spec_method(s.method);
+  if (!method.ok()) return method.error();
+  if (s.num_draft_tokens < 1 || s.num_draft_tokens > kMaxDraftTokens) {
+    return bad("--num-draft-tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " +
+               std::to_string(s.num_draft_tokens));
+  }
+  if (*method != SpecMethod::kDraft && (s.draft_model || !s.draft_model_dir.empty())) {
+    return bad("--draft-model " + s.draft_model_dir + " needs --speculative draft (got --speculative " + s.method + ")");
+  }
+  if (*method == SpecMethod::kOff) return Status();
+  const std::string flag = "--speculative " + s.method;
+  if (s.ngram_min < 1 || s.ngram_max < s.ngram_min) {
+    return bad(flag + ": n-gram lengths must satisfy 1 <= min <= max, got " + std::to_string(s.ngram_min) + ".." +
+               std::to_string(s.ngram_max));
+  }
+  if (executor != nullptr && !executor->verifies_drafts()) {
+    return make_error(ErrorCode::kUnsupported, flag + ": this device's step executor cannot verify drafted tokens yet "
+                                                      "(speculation runs on the CPU); use --speculative off");
+  }
+  for (const auto& st : model.state_layout()) {
+    if (st.has_state) {
+      return make_error(ErrorCode::kUnsupported,
+                        flag + ": model type '" + model.config().model_type +
+                            "' keeps recurrent (gated DeltaNet) state, which a rejected draft cannot roll back yet; "
+                            "use --speculative off");
+    }
+  }
+  if (*method == SpecMethod::kDraft) {
+    if (!s.draft_model) return bad(flag + " needs --draft-model DIR");
+    const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : model.config().max_position;
+    STRATA_RETURN_IF_ERROR(DraftModelProposer::check(s.draft_model.get(), s.draft_model_dir, model.config(), max_len));
+  }
+  return Status();
+}
+
+void Engine::setup_speculation() {
+  const SpeculativeOptions& s = options_.speculative;
+  const SpecMethod method = parse_spec_method(s.method).value();
+  if (method == SpecMethod::kNgram) {
+    core_->proposer = std::make_unique<NgramProposer>(s.ngram_min, s.ngram_max);
+  } else if (method == SpecMethod::kDraft) {
+    int32_t blocks = s.draft_kv_blocks;
+    if (blocks <= 0) {
+      // Every running sequence at max_model_len, within the target's own KV byte budget.
+      const int64_t bs = options_.block_size;
+      const int64_t need = int64_t(options_.max_num_seqs) * ((max_model_len_ + kMaxDraftTokens + bs - 1) / bs);
+      auto layout = resolve_kv_layout(*s.draft_model, KvCodecConfig{});
+      const int64_t per_block = layout.ok() ? std::max<int64_t>(1, KvStorage::bytes_per_token(*layout) * bs) : 1;
+      blocks = int32_t(std::clamp<int64_t>(std::min(need, options_.kv_cache_bytes / per_block), 2, int64_t(1) << 30));
+    }
+    auto p = DraftModelProposer::create(s.draft_model, s.draft_model_dir, model_->config(), max_model_len_, blocks,
+                                        options_.block_size);
+    if (!p.ok()) throw std::invalid_argument(p.error().message);
+    log::info("speculative decoding: draft model {} ({} KV blocks), up to {} drafts per verify", s.draft_model_dir,
+              (*p)->n_kv_blocks(), s.num_draft_tokens);
+    core_->proposer = std::move(p).value();
+  }
+}
+
+void Engine::propose_drafts() {
+  Core& c = *core_;
+  if (!c.proposer) return;
+  // Every decoding row counts in the cost model; only speculating ones may draft.
+  std::vector<Active*> rows;
+  std::vector<double> rates;
+  std::vector<int32_t> max_k;
+  std::vector<uint8_t> probe;
+  for (Sequence* seq : c.sched.running()) {
+    if (seq->state != SeqState::kDecoding || seq->n_remaining() != 1 || seq->n_draft != 0) continue;
+    Active& a = *c.active.at(seq->id);
+    const int32_t left = a.req.max_tokens - a.n_generated - 1;  // the pending token emits one
+    rows.push_back(&a);
+    rates.push_back(a.spec.rate());
+    max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, kMaxDraftTokens) : 0);
+    probe.push_back(a.spec.idle_steps >= kProbeAfter ? 1 : 0);
+  }
+  if (rows.empty()) return;
+  const std::vector<int32_t> k = options_.speculative.adaptive
+                                     ? choose_draft_lengths(rates, max_k, probe, c.step_cost, c.proposer->seconds_per_token())
+                                     : max_k;
+  c.draft_rows.clear();
+  std::vector<Active*> drafting;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Active& a = *rows[i];
+    if (!a.spec_on || max_k[i] == 0) continue;
+    if (k[i] == 0) {
+      ++a.spec.idle_steps;
+      continue;
+    }
+    a.spec.idle_steps = 0;
+    c.draft_rows.push_back(DraftRow{a.seq.id, a.seq.tokens, k[i]});
+    drafting.push_back(&a);
+  }
+  if (c.draft_rows.empty()) return;
+  c.proposer->propose(c.draft_rows, &c.drafts);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& seq = drafting[i]->seq;
+    const auto& d = c.drafts[i];
+    const size_t n = std::min(d.size(), size_t(c.draft_rows[i].max_k));
+    seq.tokens.insert(seq.tokens.end(), d.begin(), d.begin() + std::ptrdiff_t(n));
+    seq.n_draft = int32_t(n);
+  }
+}
+
+void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows& rows, size_t first_row) {
+  Core& c = *core_;
+  Sequence& seq = a.seq;
+  const int32_t vocab = c.runner.vocab();
+  const int32_t k = span.n_draft;
+  const size_t draft0 = size_t(span.pos0) + 1;  // seq.tokens[draft0 + j]: draft j
+  auto row_logits = [&](int32_t r) {
+    const int32_t h = rows.host_row.at(first_row + size_t(r));
+    STRATA_CHECK(h >= 0 && rows.logits != nullptr, "a verify row has host logits");
+    return rows.logits + size_t(h) * size_t(vocab);
+  };
+  auto is_stop = [&](int32_t t) {
+    return std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), t) != a.req.stop_ids.end() ||
+           (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end());
+  };
+  // Row r scores the token after position pos0 + r. The request's sampler draws there exactly as
+  // a plain decode would (same logits bits, same RNG draw, the history of every token before);
+  // the run goes on while its draw equals the draft, and ends at a stop or max_tokens.
+  std::vector<int32_t>& out = c.verify_tokens;
+  out.clear();
+  int32_t accepted = 0;
+  for (int32_t r = 0; r <= k; ++r) {
+    const int32_t t = a.sampler.sample(row_logits(r), vocab);
+    a.sampler.accept(t);
+    out.push_back(t);
+    const bool match = r < k && t == seq.tokens[draft0 + size_t(r)];
+    if (match) ++accepted;
+    if (!match || is_stop(t) || a.n_generated + int32_t(out.size()) >= a.req.max_tokens) break;
+  }
+  const int32_t m = int32_t(out.size()) - 1;  // out[0, m) are the accepted drafts 0..m-1
+  seq.tokens.resize(draft0 + size_t(m));
+  seq.n_draft = 0;
+  c.sched.commit_verified(span, m + 1);
+  seq.tokens.push_back(out[size_t(m)]);
+  a.spec_drafted += k;
+  a.spec_accepted += accepted;
+  a.spec.observe(k, accepted);
+  c.stats.spec_draft_tokens += k;
+  c.stats.spec_accepted_tokens += accepted;
+  ++c.stats.spec_verifies;
+  ++c.stats.spec_accepted_hist[std::min(accepted, EngineStats::kMaxSpecHistogram)];
+  const int32_t before = a.n_generated;
+  for (int32_t j = 0; j <= m; ++j) {
+    if (!emit_token(a, out[size_t(j)], row_logits(j), nullptr, 0, /*in_run=*/true)) return;  // finished: `a` is gone
+  }
+  if (!a.ckpt_key.empty() && a.n_generated / options_.checkpoint_every > before / options_.checkpoint_every) {
+    write_checkpoint(a);
+  }
+}
+
+}  // namespace strata
