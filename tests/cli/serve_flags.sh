@@ -43,6 +43,8 @@ expect_error "--scheduling-policy lifo" "lifo"
 expect_error "--max-json-depth 1" "--max-json-depth" "1"
 expect_error "--header-timeout 0" "--header-timeout" "0"
 expect_error "--max-connections-per-address -1" "--max-connections-per-address" "-1"
+expect_error "--responses-store-ttl -1" "--responses-store-ttl" "-1"
+expect_error "--responses-store-bytes -1" "--responses-store-bytes" "-1"
 # An engine start error names its code once (it read 'invalid argument: invalid argument: ...').
 expect_error "--kv-disk-dir /proc/nonexistent/kv" "/proc/nonexistent/kv"
 grep -q "invalid argument: invalid argument" "$TMP/out" && fail "the error repeats its prefix: $(tail -1 "$TMP/out")"
