@@ -174,16 +174,213 @@ TEST_F(GpuMoe, ExpertChainMatchesHostLoop) {
   }
 }
 
-// The two grouped-GEMM kernels on the same shapes: the tiled one and the decode GEMV (rows
-// past 8 per expert, a column tail, a group of one row, experts with no rows).
-TEST_F(GpuMoe, GroupedGemvAndTiledMatchTheHostLoop) {
+// The three grouped-GEMM kernels on the same shapes: the tiled one, the decode GEMV and the
+// tensor-core one (rows past 8 per expert, a column tail, a group of one row, experts with no
+// rows, groups past one 128-row tile).
+TEST_F(GpuMoe, GroupedGemmPathsMatchTheHostLoop) {
   const uint32_t seed = fresh_seed();
   std::mt19937 rng(seed);
   for (const ExpertCase& c : {ExpertCase{1, 128, 8, 256, 128, Act::kSilu}, ExpertCase{8, 128, 8, 256, 96, Act::kSilu},
-                              ExpertCase{64, 16, 4, 136, 104, Act::kSilu}, ExpertCase{200, 8, 2, 64, 40, Act::kGeluTanh}}) {
-    for (const GroupedGemmPath path : {GroupedGemmPath::kTiled, GroupedGemmPath::kGemv}) {
+                              ExpertCase{64, 16, 4, 136, 104, Act::kSilu}, ExpertCase{200, 8, 2, 64, 40, Act::kGeluTanh},
+                              ExpertCase{300, 4, 2, 200, 88, Act::kSilu}}) {
+    for (const GroupedGemmPath path : {GroupedGemmPath::kTiled, GroupedGemmPath::kGemv, GroupedGemmPath::kMma}) {
       SCOPED_TRACE("seed " + std::to_string(seed));
       check_expert_chain(c, rng, path);
+    }
+  }
+}
+
+// One grouped GEMM, y[r] = x[src(r)] . w[e]^T, of a path against a host loop in double over
+// the same bf16 values, on the rows listed in check_rows (all rows when empty). Per element:
+// |got - ref| <= 3e-5 * sum_k |x w| (f32 accumulation over k) plus 2^-8 |ref| when y is bf16
+// (its rounding); a missed or repeated reduction chunk, a wrong row or expert is far outside.
+struct GemmCase {
+  int32_t n_experts;
+  std::vector<int32_t> counts;  // rows per expert
+  int64_t n, k;
+  int32_t src_div;              // 0: y row r reads x row r; else x row sorted_src[r] / src_div
+  int32_t out_f32;
+};
+
+struct GemmData {
+  std::vector<uint16_t> x, w;      // bf16 bits
+  std::vector<int32_t> offsets, src;
+  int64_t x_rows = 0, rows = 0;
+};
+
+// A kernel under test: a path, and for kMma the warp layout (4 or 8 warps).
+struct GemmKernel {
+  GroupedGemmPath path;
+  int warps;
+};
+constexpr GemmKernel kMma4{GroupedGemmPath::kMma, 4}, kMma8{GroupedGemmPath::kMma, 8}, kTiledRef{GroupedGemmPath::kTiled, 0};
+
+std::string kernel_name(const GemmKernel& k) {
+  return k.path == GroupedGemmPath::kMma ? "mma/" + std::to_string(k.warps) + " warps" : "tiled";
+}
+
+std::vector<float> run_grouped_gemm(const GemmCase& c, const GemmData& d, const GemmKernel& kernel, int32_t rows_per_expert) {
+  DeviceBuffer<uint16_t> d_x(d.x.size()), d_w(d.w.size());
+  DeviceBuffer<int32_t> d_off(d.offsets.size()), d_src(std::max<size_t>(1, d.src.size()));
+  d_x.upload(d.x);
+  d_w.upload(d.w);
+  d_off.upload(d.offsets);
+  if (!d.src.empty()) d_src.upload(d.src);
+  const size_t out_n = size_t(d.rows) * size_t(c.n);
+  DeviceBuffer<float> y32(c.out_f32 ? out_n : 1);
+  DeviceBuffer<uint16_t> y16(c.out_f32 ? 1 : out_n);
+  y32.poison();
+  y16.poison();
+  GroupedGemmArgs args{d_x.p, c.src_div > 0 ? d_src.p : nullptr, std::max(1, c.src_div), d_w.p, d_off.p,
+                       c.out_f32 ? static_cast<void*>(y32.p) : static_cast<void*>(y16.p), c.out_f32, c.n_experts,
+                       rows_per_expert, c.n, c.k};
+  args.path = kernel.path;
+  if (kernel.path == GroupedGemmPath::kMma) {
+    launch_grouped_gemm_mma(args, nullptr, kernel.warps);
+  } else {
+    launch_grouped_gemm(args, nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (c.out_f32) return y32.download();
+  const auto bits = y16.download();
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+GemmData make_gemm_data(const GemmCase& c, std::mt19937& rng) {
+  GemmData d;
+  d.offsets.assign(size_t(c.n_experts) + 1, 0);
+  for (int32_t e = 0; e < c.n_experts; ++e) d.offsets[size_t(e) + 1] = d.offsets[size_t(e)] + c.counts[size_t(e)];
+  d.rows = d.offsets.back();
+  d.x_rows = c.src_div > 0 ? (d.rows + c.src_div - 1) / c.src_div : d.rows;
+  if (c.src_div > 0) {
+    d.src.resize(size_t(d.rows));
+    std::iota(d.src.begin(), d.src.end(), 0);
+    std::shuffle(d.src.begin(), d.src.end(), rng);
+  }
+  // splitmix64 of a counter: the Qwen3-shaped weights are 400M values.
+  uint64_t state = rng();
+  const auto uniform = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return float(double((z ^ (z >> 31)) >> 40) * 0x1.0p-23 - 1.0);  // [-1, 1)
+  };
+  d.x.resize(size_t(d.x_rows * c.k));
+  for (auto& v : d.x) v = f32_to_bf16(uniform());
+  d.w.resize(size_t(c.n_experts) * size_t(c.n * c.k));
+  for (auto& v : d.w) v = f32_to_bf16(0.2f * uniform());
+  return d;
+}
+
+// Worst |got - ref| / bound over the checked rows (<= 1 passes); the first offender is reported.
+double gemm_error_vs_host(const GemmCase& c, const GemmData& d, const std::vector<float>& got, std::vector<int64_t> check_rows,
+                          std::string* where) {
+  if (check_rows.empty()) {
+    check_rows.resize(size_t(d.rows));
+    std::iota(check_rows.begin(), check_rows.end(), 0);
+  }
+  std::vector<float> xf(size_t(c.k));
+  double worst = 0.0;
+  for (const int64_t r : check_rows) {
+    int32_t e = 0;
+    while (d.offsets[size_t(e) + 1] <= r) ++e;
+    const int64_t s = c.src_div > 0 ? d.src[size_t(r)] / c.src_div : r;
+    for (int64_t q = 0; q < c.k; ++q) xf[size_t(q)] = bf16_to_f32(d.x[size_t(s * c.k + q)]);
+    const uint16_t* we = &d.w[size_t(e) * size_t(c.n * c.k)];
+    for (int64_t col = 0; col < c.n; ++col) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t q = 0; q < c.k; ++q) {
+        const double p = double(xf[size_t(q)]) * double(bf16_to_f32(we[size_t(col * c.k + q)]));
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double bound = 3e-5 * mag + (c.out_f32 ? 0.0 : std::ldexp(std::fabs(ref), -8)) + 1e-30;
+      const double g = got[size_t(r * c.n + col)];
+      const double err = std::isnan(g) ? INFINITY : std::fabs(g - ref) / bound;
+      if (err > worst) {
+        worst = err;
+        *where = "row " + std::to_string(r) + " (expert " + std::to_string(e) + ") col " + std::to_string(col) + ": got " +
+                 std::to_string(g) + " ref " + std::to_string(ref);
+      }
+    }
+  }
+  return worst;
+}
+
+// The tensor-core kernel (both warp layouts) and the tiled reference against the host loop: empty experts, groups
+// of 1, 127, 128, 129 and several tiles, column tails (n % 128 != 0), reduction tails
+// (k % 64 != 0), gathered and plain rows, bf16 and f32 outputs.
+TEST_F(GpuMoe, GroupedGemmMmaMatchesTheHostLoop) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> cnt(0, 420);
+  std::vector<int32_t> ragged(16);
+  for (size_t e = 0; e < ragged.size(); ++e) ragged[e] = e % 3 == 1 ? 0 : cnt(rng);
+  const std::vector<GemmCase> cases = {
+      {8, {0, 1, 129, 0, 300, 17, 128, 127}, 136, 72, 2, 0},
+      {8, {0, 1, 129, 0, 300, 17, 128, 127}, 136, 72, 0, 1},
+      {16, ragged, 264, 520, 8, 0},
+      {16, ragged, 256, 192, 0, 1},
+      {4, {0, 0, 0, 5}, 8, 8, 1, 1},
+      {3, {600, 0, 41}, 384, 1024, 4, 1},
+  };
+  for (const GemmCase& c : cases) {
+    const GemmData d = make_gemm_data(c, rng);
+    const int32_t rpe = *std::max_element(c.counts.begin(), c.counts.end());
+    for (const GemmKernel& kernel : {kMma4, kMma8, kTiledRef}) {
+      const auto got = run_grouped_gemm(c, d, kernel, std::max(1, rpe));
+      std::string where;
+      const double err = gemm_error_vs_host(c, d, got, {}, &where);
+      EXPECT_LE(err, 1.0) << kernel_name(kernel) << " experts " << c.n_experts << " n " << c.n << " k " << c.k << " div "
+                          << c.src_div << " f32 " << c.out_f32 << ": " << where;
+    }
+  }
+}
+
+// The Qwen3-30B-A3B expert shapes at a 4096-token prefill (128 experts, top 8, hidden 2048,
+// expert intermediate 768): gate|up (gathered rows, bf16 out) and down (f32 out), skewed routing
+// with experts that get no token. The tensor-core kernel (both warp layouts) against the host loop on 384 rows
+// (every expert's first and last row among them) and against the tiled reference on every row.
+TEST_F(GpuMoe, GroupedGemmMmaMatchesAtQwen3MoeShape) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int32_t tokens = 4096, E = 128, top_k = 8, hidden = 2048, inter = 768;
+  std::vector<double> pref(static_cast<size_t>(E));
+  for (int32_t e = 0; e < E; ++e) pref[size_t(e)] = e % 17 == 3 ? 0.0 : double((1 + e % 5) * (1 + e % 5));
+  std::vector<int32_t> counts(size_t(E), 0);
+  for (int32_t t = 0; t < tokens; ++t) {
+    std::vector<double> p = pref;
+    for (int32_t j = 0; j < top_k; ++j) {
+      std::discrete_distribution<int32_t> pick(p.begin(), p.end());
+      const int32_t e = pick(rng);
+      ++counts[size_t(e)];
+      p[size_t(e)] = 0.0;
+    }
+  }
+  ASSERT_EQ(std::count(counts.begin(), counts.end(), 0), 8);
+  for (const GemmCase& c : {GemmCase{E, counts, 2 * inter, hidden, top_k, 0}, GemmCase{E, counts, hidden, inter, 0, 1}}) {
+    const GemmData d = make_gemm_data(c, rng);
+    const auto tiled_out = run_grouped_gemm(c, d, kTiledRef, tokens);
+    std::vector<int64_t> rows;
+    for (int32_t e = 0; e < E; ++e) {
+      if (counts[size_t(e)] == 0) continue;
+      rows.push_back(d.offsets[size_t(e)]);
+      rows.push_back(d.offsets[size_t(e) + 1] - 1);
+    }
+    std::uniform_int_distribution<int64_t> any_row(0, d.rows - 1);
+    while (rows.size() < 384) rows.push_back(any_row(rng));
+    for (const GemmKernel& kernel : {kMma4, kMma8}) {
+      const auto mma_out = run_grouped_gemm(c, d, kernel, tokens);
+      std::string where;
+      EXPECT_LE(gemm_error_vs_host(c, d, mma_out, rows, &where), 1.0)
+          << kernel_name(kernel) << " n " << c.n << " k " << c.k << ": " << where;
+      // Against the tiled kernel everywhere: the f32 sums differ by rounding only; bf16 outputs
+      // by at most one rounding step of either.
+      EXPECT_LE(max_norm_rel(mma_out, tiled_out), c.out_f32 ? 1e-4 : 1e-2) << kernel_name(kernel) << " n " << c.n << " k " << c.k;
     }
   }
 }

@@ -1,5 +1,6 @@
 // Mixture-of-experts kernels (see moe.h). Plain CUDA-core code, written for correctness and
-// for any shape; launched plainly (no programmatic dependent launch).
+// for any shape; launched plainly (no programmatic dependent launch). The tensor-core grouped
+// GEMM that prefill steps take is in moe_mma.cu; the tiled kernel here is its reference.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -295,15 +296,27 @@ bool grouped_gemv_fits(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
-  // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel (benchmarks compare the two).
-  static const bool force_tiled = [] {
+  // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel, =simt the CUDA-core kernels only
+  // (the GEMV for few rows, else the tiled kernel): benchmarks compare them in one run.
+  static const std::string env_path = [] {
     const char* v = std::getenv("STRATA_MOE_GEMM");
-    return v != nullptr && std::string(v) == "tiled";
+    return std::string(v != nullptr ? v : "");
   }();
+  const bool force_tiled = env_path == "tiled", no_mma = env_path == "simt";
   const bool fits = grouped_gemv_fits(a);
   GroupedGemmPath path = a.path;
   if (path == GroupedGemmPath::kAuto) {
-    path = fits && a.rows_per_expert <= kGroupedGemvMaxRows && !force_tiled ? GroupedGemmPath::kGemv : GroupedGemmPath::kTiled;
+    if (force_tiled) {
+      path = GroupedGemmPath::kTiled;
+    } else if (fits && a.rows_per_expert <= kGroupedGemvMaxRows) {
+      path = GroupedGemmPath::kGemv;
+    } else {
+      path = !no_mma && grouped_gemm_mma_fits(a) ? GroupedGemmPath::kMma : GroupedGemmPath::kTiled;
+    }
+  }
+  if (path == GroupedGemmPath::kMma) {
+    launch_grouped_gemm_mma(a, stream);
+    return;
   }
   if (path == GroupedGemmPath::kGemv) {
     if (!fits) cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");

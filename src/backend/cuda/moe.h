@@ -49,9 +49,13 @@ struct MoeGroupArgs {
 void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream);
 
 // kAuto: the grouped GEMV when rows_per_expert <= kGroupedGemvMaxRows (decode: each active
-// expert's weights streamed once), else the tiled kernel; the other two force one (tests).
-enum class GroupedGemmPath : int32_t { kAuto = 0, kTiled = 1, kGemv = 2 };
-inline constexpr int32_t kGroupedGemvMaxRows = 256;
+// expert's weights streamed once), else the tensor-core kernel (moe_mma.cu) where its
+// alignment holds, else the tiled kernel, the plain reference; the others force one (tests).
+// STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel for every step, =simt never kMma.
+enum class GroupedGemmPath : int32_t { kAuto = 0, kTiled = 1, kGemv = 2, kMma = 3 };
+// Past 64 tokens the tensor-core kernel, which also reads each active expert once, is faster
+// (bench_moe_gemm, Qwen3-30B-A3B experts at 128 tokens: 0.44 against 0.94 ms a layer).
+inline constexpr int32_t kGroupedGemvMaxRows = 64;
 
 // For every expert e and sorted row r in [offsets[e], offsets[e + 1]):
 //   y[r, :] = x[src(r), :] . w[e]^T, src(r) = row_src ? row_src[r] / row_src_div : r,
@@ -75,6 +79,12 @@ struct GroupedGemmArgs {
   GroupedGemmPath path = GroupedGemmPath::kAuto;
 };
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
+
+// The kMma path (bf16 mma.sync, persistent over the (expert, row tile, column tile) list):
+// needs k % 8 == 0, n % 8 == 0, 16-byte aligned x, w and y, no lo parts, n_experts <= 4096.
+// warps: 4 (warp tiles of 64 x 64, the default) or 8 (64 x 32); tests and benchmarks take both.
+bool grouped_gemm_mma_fits(const GroupedGemmArgs& a);
+void launch_grouped_gemm_mma(const GroupedGemmArgs& a, cudaStream_t stream, int warps = 4);
 
 // out[t, :] = sum over j (ascending ids[t, j]) of weights[t, j] * y[slot_row[t * k + j], :].
 struct MoeCombineArgs {
