@@ -566,6 +566,25 @@ Result<std::shared_ptr<const Grammar>> GrammarBuilder::build(RuleId root) {
     g->nodes_.push_back(n);
     g->first_bytes_.push_back(first);
   }
+  // Byte tables for deterministic states: the cache walks step them without a stack.
+  g->table_of_.assign(cn.size(), -1);
+  g->plain_.assign(cn.size(), 1);
+  for (size_t i = 0; i < cn.size(); ++i) {
+    int total = 0;
+    for (const MEdge& e : cn[i].edges) {
+      if (e.call >= 0) g->plain_[i] = 0;
+      else total += e.set.count();
+    }
+    ByteSet u = g->first_bytes_[i];
+    if (total == 0 || u.count() != total) continue;  // no byte edges, or overlapping sets
+    g->table_of_[i] = static_cast<int32_t>(g->tables_.size());
+    g->tables_.resize(g->tables_.size() + 256, -1);
+    int32_t* t = g->tables_.data() + g->table_of_[i];
+    for (const MEdge& e : cn[i].edges)
+      if (e.call < 0)
+        for (int b = 0; b < 256; ++b)
+          if (e.set.has(static_cast<uint8_t>(b))) t[b] = static_cast<int32_t>(e.target);
+  }
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 

@@ -75,6 +75,10 @@ class Grammar {
   const ByteSet& set(uint32_t i) const { return sets_[i]; }
   // Union of the bytes node n reads directly.
   const ByteSet& first_bytes(uint32_t n) const { return first_bytes_[n]; }
+  // For a state whose byte edges read disjoint sets: the target per byte (-1: none); else null.
+  const int32_t* byte_table(uint32_t n) const { return table_of_[n] < 0 ? nullptr : tables_.data() + table_of_[n]; }
+  // The state has no call edges (a stack resting on it never pushes).
+  bool plain(uint32_t n) const { return plain_[n]; }
   // Readable dump (rules, states, edges), for tests and error reports.
   std::string to_string() const;
 
@@ -87,6 +91,9 @@ class Grammar {
   std::vector<Edge> edges_;
   std::vector<ByteSet> sets_;
   std::vector<ByteSet> first_bytes_;
+  std::vector<int32_t> table_of_;  // per node: offset into tables_, or -1
+  std::vector<int32_t> tables_;    // 256 targets per tabled node
+  std::vector<char> plain_;
 };
 
 // Builds a Grammar from expression trees. Not thread-safe; one per compilation.

@@ -13,14 +13,19 @@ enum : uint8_t { kReject = 0, kAccept = 1, kUncertain = 2 };
 // common prefixes, and reports each one's fate. local: a cache walk (returns into the sentinel
 // make a token context-dependent, or accepted when they happen at its last byte).
 template <class PosAt, class Emit>
-void walk_tokens(Parser& parser, const Vocabulary& vocab, const ParseState& init, size_t n,
-                 PosAt pos_at, Emit emit, std::vector<ParseState>& states,
-                 std::vector<size_t>& marks, std::vector<uint8_t>& popped_prefix) {
+void walk_tokens(Parser& parser, const Grammar& g, const Vocabulary& vocab, const ParseState& init, int32_t simple_start,
+                 size_t n, PosAt pos_at, Emit emit, std::vector<ParseState>& states, std::vector<size_t>& marks,
+                 std::vector<uint8_t>& popped_prefix, std::vector<uint8_t>& popped_here, std::vector<int32_t>& simple) {
   if (n == 0) return;
   const size_t max_len = vocab.max_token_bytes();
   if (states.size() < max_len + 2) states.resize(max_len + 2);
   marks.assign(max_len + 2, 0);
   popped_prefix.assign(max_len + 2, 0);
+  popped_here.assign(max_len + 2, 0);
+  // simple[d] >= 0: the state at depth d is one frame at that NFA state over the sentinel, kept
+  // without a frame and stepped through the state's byte table.
+  simple.assign(max_len + 2, -1);
+  simple[0] = simple_start;
   states[0] = init;
   marks[0] = parser.mark();
   const auto& lcp = vocab.lcp();
@@ -30,7 +35,7 @@ void walk_tokens(Parser& parser, const Vocabulary& vocab, const ParseState& init
   size_t depth = 0;    // states[0..depth] are valid along prev's bytes
   bool died = false;   // reading prev[depth] emptied the state
   auto dead_code = [&](size_t len) -> uint8_t {
-    if (len == depth + 1 && states[depth + 1].popped) return kAccept;
+    if (len == depth + 1 && popped_here[depth + 1]) return kAccept;
     return popped_prefix[len > depth + 1 ? depth + 1 : depth] ? kUncertain : kReject;
   };
   for (size_t i = 0; i < n; ++i) {
@@ -56,10 +61,44 @@ void walk_tokens(Parser& parser, const Vocabulary& vocab, const ParseState& init
     parser.truncate(marks[depth]);
     died = false;
     while (depth < t.size()) {
-      ParseState& next = states[depth + 1];
-      parser.step(states[depth], static_cast<uint8_t>(t[depth]), next);
-      popped_prefix[depth + 1] = popped_prefix[depth] | static_cast<uint8_t>(next.popped);
-      if (!next.alive()) {
+      const auto byte = static_cast<uint8_t>(t[depth]);
+      bool alive;
+      if (simple[depth] >= 0) {
+        const int32_t to = g.byte_table(static_cast<uint32_t>(simple[depth]))[byte];
+        if (to >= 0 && g.plain(static_cast<uint32_t>(to))) {
+          const Node& nd = g.node(static_cast<uint32_t>(to));
+          simple[depth + 1] = nd.has_bytes && g.byte_table(static_cast<uint32_t>(to)) ? to : -1;
+          popped_here[depth + 1] = nd.final;
+          alive = nd.has_bytes || nd.final;
+          if (simple[depth + 1] < 0) {  // no table there: continue with a frame (or none)
+            ParseState& next = states[depth + 1];
+            if (nd.has_bytes) {
+              parser.local_start(static_cast<uint32_t>(to), next);
+            } else {
+              next.tops.clear();
+              next.accepting = false;
+            }
+            next.popped = nd.final;
+          }
+        } else if (to < 0) {
+          popped_here[depth + 1] = 0;
+          alive = false;
+        } else {
+          parser.local_start(static_cast<uint32_t>(simple[depth]), states[depth]);
+          parser.step(states[depth], byte, states[depth + 1]);
+          simple[depth + 1] = -1;
+          popped_here[depth + 1] = states[depth + 1].popped;
+          alive = states[depth + 1].alive();
+        }
+      } else {
+        ParseState& next = states[depth + 1];
+        parser.step(states[depth], byte, next);
+        simple[depth + 1] = -1;
+        popped_here[depth + 1] = next.popped;
+        alive = next.alive();
+      }
+      popped_prefix[depth + 1] = popped_prefix[depth] | popped_here[depth + 1];
+      if (!alive) {
         died = true;
         break;
       }
@@ -84,14 +123,16 @@ std::unique_ptr<TokenMaskCache::NodeMask> TokenMaskCache::compute(uint32_t node)
   parser.local_start(node, init);
   std::vector<ParseState> states;
   std::vector<size_t> marks;
-  std::vector<uint8_t> popped;
+  std::vector<uint8_t> popped, popped_here;
+  std::vector<int32_t> simple;
+  const int32_t simple_start = grammar_->byte_table(node) ? static_cast<int32_t>(node) : -1;
   const ByteSet first = grammar_->first_bytes(node);
   const auto& sorted = vocab_->sorted();
   for (int b = 0; b < 256; ++b) {
     if (!first.has(static_cast<uint8_t>(b))) continue;
     const int32_t lo = vocab_->first_begin(b), hi = vocab_->first_begin(b + 1);
     walk_tokens(
-        parser, *vocab_, init, static_cast<size_t>(hi - lo), [lo](size_t i) { return lo + static_cast<int32_t>(i); },
+        parser, *grammar_, *vocab_, init, simple_start, static_cast<size_t>(hi - lo), [lo](size_t i) { return lo + static_cast<int32_t>(i); },
         [&](int32_t sp, uint8_t code) {
           if (code == kAccept) {
             const int32_t id = sorted[sp];
@@ -101,7 +142,7 @@ std::unique_ptr<TokenMaskCache::NodeMask> TokenMaskCache::compute(uint32_t node)
             m->uncertain.push_back(sp);
           }
         },
-        states, marks, popped);
+        states, marks, popped, popped_here, simple);
   }
   return m;
 }
@@ -238,16 +279,17 @@ void Matcher::fill_next_token_bitmask(uint32_t* words) {
   const auto& sorted = v.sorted();
   std::erase_if(cand_, [&](int32_t sp) { const int32_t id = sorted[sp]; return (words[id >> 5] >> (id & 31)) & 1; });
   static thread_local std::vector<size_t> marks;
-  static thread_local std::vector<uint8_t> popped;
+  static thread_local std::vector<uint8_t> popped, popped_here;
+  static thread_local std::vector<int32_t> simple;
   walk_tokens(
-      parser_, v, state_, cand_.size(), [&](size_t i) { return cand_[i]; },
+      parser_, masks_->grammar(), v, state_, -1, cand_.size(), [&](size_t i) { return cand_[i]; },
       [&](int32_t sp, uint8_t code) {
         if (code == kAccept) {
           const int32_t id = sorted[sp];
           words[id >> 5] |= 1u << (id & 31);
         }
       },
-      walk_, marks, popped);
+      walk_, marks, popped, popped_here, simple);
   if (state_.accepting) set_stops();
 }
 
