@@ -17,7 +17,10 @@ void ResponseStore::expire_locked(Clock::time_point t) {
 }
 
 void ResponseStore::put(const std::string& id, StoredResponse r) {
-  const size_t bytes = id.size() + r.conversation.dump().size() + r.response.dump().size();
+  // Model text may hold invalid UTF-8: it is measured (and later sent) with replacements.
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  const size_t bytes = id.size() + r.conversation.dump(-1, ' ', false, kReplace).size() +
+                       r.response.dump(-1, ' ', false, kReplace).size();
   std::lock_guard<std::mutex> lock(mu_);
   const auto t = now();
   if (auto it = by_id_.find(id); it != by_id_.end()) drop_locked(it->second);

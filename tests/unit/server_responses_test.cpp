@@ -158,6 +158,9 @@ TEST(ResponseStore, TtlAndByteLimit) {
   EXPECT_FALSE(store.get("b"));
   EXPECT_EQ(store.stats().entries, 0);
   EXPECT_EQ(store.stats().expired, 2);
+  // Model text that is not valid UTF-8 is stored, not thrown on.
+  store.put("bad", StoredResponse{json::array({{{"role", "assistant"}, {"content", "\xff\xfe"}}}), json::object()});
+  EXPECT_TRUE(store.get("bad"));
   store.put("d", StoredResponse{big, json::object()});
   EXPECT_TRUE(store.erase("d"));
   EXPECT_FALSE(store.get("d"));
