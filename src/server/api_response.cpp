@@ -307,20 +307,41 @@ class MessagesBuilder : public ResponseBuilder {
       out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
                                                {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
     }
+    // Tool calls stream as tool_use blocks: the block starts once the name is known, its input
+    // follows as input_json_delta pieces.
+    for (const auto& t : d.tool_calls) {
+      if (t.first) {
+        out += close_block();
+        ++index_;
+        open_ = "tool_use";
+        open_call_ = t.index;
+        if (tool_ids_.size() <= size_t(t.index)) tool_ids_.resize(size_t(t.index) + 1);
+        tool_ids_[size_t(t.index)] = random_id("toolu_");
+        const json block = {{"type", "tool_use"}, {"id", tool_ids_[size_t(t.index)]}, {"name", t.name}, {"input", json::object()}};
+        out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+      }
+      if (t.arguments.empty() || open_ != "tool_use" || open_call_ != t.index) continue;
+      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                               {"delta", {{"type", "input_json_delta"}, {"partial_json", t.arguments}}}});
+    }
     return out;
   }
 
   std::string finish(const OutputDelta& last, const std::vector<ToolCall>& calls, const FinishState& f) override {
     std::string out = delta(last);
     out += close_block();
-    for (const auto& call : calls) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const ToolCall& call = calls[i];
       json input = json::object();
       try {
         input = json::parse(call.arguments);
       } catch (const std::exception&) {
       }
-      json block = {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", input}};
+      const bool streamed = i < tool_ids_.size() && !tool_ids_[i].empty();
+      json block = {{"type", "tool_use"}, {"id", streamed ? tool_ids_[i] : random_id("toolu_")}, {"name", call.name}, {"input", input}};
       tool_blocks_.push_back(block);
+      if (streamed) continue;
+      // A call the stream did not show (no deltas for it): its block whole.
       ++index_;
       json start_block = block;
       start_block["input"] = json::object();
@@ -383,6 +404,8 @@ class MessagesBuilder : public ResponseBuilder {
   std::string open_;
   std::string text_, thinking_;
   json tool_blocks_ = json::array();
+  std::vector<std::string> tool_ids_;  // by call index: the streamed tool_use block's id
+  int open_call_ = -1;                 // the call whose tool_use block is open
   std::string stop_reason_;
   json stop_sequence_ = nullptr;
   Usage usage_;

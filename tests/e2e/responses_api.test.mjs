@@ -1,11 +1,13 @@
 // The Responses API and streamed tool calls through the official openai client:
 // responses.create / stream / retrieve / delete against strata-demo (a continued response is a
 // prefix-cache hit), every new field's bad input, and, on a scripted model that writes a Hermes
-// tool call (lib/scripted_model.mjs), tool calls streamed as deltas to the chat stream helper
-// and as function_call items to responses.stream.
+// tool call (lib/scripted_model.mjs), tool calls streamed as deltas to the chat stream helper,
+// as function_call items to responses.stream and as tool_use input deltas to the Anthropic
+// client's messages.stream.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
 import { startServer, waitNoUsedBlocks, SOURCE } from './lib/server.mjs';
 import { scriptedModel, SCRIPTED_CALL, SCRIPTED_TEXT } from './lib/scripted_model.mjs';
 
@@ -209,4 +211,21 @@ test('scripted model: responses.stream streams a function_call item, then contin
     input: [{ type: 'function_call_output', call_id: call.call_id, output: '18 C' }], max_output_tokens: 40 });
   assert.equal(next.status, 'completed');
   assert.ok(next.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(next.usage));
+});
+
+test('scripted model: the Anthropic stream helper gets tool_use input as it is written', async () => {
+  const anthropic = new Anthropic({ baseURL: scripted.url, apiKey: 'unused', maxRetries: 0 });
+  const stream = anthropic.messages.stream({ model: 'scripted', max_tokens: 40, messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools: [{ name: 'get_weather', description: 'Weather of a city', input_schema: TOOLS[0].parameters }] });
+  const pieces = [];
+  stream.on('inputJson', (partial) => pieces.push(partial));
+  const final = await stream.finalMessage();
+  assert.equal(final.stop_reason, 'tool_use');
+  assert.deepEqual(final.content.map((b) => b.type), ['text', 'tool_use']);
+  assert.equal(final.content[0].text, SCRIPTED_CALL.content);
+  assert.equal(final.content[1].name, SCRIPTED_CALL.name);
+  assert.match(final.content[1].id, /^toolu_/);
+  assert.deepEqual(final.content[1].input, SCRIPTED_CALL.arguments);
+  assert.ok(pieces.length >= 3, `${pieces.length} input_json_delta pieces`);
+  assert.deepEqual(JSON.parse(pieces.join('')), SCRIPTED_CALL.arguments);
 });

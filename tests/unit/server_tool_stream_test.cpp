@@ -1,5 +1,6 @@
 // Streamed tool calls: ToolCallStreamer over hand-written model text in each format, fed in
-// every split, through the OutputAssembler with Qwen3's tokens, and as OpenAI chunks.
+// every split, through the OutputAssembler with Qwen3's tokens, as OpenAI chunks and as
+// Anthropic tool_use blocks.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -210,6 +211,39 @@ TEST(ToolCallStreamer, OpenAiChunksAndBodyAgree) {
   EXPECT_EQ(bc[0]["id"], calls[0]["id"]);
   EXPECT_EQ(bc[1]["id"], calls[1]["id"]);
   EXPECT_EQ(bc[1]["function"]["name"], "get_time");
+}
+
+TEST(ToolCallStreamer, AnthropicToolUseBlocksStreamTheirInput) {
+  const tokenizer::Tokenizer& tok = tokenizer::testing::reference_tokenizer("qwen3");
+  auto b = make_response_builder(ApiKind::kMessages, ResponseContext{}, tok);
+  std::string sse = b->start();
+  OutputDelta d;
+  d.content = "Checking.";
+  sse += b->delta(d);
+  d = OutputDelta{};
+  d.tool_calls = {{0, true, "get_weather", "{\"city\""}};
+  sse += b->delta(d);
+  d.tool_calls = {{0, false, "", ":\"Paris\"}"}};
+  sse += b->delta(d);
+  sse += b->finish(OutputDelta{}, {{"get_weather", "{\"city\":\"Paris\"}"}}, FinishState{});
+  std::vector<std::string> events;
+  std::string input, block_id;
+  for (size_t p = sse.find("event: "); p != std::string::npos; p = sse.find("event: ", p + 1)) {
+    events.push_back(sse.substr(p + 7, sse.find('\n', p) - p - 7));
+    const size_t data = sse.find("data: ", p) + 6;
+    const json j = json::parse(sse.substr(data, sse.find("\n\n", data) - data));
+    if (j["type"] == "content_block_start" && j["content_block"]["type"] == "tool_use") block_id = j["content_block"]["id"];
+    if (j["type"] == "content_block_delta" && j["delta"]["type"] == "input_json_delta") input += j["delta"]["partial_json"].get<std::string>();
+  }
+  const std::vector<std::string> want = {"message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+                                         "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+                                         "message_delta", "message_stop"};
+  EXPECT_EQ(events, want);
+  EXPECT_EQ(input, "{\"city\":\"Paris\"}");
+  const json body = b->body();
+  EXPECT_EQ(body["stop_reason"], "tool_use");
+  EXPECT_EQ(body["content"][1]["id"], block_id);
+  EXPECT_EQ(body["content"][1]["input"]["city"], "Paris");
 }
 
 }  // namespace
