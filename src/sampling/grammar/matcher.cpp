@@ -1,6 +1,7 @@
 #include "sampling/grammar/matcher.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace strata::grammar {
@@ -144,6 +145,13 @@ std::unique_ptr<TokenMaskCache::NodeMask> TokenMaskCache::compute(uint32_t node)
         },
         states, marks, popped, popped_here, simple);
   }
+  if (m->n_accept < vocab_->mask_words() / 8) {  // the id list is under an eighth of the bitmask
+    for (int32_t w = 0; w < vocab_->mask_words(); ++w)
+      for (uint32_t bits = m->accept[w]; bits; bits &= bits - 1) m->accept_ids.push_back(w * 32 + std::countr_zero(bits));
+    m->accept.clear();
+    m->accept.shrink_to_fit();
+  }
+  m->uncertain.shrink_to_fit();
   return m;
 }
 
@@ -263,12 +271,19 @@ void Matcher::fill_next_token_bitmask(uint32_t* words) {
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
   cand_.clear();
+  bool zero = true;  // words still all zero
   for (size_t k = 0; k < nodes.size(); ++k) {
     const auto& m = masks_->node_mask(nodes[k]);
-    if (k == 0) {
-      std::memcpy(words, m.accept.data(), nw * sizeof(uint32_t));
+    if (!m.accept.empty()) {
+      if (zero) {
+        std::memcpy(words, m.accept.data(), nw * sizeof(uint32_t));
+      } else {
+        for (size_t i = 0; i < nw; ++i) words[i] |= m.accept[i];
+      }
+      zero = false;
     } else {
-      for (size_t i = 0; i < nw; ++i) words[i] |= m.accept[i];
+      for (int32_t id : m.accept_ids) words[id >> 5] |= 1u << (id & 31);
+      if (!m.accept_ids.empty()) zero = false;
     }
     cand_.insert(cand_.end(), m.uncertain.begin(), m.uncertain.end());
   }

@@ -30,9 +30,12 @@ class TokenMaskCache {
   const Grammar& grammar() const { return *grammar_; }
   const Vocabulary& vocab() const { return *vocab_; }
 
+  // Tokens accepted whatever the context: as a bitmask when many, else as a list of ids (a
+  // state inside a literal accepts a handful; a bitmask is 19 KB at 151,936 ids).
   struct NodeMask {
-    std::vector<uint32_t> accept;     // [mask_words] bit set: accepted whatever the context
-    std::vector<int32_t> uncertain;   // sorted vocabulary positions needing the full stack
+    std::vector<uint32_t> accept;      // [mask_words] or empty when accept_ids is used
+    std::vector<int32_t> accept_ids;   // ascending ids, when accept is empty
+    std::vector<int32_t> uncertain;    // sorted vocabulary positions needing the full stack
     int32_t n_accept = 0;
   };
   // The entry for NFA state `node` (a state with byte edges); computed on first use, then
