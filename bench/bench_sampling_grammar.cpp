@@ -3,7 +3,7 @@
 // sample output of each schema (tests/data/grammar/sample_outputs.json). "cold": the first
 // walk on a fresh token-mask cache, so states' masks are computed on first use; "warm": later
 // walks reusing them (the server's case for a schema seen before). Ratio: p99 over the 1 ms
-// per-token target.
+// per-token target. Memory: the token-mask cache after the walks, and with every state cached.
 //
 //   build/bench/bench_sampling_grammar [tokenizer.json.xz] [sample_outputs.json] [warm_walks]
 #include <algorithm>
@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
   const auto samples = nlohmann::ordered_json::parse(in);
   std::printf("qwen3 vocabulary: %d ids, %zu text tokens (loaded in %.0f ms); %d warm walks per schema\n\n",
               vocab->size(), vocab->sorted().size(), vocab_ms, warm_walks);
-  std::printf("%-15s %6s %7s %9s | %8s %8s %8s | %8s %8s %8s | %9s %7s\n", "schema", "tokens", "states", "compile", "cold p50",
-              "cold p99", "cold max", "warm p50", "warm p99", "warm max", "p99/1ms", "all ms");
+  std::printf("%-15s %6s %7s %9s | %8s %8s %8s | %8s %8s %8s | %9s %7s %7s %7s\n", "schema", "tokens", "states", "compile",
+              "cold p50", "cold p99", "cold max", "warm p50", "warm p99", "warm max", "p99/1ms", "all ms", "walk MB", "all MB");
   std::vector<double> all_warm, all_cold;
   int failures = 0;
   for (const auto& s : samples) {
@@ -124,9 +124,10 @@ int main(int argc, char** argv) {
     const double all_ms = ms_since(t0);
     all_warm.insert(all_warm.end(), warm.begin(), warm.end());
     all_cold.insert(all_cold.end(), cold.begin(), cold.end());
-    std::printf("%-15s %6zu %7d %7.2fms | %8.3f %8.3f %8.3f | %8.4f %8.4f %8.4f | %9.3f %7.0f\n", name.c_str(), ids.size(),
-                fresh->n_cached(), pct(compile_ms, 0.5), pct(cold, 0.5), pct(cold, 0.99), pct(cold, 1.0), pct(warm, 0.5),
-                pct(warm, 0.99), pct(warm, 1.0), pct(warm, 0.99) / 1.0, all_ms);
+    std::printf("%-15s %6zu %7d %7.2fms | %8.3f %8.3f %8.3f | %8.4f %8.4f %8.4f | %9.3f %7.0f %7.2f %7.2f\n", name.c_str(),
+                ids.size(), fresh->n_cached(), pct(compile_ms, 0.5), pct(cold, 0.5), pct(cold, 0.99), pct(cold, 1.0),
+                pct(warm, 0.5), pct(warm, 0.99), pct(warm, 1.0), pct(warm, 0.99) / 1.0, all_ms, masks->memory_bytes() / 1e6,
+                fresh->memory_bytes() / 1e6);
   }
   std::printf("\nall schemas: warm p50 %.4f ms, p99 %.4f ms (%zu masks); cold p50 %.3f ms, p99 %.3f ms (%zu masks)\n",
               pct(all_warm, 0.5), pct(all_warm, 0.99), all_warm.size(), pct(all_cold, 0.5), pct(all_cold, 0.99),

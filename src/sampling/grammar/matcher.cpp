@@ -176,6 +176,14 @@ int TokenMaskCache::n_cached() const {
   return static_cast<int>(std::count_if(masks_.begin(), masks_.end(), [](const auto& m) { return m != nullptr; }));
 }
 
+size_t TokenMaskCache::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = masks_.capacity() * sizeof(masks_[0]);
+  for (const auto& m : masks_)
+    if (m) n += sizeof(NodeMask) + 4 * (m->accept.capacity() + m->accept_ids.capacity() + m->uncertain.capacity());
+  return n;
+}
+
 Matcher::Matcher(std::shared_ptr<const TokenMaskCache> masks, int max_rollback)
     : masks_(std::move(masks)), parser_(&masks_->grammar()), max_rollback_(std::max(0, max_rollback)) {
   parser_.initial(state_);

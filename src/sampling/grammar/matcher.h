@@ -44,6 +44,7 @@ class TokenMaskCache {
   // Computes every state's entry now (a compile-time cost instead of a first-token one).
   void precompute_all() const;
   int n_cached() const;
+  size_t memory_bytes() const;  // held by the cached entries
 
  private:
   std::unique_ptr<NodeMask> compute(uint32_t node) const;
