@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/speculative_args.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -42,6 +43,7 @@ struct GenerateArgs {
   std::string kv_config;
   std::string kv_quant_start = "auto";
   DeviceArgs dev;
+  SpeculativeArgs spec;
 };
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& s) {
@@ -153,6 +155,9 @@ int run_generate_on_engine(const GenerateArgs& a, EngineModel m, EngineOptions e
   if (last.finish_reason == FinishReason::kError) return fail(make_error(ErrorCode::kInternal, last.message));
   log::info("prompt {} tokens, first token after {:.1f} ms; generated {} tokens in {:.3f} s on {}; stop: {}", prompt_ids.size(),
             first_ms.value_or(0.0), n, total_s, m.device, finish_reason_name(last.finish_reason));
+  if (last.usage.speculative) {
+    log::info("speculation: {} drafted, {} accepted", last.usage.draft_tokens, last.usage.accepted_tokens);
+  }
   return 0;
 }
 
@@ -197,7 +202,11 @@ int run_generate(const GenerateArgs& a) {
   eo.kv_codecs = *kv_codecs;
   auto engine_model = load_engine_model(a.dev, a.model_dir, pool, &eo);
   if (!engine_model.ok()) return fail(engine_model.error());
-  if (engine_model->executor) return run_generate_on_engine(a, std::move(engine_model).value(), eo, prompt_ids, tok, output);
+  auto spec = make_speculative_options(a.spec, a.model_dir, pool);
+  if (!spec.ok()) return fail(spec.error());
+  eo.speculative = std::move(spec).value();
+  // Speculation runs in the engine (on the CPU too).
+  if (engine_model->executor || eo.speculative.method != "off") return run_generate_on_engine(a, std::move(engine_model).value(), eo, prompt_ids, tok, output);
   auto model = Result<std::unique_ptr<Model>>(std::move(engine_model->model));
   const ModelConfig& cfg = (*model)->config();
   const auto t1 = std::chrono::steady_clock::now();
@@ -294,6 +303,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "Worker threads (0: one per hardware thread)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's EOS ids");
   add_device_flags(cmd, args->dev);
+  add_speculative_flags(cmd, args->spec);
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
       ->capture_default_str();
   cmd->add_option("--kv-config", args->kv_config,

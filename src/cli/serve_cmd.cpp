@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/speculative_args.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -66,6 +67,7 @@ struct ServeArgs {
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
   DeviceArgs dev;
+  SpeculativeArgs spec;
   bool supervise = false;
   bool supervised_child = false;
   bool checkpoint_every_given = false;
@@ -175,6 +177,11 @@ int run_serve(ServeArgs a) {
     return fail(make_error(ErrorCode::kInvalidArgument,
                            "--state-snapshot-interval must be >= 1, got " + std::to_string(a.state_snapshot_interval)));
   }
+  {
+    ThreadPool none(1);
+    auto spec = make_speculative_options(a.spec, a.model_dir, none, /*load=*/false);
+    if (!spec.ok()) return fail(spec.error());
+  }
   if (a.supervise) return run_supervised(a);
 
   // SIGINT/SIGTERM go to one waiting thread; block them before any other thread starts.
@@ -217,6 +224,9 @@ int run_serve(ServeArgs a) {
   eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
   eo.kv_quant_blocks = device_eo.kv_quant_blocks;  // the device's codec pool (--kv-quant-start)
   eo.async_scheduling = device_eo.async_scheduling;
+  auto spec = make_speculative_options(a.spec, a.model_dir, pool);
+  if (!spec.ok()) return fail(spec.error());
+  eo.speculative = std::move(spec).value();
 
   // The tokenizer decides which ids end a turn (<|im_end|>, <|eot_id|>, ...).
   const int32_t max_len_guess = a.kv.max_model_len > 0 ? a.kv.max_model_len : cfg.max_position;
@@ -383,6 +393,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--repetition-penalty", a->repetition_penalty, "Default repetition_penalty");
   cmd->add_option("--max-tokens", a->max_tokens, "Default max_tokens (default: the rest of the context)");
   add_device_flags(cmd, a->dev);
+  add_speculative_flags(cmd, a->spec);
   cmd->add_flag("--supervise", a->supervise,
                 "Run the engine in a child process that is restarted when it dies; streams resume from their "
                 "checkpoints (--checkpoint-every defaults to 32)");

@@ -369,6 +369,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
     }
   }
   if (auto e = read_bool(body, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = read_bool(body, "speculative", &out->speculative)) return e;
   if (auto e = read_bool(body, "skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = read_bool(body, "stream", &out->stream)) return e;
   if (const json* so = find(body, "stream_options")) {

@@ -48,6 +48,7 @@ struct ApiRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  bool speculative = true;  // false: opt out of the server's speculative decoding
   bool skip_special_tokens = true;
   int32_t logprobs = -1;  // -1: none; else top-N alternatives per token (0..20)
 

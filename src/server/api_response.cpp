@@ -373,6 +373,7 @@ class MessagesBuilder : public ResponseBuilder {
                                          {"output_tokens", usage_.completion_tokens},
                                          {"cache_read_input_tokens", usage_.cached_tokens},
                                          {"cache_creation_input_tokens", 0}});
+    if (usage_.speculative) msg["usage"]["speculation"] = speculation_json(usage_);
     return msg;
   }
 
@@ -432,10 +433,16 @@ std::string anthropic_stop_reason(const FinishState& f, bool has_tool_calls) {
 }
 
 json usage_json(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  if (u.speculative) j["speculation"] = speculation_json(u);
+  return j;
+}
+
+json speculation_json(const Usage& u) {
+  return {{"draft_tokens", u.draft_tokens}, {"accepted_tokens", u.accepted_tokens}};
 }
 
 std::string sse_data(const json& j) { return "data: " + dump(j) + "\n\n"; }

@@ -127,6 +127,24 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   os << "strata_checkpoints_foreign_total{" << m << "} " << e.checkpoints_foreign << '\n';
   header(os, "strata_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
   os << "strata_preemptions_total{" << m << "} " << e.preemptions << '\n';
+  header(os, "strata_spec_draft_tokens_total", "counter", "Drafted tokens the speculative method verified.");
+  os << "strata_spec_draft_tokens_total{" << m << "} " << e.spec_draft_tokens << '\n';
+  header(os, "strata_spec_accepted_tokens_total", "counter", "Drafted tokens the verifies accepted.");
+  os << "strata_spec_accepted_tokens_total{" << m << "} " << e.spec_accepted_tokens << '\n';
+  header(os, "strata_spec_accepted_per_verify", "histogram", "Accepted drafts per verify span.");
+  {
+    int64_t cum = 0, sum = 0;
+    for (int i = 0; i <= EngineStats::kMaxSpecHistogram; ++i) {
+      cum += e.spec_accepted_hist[i];
+      sum += int64_t(i) * e.spec_accepted_hist[i];
+      if (i < EngineStats::kMaxSpecHistogram) {
+        os << "strata_spec_accepted_per_verify_bucket{" << m << ",le=\"" << i << "\"} " << cum << '\n';
+      }
+    }
+    os << "strata_spec_accepted_per_verify_bucket{" << m << ",le=\"+Inf\"} " << cum << '\n';
+    os << "strata_spec_accepted_per_verify_sum{" << m << "} " << sum << '\n';
+    os << "strata_spec_accepted_per_verify_count{" << m << "} " << e.spec_verifies << '\n';
+  }
   histogram(os, "strata_time_to_first_token_seconds", "Submission to first generated token.", e.ttft, m);
   histogram(os, "strata_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", e.inter_token, m);
   return os.str();

@@ -163,6 +163,7 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
   }
   g.stop_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;
+  g.speculative = r.speculative;
   g.logprobs = r.logprobs;
   g.prompt_logprobs = r.kind == ApiKind::kCompletion && r.echo && r.logprobs >= 0;
   g.priority = r.priority;
