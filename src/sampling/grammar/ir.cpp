@@ -14,8 +14,8 @@ int ByteSet::count() const {
 
 GrammarBuilder::GrammarBuilder(Limits limits)
     : limits_(limits), started_(std::chrono::steady_clock::now()) {
-  empty_ = add(Expr{Kind::kEmpty});
-  nothing_ = add(Expr{Kind::kNothing});
+  empty_ = add(Expr{Kind::kEmpty, 0, 0, {}});
+  nothing_ = add(Expr{Kind::kNothing, 0, 0, {}});
 }
 
 ExprId GrammarBuilder::add(Expr e) {
@@ -39,7 +39,7 @@ bool GrammarBuilder::rule_defined(RuleId rule) const { return rules_[rule].body 
 
 ExprId GrammarBuilder::bytes(const ByteSet& set) {
   if (set.empty()) return nothing_;
-  return add(Expr{Kind::kBytes, static_cast<int32_t>(set_index(set))});
+  return add(Expr{Kind::kBytes, static_cast<int32_t>(set_index(set)), 0, {}});
 }
 ExprId GrammarBuilder::byte_range(uint8_t lo, uint8_t hi) {
   ByteSet s;
@@ -52,7 +52,7 @@ ExprId GrammarBuilder::literal(std::string_view text) {
   for (char c : text) items.push_back(byte_range(uint8_t(c), uint8_t(c)));
   return items.size() == 1 ? items[0] : seq(std::move(items));
 }
-ExprId GrammarBuilder::ref(RuleId rule) { return add(Expr{Kind::kRef, rule}); }
+ExprId GrammarBuilder::ref(RuleId rule) { return add(Expr{Kind::kRef, rule, 0, {}}); }
 ExprId GrammarBuilder::seq(std::vector<ExprId> items) {
   std::erase(items, empty_);
   if (items.empty()) return empty_;

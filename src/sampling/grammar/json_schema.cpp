@@ -586,8 +586,8 @@ class SchemaCompiler {
     return d;
   }
   struct Bound {
-    double v;
-    bool incl;
+    double v = 0;
+    bool incl = true;
   };
   // Magnitudes (0|[1-9]\d*)(\.\d+)? between optional bounds (both >= 0).
   ExprId magnitude(std::optional<Bound> lo, std::optional<Bound> hi) {
@@ -633,7 +633,8 @@ class SchemaCompiler {
     std::vector<ExprId> alts;
     // x >= 0, written as its magnitude.
     if (!hi || hi->v >= 0) {
-      std::optional<Bound> mlo = (lo && lo->v >= 0) ? lo : std::nullopt;
+      std::optional<Bound> mlo;
+      if (lo && lo->v >= 0) mlo = *lo;
       alts.push_back(magnitude(mlo, hi));
     }
     // x = -m.

@@ -106,7 +106,7 @@ void walk_tokens(Parser& parser, const Grammar& g, const Vocabulary& vocab, cons
       ++depth;
       marks[depth] = parser.mark();
     }
-    emit(sp, died ? dead_code(t.size()) : kAccept);
+    emit(sp, died ? dead_code(t.size()) : static_cast<uint8_t>(kAccept));
   }
   parser.truncate(marks[0]);
 }
