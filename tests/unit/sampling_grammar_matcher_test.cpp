@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "sampling/grammar/ir.h"
 #include "sampling/grammar/matcher.h"
@@ -172,6 +173,47 @@ TEST(GrammarMatcher, StopOnlyWhereGrammarEnds) {
   EXPECT_FALSE(m.accept_bytes("["));
   EXPECT_TRUE(m.rollback(1));
   EXPECT_FALSE(m.is_terminated());
+}
+
+// Matchers on several threads share one cache that fills while they run; every thread sees
+// the masks a single-threaded walk computes.
+TEST(GrammarMatcher, SharedCacheAcrossThreads) {
+  auto g = list_grammar();
+  auto v = random_vocab(9, 2000);
+  std::vector<int32_t> walk;
+  std::vector<std::vector<uint32_t>> expected;
+  {
+    Matcher m(std::make_shared<TokenMaskCache>(g, v));
+    std::mt19937 rng(11);
+    std::vector<uint32_t> w(v->mask_words());
+    for (int step = 0; step < 40; ++step) {
+      m.fill_next_token_bitmask(w.data());
+      expected.push_back(w);
+      auto ids = allowed(w, v->size());
+      std::erase(ids, 0);
+      if (ids.empty()) break;
+      int32_t pick = ids[rng() % ids.size()];
+      for (int k = 0; k < 16 && v->token(pick).find(']') != std::string::npos; ++k) pick = ids[rng() % ids.size()];
+      walk.push_back(pick);
+      ASSERT_TRUE(m.accept_token(walk.back()));
+    }
+  }
+  auto shared = std::make_shared<const TokenMaskCache>(g, v);
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      Matcher m(shared);
+      std::vector<uint32_t> w(v->mask_words());
+      for (size_t i = 0; i < walk.size(); ++i) {
+        m.fill_next_token_bitmask(w.data());
+        mismatches[t] += w != expected[i];
+        if (!m.accept_token(walk[i])) ++mismatches[t];
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+  EXPECT_GT(walk.size(), 10u);
 }
 
 TEST(GrammarBuild, RefusesLeftRecursionAndEmptyLanguage) {
