@@ -336,6 +336,35 @@ std::string Tokenizer::id_to_piece(int32_t id) const {
   return std::string();
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (const AddedToken* a = state_->added.find_id(id)) return a->content;
+  const std::string* p = state_->model.id_to_token(id);
+  if (p == nullptr) return std::string();
+  const std::string_view piece = *p;
+  std::string out;
+  if (state_->byte_level) {
+    for (size_t i = 0; i < piece.size();) {
+      const int b = unicode_to_byte(next_code_point(piece, i));
+      if (b < 0) return std::string(piece);  // not a byte-level piece: its text as is
+      out.push_back(static_cast<char>(b));
+    }
+    return out;
+  }
+  auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+  if (piece.size() == 6 && piece.substr(0, 3) == "<0x" && piece[5] == '>' && hex(piece[3]) >= 0 && hex(piece[4]) >= 0)
+    return std::string(1, static_cast<char>(hex(piece[3]) * 16 + hex(piece[4])));
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.substr(i, 3) == kSpace) {
+      out.push_back(' ');
+      i += 3;
+    } else {
+      out.push_back(piece[i++]);
+    }
+  }
+  return out;
+}
+
 int32_t Tokenizer::piece_to_id(std::string_view piece) const {
   const int32_t a = state_->added.find_content(piece);
   return a >= 0 ? a : state_->model.token_to_id(piece);

@@ -51,6 +51,10 @@ class Tokenizer {
   std::string decode(const int32_t* ids, size_t n, bool skip_special) const;
 
   std::string id_to_piece(int32_t id) const;         // "" for an unknown id
+  // The bytes token `id` adds to generated text, for grammar vocabularies: a byte-level piece
+  // mapped back to its bytes (partial UTF-8 kept), a <0xNN> byte-fallback piece as that byte,
+  // "▁" as a space; an added token as its content. "" for an unknown id.
+  std::string token_bytes(int32_t id) const;
   int32_t piece_to_id(std::string_view piece) const;  // -1 when absent
   int32_t vocab_size() const;                         // largest id + 1, added tokens included
   bool is_special(int32_t id) const;
