@@ -2,7 +2,8 @@
 // the bytes each token id stands for, which ids are special (never produced under a grammar)
 // and which stop the output (allowed only where the grammar can end). Tokens are kept sorted
 // by their bytes with the common-prefix length to the previous one, so a mask is a walk of a
-// virtual trie: tokens sharing a prefix share the parser work for it.
+// virtual trie: tokens sharing a prefix share the parser work for it. The engine builds it from
+// tokenizer::Tokenizer::token_bytes(id) for every id; this library does not link the tokenizer.
 #pragma once
 
 #include <cstdint>
