@@ -314,6 +314,10 @@ StepPlan Scheduler::schedule(double now) {
     Sequence* seq = span.seq;
     if (seq->n_draft == 0) continue;
     int32_t keep = std::min(seq->n_draft, budget);
+    // --kv-quant-start: a decode at position q reads the blocks before q's block in the codec
+    // (converted before its step), so a verify reads exactly what those decodes read only while
+    // it stays in its pending token's block.
+    if (conversion_) keep = std::min(keep, kv_.block_size() - 1 - seq->n_computed % kv_.block_size());
     keep = std::max(0, allocate_upto(seq, seq->n_computed + 1 + keep, now) - seq->n_computed - 1);
     drop_draft(seq, keep);
     span.sample = true;  // the span now reaches the sequence's last token

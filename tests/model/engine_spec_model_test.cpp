@@ -237,12 +237,17 @@ TEST_P(EngineSpecModelTest, SpeculationChangesNoOutput) {
 TEST_P(EngineSpecModelTest, SpeculationWithAKvCodecChangesNoOutput) {
   const std::string family = GetParam();
   ThreadPool pool(2);
-  auto codec = make_kv_codec_config("int8", "");
-  ASSERT_TRUE(codec.ok());
   auto m = load_model(model_dir(family), pool);
   ASSERT_TRUE(m.ok());
   std::vector<GenerationRequest> reqs = workload((*m)->config().vocab_size);
+  // int8 rows from the start, and (where the engine converts: no sliding windows) exact rows
+  // whose full blocks move to int8 past one block (--kv-quant-start 16).
+  const bool windows = family.rfind("gemma", 0) == 0;
   m->reset();
+  for (int32_t quant_start : {0, 16}) {
+  if (quant_start > 0 && windows) continue;
+  auto codec = make_kv_codec_config("int8", "", quant_start);
+  ASSERT_TRUE(codec.ok());
   EngineOptions plain;
   plain.kv_blocks = 512;
   plain.kv_codecs = *codec;
@@ -257,8 +262,12 @@ TEST_P(EngineSpecModelTest, SpeculationWithAKvCodecChangesNoOutput) {
     }
     EngineStats st;
     auto got = run_workload(family, pool, o, reqs, /*serial=*/false, &st);
-    for (const auto& r : reqs) expect_same(want.at(r.id), got.at(r.id), family + " int8 " + method + " " + r.id);
+    for (const auto& r : reqs) {
+      expect_same(want.at(r.id), got.at(r.id), family + " int8 from " + std::to_string(quant_start) + " " + method + " " + r.id);
+    }
     EXPECT_GT(st.spec_draft_tokens, 0) << method;
+    if (quant_start > 0) EXPECT_GT(st.kv_converted_blocks, 0) << method;
+  }
   }
 }
 
