@@ -99,9 +99,11 @@ int main(int argc, char** argv) {
     launch_moe_group({d_ids, int32_t(rows), E, offsets, sorted, slot_row}, st);
     const double flops = 2.0 * double(rows) * double(3 * I * H);
     double tiled_ms = 0.0;
-    // (path, warps of the tensor-core kernel)
-    std::vector<std::pair<GroupedGemmPath, int>> paths = {
-        {GroupedGemmPath::kTiled, 0}, {GroupedGemmPath::kMma, 4}, {GroupedGemmPath::kMma, 8}};
+    struct Variant {
+      GroupedGemmPath path;
+      int warps;  // of the tensor-core kernel
+    };
+    std::vector<Variant> paths = {{GroupedGemmPath::kTiled, 0}, {GroupedGemmPath::kMma, 4}, {GroupedGemmPath::kMma, 8}};
     if (n <= 256) paths.push_back({GroupedGemmPath::kGemv, 0});
     for (const auto& [path, warps] : paths) {
       GroupedGemmArgs gu{x, sorted, top_k, w_gu, offsets, gate_up, 0, E, n, 2 * I, H};
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
       const std::string name = path == GroupedGemmPath::kTiled ? "tiled"
                                : path == GroupedGemmPath::kGemv ? "gemv"
                                                                 : "mma/" + std::to_string(warps) + "w";
-      std::printf("tokens %6d %-7s gate_up %8.3f ms  down %8.3f ms  layer %8.3f ms  %6.1f TFLOP/s  %.3f of cuBLASLt  x%d layers %8.2f ms",
+      std::printf("tokens %6d %-8s gate_up %8.3f ms  down %8.3f ms  layer %8.3f ms  %6.1f TFLOP/s  %.3f of cuBLASLt  x%d layers %8.2f ms",
                   n, name.c_str(), gu_ms, dn_ms, ms, flops / ms * 1e-9, flops / (ms * 1e-3) / peak, layers, ms * layers);
       if (path != GroupedGemmPath::kTiled) std::printf("  speedup %.1fx", tiled_ms / ms);
       std::printf("\n");

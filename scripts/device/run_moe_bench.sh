@@ -5,8 +5,9 @@
 # weights drawn on the device (48 layers, hidden 2048, 128 experts, top 8, moe_intermediate 768,
 # 32/4 heads, the qwen3 tokenizer) served and driven by `strata bench serve`, once per
 # grouped-GEMM setting in MOE_BENCH_PATHS (default "mma simt"): mma is the default dispatch
-# (GEMV for decode, tensor cores for prefill), simt sets STRATA_MOE_GEMM=simt (the CUDA-core
-# kernels only, the dispatch before the tensor-core kernel), tiled STRATA_MOE_GEMM=tiled.
+# (GEMV up to 32 tokens, tensor cores above), simt sets STRATA_MOE_GEMM=simt (the CUDA-core
+# dispatch before the tensor-core kernel: GEMV up to 256 tokens, else tiled), tiled
+# STRATA_MOE_GEMM=tiled.
 # Workloads: prefill of 1024, 4096 and 16384 tokens (TTFT), 64 streams of 1024 in / 256 out,
 # and on the default dispatch batch 1 (128 in / 256 out). Logs and bench JSON go to $OUT.
 set -u

@@ -213,7 +213,8 @@ struct GemmKernel {
   GroupedGemmPath path;
   int warps;
 };
-constexpr GemmKernel kMma4{GroupedGemmPath::kMma, 4}, kMma8{GroupedGemmPath::kMma, 8}, kTiledRef{GroupedGemmPath::kTiled, 0};
+constexpr GemmKernel kTiledRef{GroupedGemmPath::kTiled, 0};
+constexpr GemmKernel kMmaVariants[] = {{GroupedGemmPath::kMma, 4}, {GroupedGemmPath::kMma, 8}};
 
 std::string kernel_name(const GemmKernel& k) {
   return k.path == GroupedGemmPath::kMma ? "mma/" + std::to_string(k.warps) + " warps" : "tiled";
@@ -330,7 +331,9 @@ TEST_F(GpuMoe, GroupedGemmMmaMatchesTheHostLoop) {
   for (const GemmCase& c : cases) {
     const GemmData d = make_gemm_data(c, rng);
     const int32_t rpe = *std::max_element(c.counts.begin(), c.counts.end());
-    for (const GemmKernel& kernel : {kMma4, kMma8, kTiledRef}) {
+    std::vector<GemmKernel> kernels(std::begin(kMmaVariants), std::end(kMmaVariants));
+    kernels.push_back(kTiledRef);
+    for (const GemmKernel& kernel : kernels) {
       const auto got = run_grouped_gemm(c, d, kernel, std::max(1, rpe));
       std::string where;
       const double err = gemm_error_vs_host(c, d, got, {}, &where);
@@ -373,7 +376,7 @@ TEST_F(GpuMoe, GroupedGemmMmaMatchesAtQwen3MoeShape) {
     }
     std::uniform_int_distribution<int64_t> any_row(0, d.rows - 1);
     while (rows.size() < 384) rows.push_back(any_row(rng));
-    for (const GemmKernel& kernel : {kMma4, kMma8}) {
+    for (const GemmKernel& kernel : kMmaVariants) {
       const auto mma_out = run_grouped_gemm(c, d, kernel, tokens);
       std::string where;
       EXPECT_LE(gemm_error_vs_host(c, d, mma_out, rows, &where), 1.0)

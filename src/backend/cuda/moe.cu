@@ -296,8 +296,9 @@ bool grouped_gemv_fits(const GroupedGemmArgs& a) {
 
 void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
-  // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel, =simt the CUDA-core kernels only
-  // (the GEMV for few rows, else the tiled kernel): benchmarks compare them in one run.
+  // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel, =simt the CUDA-core dispatch from
+  // before the tensor-core kernel (the GEMV up to 256 rows per expert, else the tiled kernel):
+  // benchmarks compare them in one run.
   static const std::string env_path = [] {
     const char* v = std::getenv("STRATA_MOE_GEMM");
     return std::string(v != nullptr ? v : "");
@@ -308,7 +309,7 @@ void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (path == GroupedGemmPath::kAuto) {
     if (force_tiled) {
       path = GroupedGemmPath::kTiled;
-    } else if (fits && a.rows_per_expert <= kGroupedGemvMaxRows) {
+    } else if (fits && a.rows_per_expert <= (no_mma ? 256 : kGroupedGemvMaxRows)) {
       path = GroupedGemmPath::kGemv;
     } else {
       path = !no_mma && grouped_gemm_mma_fits(a) ? GroupedGemmPath::kMma : GroupedGemmPath::kTiled;

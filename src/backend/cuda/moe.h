@@ -51,11 +51,13 @@ void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream);
 // kAuto: the grouped GEMV when rows_per_expert <= kGroupedGemvMaxRows (decode: each active
 // expert's weights streamed once), else the tensor-core kernel (moe_mma.cu) where its
 // alignment holds, else the tiled kernel, the plain reference; the others force one (tests).
-// STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel for every step, =simt never kMma.
+// STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel for every step, =simt the CUDA-core
+// dispatch from before kMma (the GEMV up to 256 rows per expert, else the tiled kernel).
 enum class GroupedGemmPath : int32_t { kAuto = 0, kTiled = 1, kGemv = 2, kMma = 3 };
-// Past 64 tokens the tensor-core kernel, which also reads each active expert once, is faster
-// (bench_moe_gemm, Qwen3-30B-A3B experts at 128 tokens: 0.44 against 0.94 ms a layer).
-inline constexpr int32_t kGroupedGemvMaxRows = 64;
+// Past 32 tokens the tensor-core kernel, which also reads each active expert once, is faster
+// (bench_moe_gemm, Qwen3-30B-A3B experts, a layer: 0.356 against 0.364 ms at 32 tokens, 0.384
+// against 0.544 ms at 64).
+inline constexpr int32_t kGroupedGemvMaxRows = 32;
 
 // For every expert e and sorted row r in [offsets[e], offsets[e + 1]):
 //   y[r, :] = x[src(r), :] . w[e]^T, src(r) = row_src ? row_src[r] / row_src_div : r,

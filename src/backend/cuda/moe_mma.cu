@@ -10,7 +10,7 @@
 // A rows are gathered through row_src with cp.async (rows past the group and reduction chunks
 // past k are zero-filled) into kStages shared-memory stages of kBK columns, XOR-swizzled in
 // 16-byte chunks so that ldmatrix reads of 8 rows hit distinct banks. Warps as 2 x 2 (64 x 64
-// outputs each) or 2 x 4 (64 x 32); a warp skips the MMAs of m16 tiles past its group's rows.
+// outputs each; the default) or 2 x 4 (64 x 32), the two warp rows taking alternate m16 tiles.
 // A row's sums run over k in the same order whatever the step's size, as in the tiled kernel.
 #include <cuda_bf16.h>
 
@@ -58,6 +58,36 @@ __device__ __forceinline__ int find_expert(const int32_t* tile_start, int n_expe
     }
   }
   return lo;
+}
+
+// Row of this warp's m16 tile i: the block's m16 tiles alternate between the two warp rows.
+__device__ __forceinline__ int m16_row(int i, int wm) { return (i * kWarpsM + wm) * 16; }
+
+// acc += one shared stage (kBK of the reduction) for this warp.
+template <int kWarpsN>
+__device__ __forceinline__ void mma_stage(float (&acc)[kMi][MmaShape<kWarpsN>::kNi][4], const uint16_t* sa,
+                                          const uint16_t* sb, int lane, int wm, int wn) {
+  constexpr int kWarpN = MmaShape<kWarpsN>::kWarpN, kNi = MmaShape<kWarpsN>::kNi;
+#pragma unroll
+  for (int ks = 0; ks < kBK / 16; ++ks) {
+    uint32_t af[kMi][4];
+#pragma unroll
+    for (int i = 0; i < kMi; ++i) {
+      const int r = m16_row(i, wm) + (lane & 7) + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4(af[i], smem_addr(sa + swz<kBK>(r, ks * 2 + (lane >> 4))));
+    }
+#pragma unroll
+    for (int jp = 0; jp < kNi / 2; ++jp) {
+      uint32_t bf[4];
+      const int c = wn * kWarpN + jp * 16 + (lane & 7) + (lane >> 4) * 8;
+      ldmatrix_x4(bf, smem_addr(sb + swz<kBK>(c, ks * 2 + ((lane >> 3) & 1))));
+#pragma unroll
+      for (int i = 0; i < kMi; ++i) {
+        mma_bf16(acc[i][2 * jp], af[i], bf[0], bf[1]);
+        mma_bf16(acc[i][2 * jp + 1], af[i], bf[2], bf[3]);
+      }
+    }
+  }
 }
 
 template <int kWarpsN>
@@ -147,9 +177,6 @@ __global__ void __launch_bounds__(MmaShape<kWarpsN>::kThreads, 2) grouped_gemm_m
       }
     };
 
-    // m16 tiles of this warp holding rows of the group (warp-uniform): a group's last tile skips
-    // the MMAs of its empty rows.
-    const int mi_live = min(kMi, max(0, (rows - wm * kWarpM + 15) / 16));
     float acc[kMi][kNi][4];
 #pragma unroll
     for (int i = 0; i < kMi; ++i) {
@@ -170,28 +197,7 @@ __global__ void __launch_bounds__(MmaShape<kWarpsN>::kThreads, 2) grouped_gemm_m
       if (kt + kStages - 1 < n_kt) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
       cp_async_commit();
       const uint16_t* sa = pipe + (kt % kStages) * kStageElems;
-      const uint16_t* sb = sa + kBM * kBK;
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks) {
-        uint32_t af[kMi][4];
-#pragma unroll
-        for (int i = 0; i < kMi; ++i) {
-          const int r = wm * kWarpM + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          if (i < mi_live) ldmatrix_x4(af[i], smem_addr(sa + swz<kBK>(r, ks * 2 + (lane >> 4))));
-        }
-#pragma unroll
-        for (int jp = 0; jp < kNi / 2; ++jp) {
-          uint32_t bf[4];
-          const int c = wn * kWarpN + jp * 16 + (lane & 7) + (lane >> 4) * 8;
-          ldmatrix_x4(bf, smem_addr(sb + swz<kBK>(c, ks * 2 + ((lane >> 3) & 1))));
-#pragma unroll
-          for (int i = 0; i < kMi; ++i) {
-            if (i >= mi_live) continue;
-            mma_bf16(acc[i][2 * jp], af[i], bf[0], bf[1]);
-            mma_bf16(acc[i][2 * jp + 1], af[i], bf[2], bf[3]);
-          }
-        }
-      }
+      mma_stage<kWarpsN>(acc, sa, sa + kBM * kBK, lane, wm, wn);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages before the next tile loads them
@@ -201,7 +207,7 @@ __global__ void __launch_bounds__(MmaShape<kWarpsN>::kThreads, 2) grouped_gemm_m
     for (int i = 0; i < kMi; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = wm * kWarpM + i * 16 + g + h * 8;
+        const int r = m16_row(i, wm) + g + h * 8;
         if (r >= rows) continue;
         const int64_t row = int64_t(r0 + r);
 #pragma unroll
