@@ -442,7 +442,11 @@ class SchemaCompiler {
     const size_t top = hi < 0 ? a.size() : std::to_string(hi).size();
     std::vector<ExprId> alts;
     for (size_t len = a.size(); len <= top; ++len) {
-      const std::string x = len == a.size() ? a : "1" + all_digit(len - 1, '0');
+      std::string x = a;
+      if (len != a.size()) {  // the smallest number of `len` digits
+        x.assign(len, '0');
+        x[0] = '1';
+      }
       const std::string z = (hi >= 0 && len == top) ? std::to_string(hi) : all_digit(len, '9');
       alts.push_back(same_len(x, z));
     }
