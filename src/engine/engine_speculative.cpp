@@ -89,7 +89,9 @@ void Engine::propose_drafts() {
     rows.push_back(&a);
     rates.push_back(a.spec.rate());
     max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, kMaxDraftTokens) : 0);
-    probe.push_back(a.spec.idle_steps >= kProbeAfter ? 1 : 0);
+    // Probes of every idle row fall on the same steps, so that a draft model serves them all
+    // in one batch.
+    probe.push_back(a.spec.idle_steps >= kProbeAfter && c.stats.steps % kProbeAfter == 0 ? 1 : 0);
   }
   if (rows.empty()) return;
   const std::vector<int32_t> k = options_.speculative.adaptive

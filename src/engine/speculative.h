@@ -13,7 +13,8 @@
 // B tokens in t(B)), drafts are added one at a time, the one with the largest expected gain
 // first, while gain / cost exceeds the tokens per second modelled so far: each addition raises
 // the modelled throughput, so it never falls below plain decoding's. A row left at 0 for
-// kProbeAfter steps drafts one token, so its rate can recover.
+// kProbeAfter steps drafts one token on the next step whose number is a multiple of
+// kProbeAfter (all such rows together), so its rate can recover.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +72,7 @@ class StepCostModel {
   double w_ = 0.0, sn_ = 0.0, snn_ = 0.0, sy_ = 0.0, sny_ = 0.0;  // decayed weight and moments
 };
 
-inline constexpr int32_t kProbeAfter = 16;
+inline constexpr int32_t kProbeAfter = 32;
 
 // Drafts per row: k[i] in [0, max_k[i]], chosen as the header says. rates[i]: the row's
 // acceptance rate; probe[i]: the row gets at least one draft (when max_k[i] > 0).
