@@ -648,6 +648,16 @@ void Engine::step() {
       }
     }
     if (core_->tiers) core_->flush_demotions();
+    if (core_->runner.state_floats() > 0) {
+      // A verify advances the recurrent state past drafts that may be rejected: keep the state
+      // from before it, to restore and replay the kept tokens (commit_verify).
+      for (const auto& span : plan.spans) {
+        if (span.n_draft == 0) continue;
+        Active& a = *core_->active.at(span.seq->id);
+        a.spec_state.resize(size_t(core_->runner.state_floats()));
+        core_->runner.save_state(span.seq->state_slot, a.spec_state.data());
+      }
+    }
     const auto t_run = Clock::now();
     const StepRows& rows = core_->runner.run(plan, want, samples);
     if (core_->proposer) core_->step_cost.observe(plan.n_tokens, std::chrono::duration<double>(Clock::now() - t_run).count());

@@ -53,6 +53,7 @@ struct Engine::Active {
   AcceptanceStats spec;
   int32_t spec_drafted = 0;
   int32_t spec_accepted = 0;
+  std::vector<float> spec_state;  // recurrent state before the verify in flight (hybrid families)
 };
 
 struct Engine::Core {
@@ -114,7 +115,7 @@ struct Engine::Core {
   std::optional<std::vector<InFlightSample>> in_flight;  // the step queued and not yet collected
   // The speculative method: the proposer (null: off), the step cost model adaptive k reads,
   // and per-step scratch.
-  std::unique_ptr<Proposer> proposer;
+  std::shared_ptr<Proposer> proposer;
   StepCostModel step_cost;
   std::vector<DraftRow> draft_rows;
   std::vector<std::vector<int32_t>> drafts;

@@ -12,10 +12,18 @@
 
 namespace strata {
 
+namespace {
+// Drafts at most, for families with recurrent state: a verify of k + 1 < 16 rows.
+constexpr int32_t kMaxRecurrentDraft = 14;
+}  // namespace
+
 Status Engine::check_speculative(const Model& model, const EngineOptions& o, const StepExecutor* executor) {
   const SpeculativeOptions& s = o.speculative;
   auto bad = [](const std::string& m) { return make_error(ErrorCode::kInvalidArgument, m); };
-  auto method = parse_spec_method(s.method);
+  if ((s.method == "external") != (s.proposer != nullptr)) {
+    return bad("speculative method 'external' goes with a proposer, and only it");
+  }
+  auto method = s.proposer ? Result<SpecMethod>(SpecMethod::kNgram) : parse_spec_method(s.method);
   if (!method.ok()) return method.error();
   if (s.num_draft_tokens < 1 || s.num_draft_tokens > kMaxDraftTokens) {
     return bad("--num-draft-tokens must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " +
@@ -34,14 +42,6 @@ Status Engine::check_speculative(const Model& model, const EngineOptions& o, con
     return make_error(ErrorCode::kUnsupported, flag + ": this device's step executor cannot verify drafted tokens yet "
                                                       "(speculation runs on the CPU); use --speculative off");
   }
-  for (const auto& st : model.state_layout()) {
-    if (st.has_state) {
-      return make_error(ErrorCode::kUnsupported,
-                        flag + ": model type '" + model.config().model_type +
-                            "' keeps recurrent (gated DeltaNet) state, which a rejected draft cannot roll back yet; "
-                            "use --speculative off");
-    }
-  }
   if (*method == SpecMethod::kDraft) {
     if (!s.draft_model) return bad(flag + " needs --draft-model DIR");
     const int32_t max_len = o.max_model_len > 0 ? o.max_model_len : model.config().max_position;
@@ -52,6 +52,10 @@ Status Engine::check_speculative(const Model& model, const EngineOptions& o, con
 
 void Engine::setup_speculation() {
   const SpeculativeOptions& s = options_.speculative;
+  if (s.proposer) {
+    core_->proposer = s.proposer;
+    return;
+  }
   const SpecMethod method = parse_spec_method(s.method).value();
   if (method == SpecMethod::kNgram) {
     core_->proposer = std::make_unique<NgramProposer>(s.ngram_min, s.ngram_max);
@@ -88,7 +92,9 @@ void Engine::propose_drafts() {
     const int32_t left = a.req.max_tokens - a.n_generated - 1;  // the pending token emits one
     rows.push_back(&a);
     rates.push_back(a.spec.rate());
-    max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, kMaxDraftTokens) : 0);
+    // Recurrent layers run a verify token by token only below 16 rows (cpu::gated_delta_rule).
+    const int32_t cap = c.runner.state_floats() > 0 ? kMaxRecurrentDraft : kMaxDraftTokens;
+    max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, cap) : 0);
     // Probes of every idle row fall on the same steps, so that a draft model serves them all
     // in one batch.
     probe.push_back(a.spec.idle_steps >= kProbeAfter && c.stats.steps % kProbeAfter == 0 ? 1 : 0);
@@ -153,7 +159,12 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   const int32_t m = int32_t(out.size()) - 1;  // out[0, m) are the accepted drafts 0..m-1
   seq.tokens.resize(draft0 + size_t(m));
   seq.n_draft = 0;
-  c.sched.commit_verified(span, m + 1);
+  // Recurrent state ran every drafted token: when some were rejected it goes back to before
+  // the verify and the kept tokens run again in a later step (a replay), as plain decoding
+  // computed them (spans of fewer than 16 rows run the recurrent layers token by token).
+  const bool replay = c.runner.state_floats() > 0 && m + 1 < span.n_tokens;
+  if (replay) c.runner.load_state(seq.state_slot, a.spec_state.data());
+  c.sched.commit_verified(span, m + 1, replay);
   seq.tokens.push_back(out[size_t(m)]);
   a.spec_drafted += k;
   a.spec_accepted += accepted;

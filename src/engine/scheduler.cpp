@@ -378,7 +378,7 @@ void Scheduler::commit(const ScheduledSpan& span) {
   publish_and_trim(seq);
 }
 
-void Scheduler::commit_verified(const ScheduledSpan& span, int32_t n_kept) {
+void Scheduler::commit_verified(const ScheduledSpan& span, int32_t n_kept, bool replay) {
   Sequence* seq = span.seq;
   STRATA_CHECK(seq->n_computed == span.pos0, "a span is committed once, in order");
   STRATA_CHECK(n_kept >= 1 && n_kept <= span.n_tokens && seq->n_draft == 0 && seq->n_tokens() == span.pos0 + n_kept,
@@ -389,6 +389,7 @@ void Scheduler::commit_verified(const ScheduledSpan& span, int32_t n_kept) {
   // publication stops at n_computed's full blocks).
   const int32_t bs = kv_.block_size();
   const size_t keep_blocks = size_t((seq->n_computed + 1 + bs - 1) / bs);
+  if (replay) seq->n_computed = span.pos0;
   if (seq->blocks.size() > keep_blocks) {
     kv_.release(std::span<const int32_t>(seq->blocks).subspan(keep_blocks), now_);
     seq->blocks.resize(keep_blocks);

@@ -82,7 +82,10 @@ class Scheduler {
   // A verify span (n_draft > 0) ran and its first n_kept tokens (the pending token and the
   // accepted drafts) are kept: the caller has cut seq->tokens to pos0 + n_kept. n_computed
   // rolls back to there and blocks past the next token are released.
-  void commit_verified(const ScheduledSpan& span, int32_t n_kept);
+  // replay (recurrent state): the caller restored the state from before the span, so
+  // n_computed rolls back to pos0 and the kept tokens run again (their KV rows are rewritten
+  // with the same bits); blocks for them stay.
+  void commit_verified(const ScheduledSpan& span, int32_t n_kept, bool replay = false);
   // Removes a sequence in any state and releases its blocks (pin_until as KvCacheManager::release).
   void finish(Sequence* seq, double now, double pin_until = 0.0);
 

@@ -28,6 +28,7 @@
 namespace strata {
 
 class Model;
+class Proposer;
 
 enum class SpecMethod { kOff, kNgram, kDraft };
 // "off" | "ngram" | "draft"; the error names --speculative and the value.
@@ -46,6 +47,8 @@ struct SpeculativeOptions {
   int32_t ngram_min = 1;        // prompt lookup matches the last n tokens, n from ngram_max down
   int32_t ngram_max = 4;
   bool adaptive = true;         // false: every speculating row drafts num_draft_tokens (tests)
+  // method "external": this proposer (tests and benchmarks that script the drafts; no flag).
+  std::shared_ptr<Proposer> proposer;
 };
 
 // One sequence's acceptance, decaying so that it follows the text.
