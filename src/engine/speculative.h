@@ -2,7 +2,11 @@
 // sequence drafts in a step (adaptive k). A speculating decode's span is its pending token plus
 // k drafted ones (engine/proposer.h), verified in the step's packed forward with logits at every
 // position; the engine keeps the longest prefix the request's own sampler agrees with plus the
-// token the sampler drew after it, so outputs are those of plain decoding.
+// token the sampler drew after it, so outputs are those of plain decoding. Paged KV rolls back
+// by forgetting positions; recurrent state (gated DeltaNet hybrids) is saved before a verify,
+// restored when a draft token is rejected, and the kept tokens run again in a later step
+// (snapshot + replay), with at most 14 drafts so that every verify and replay runs the
+// recurrent layers token by token.
 //
 // Adaptive k. Each sequence's acceptance rate alpha is an exponentially decaying count of
 // accepted over tried drafts (a prior of 1/2); with k drafts a verify emits
