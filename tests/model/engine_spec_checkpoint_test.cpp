@@ -89,6 +89,9 @@ TEST_P(EngineSpecCheckpointTest, ResumesWithThePlainRunsTokens) {
   EXPECT_GE(first_event, 16u) << "resumed from a checkpoint past 16 tokens";
   EXPECT_EQ(got.final.finish_reason, FinishReason::kLength);
   EXPECT_GT(got.final.usage.draft_tokens, 0);
+  // The disk tier's writer may still be adding files: stop the engine before the directory goes.
+  e->shutdown();
+  e.reset();
   fs::remove_all(dir);
 }
 
