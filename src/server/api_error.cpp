@@ -153,4 +153,14 @@ std::string json_type_name(const nlohmann::json& v) {
   return v.type_name();
 }
 
+ApiError wrong_type(const std::string& field, const nlohmann::json& v, const std::string& want) {
+  return bad_field(field, field + " must be " + want + ", got " + json_type_name(v) + " " + json_excerpt(v));
+}
+
+const nlohmann::json* find_field(const nlohmann::json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
 }  // namespace strata::server

@@ -50,5 +50,9 @@ std::optional<size_t> find_invalid_utf8(std::string_view s);
 std::string json_excerpt(const nlohmann::json& v);
 // "string", "number", "boolean", "object", "array", "null".
 std::string json_type_name(const nlohmann::json& v);
+// The 400 for a field of the wrong type: "<field> must be <want>, got <type> <excerpt>".
+ApiError wrong_type(const std::string& field, const nlohmann::json& v, const std::string& want);
+// Member `key` of an object, or null when it is absent or JSON null.
+const nlohmann::json* find_field(const nlohmann::json& object, const char* key);
 
 }  // namespace strata::server

@@ -14,18 +14,9 @@ using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 using Err = std::optional<ApiError>;
 
-Err wrong_type(const std::string& field, const json& v, const std::string& want) {
-  return bad_field(field, field + " must be " + want + ", got " + json_type_name(v) + " " + json_excerpt(v));
-}
-
-const json* find(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 Err read_bool(const json& body, const char* key, bool* out) {
-  const json* v = find(body, key);
+  const json* v = find_field(body, key);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) return wrong_type(key, *v, "a boolean");
   *out = v->get<bool>();
@@ -52,7 +43,7 @@ Err as_int(const std::string& field, const json& v, int64_t lo, int64_t hi, int6
 
 template <class T>
 Err read_int(const json& body, const char* key, int64_t lo, int64_t hi, std::optional<T>* out) {
-  const json* v = find(body, key);
+  const json* v = find_field(body, key);
   if (!v) return std::nullopt;
   int64_t x = 0;
   if (auto e = as_int(key, *v, lo, hi, &x)) return e;
@@ -61,7 +52,7 @@ Err read_int(const json& body, const char* key, int64_t lo, int64_t hi, std::opt
 }
 
 Err read_float(const json& body, const char* key, std::optional<float>* out) {
-  const json* v = find(body, key);
+  const json* v = find_field(body, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) return wrong_type(key, *v, "a number");
   const double d = v->get<double>();
@@ -75,13 +66,13 @@ Err read_temperature(const json& body, int hi, std::optional<float>* out) {
   if (auto e = read_float(body, "temperature", out)) return e;
   if (*out && !(**out >= 0.0f && **out <= float(hi))) {
     return bad_field("temperature", "temperature must be in [0, " + std::to_string(hi) + "], got " +
-                                        find(body, "temperature")->dump());
+                                        find_field(body, "temperature")->dump());
   }
   return std::nullopt;
 }
 
 Err read_string(const json& body, const char* key, std::string* out) {
-  const json* v = find(body, key);
+  const json* v = find_field(body, key);
   if (!v) return std::nullopt;
   if (!v->is_string()) return wrong_type(key, *v, "a string");
   *out = v->get<std::string>();
@@ -89,7 +80,7 @@ Err read_string(const json& body, const char* key, std::string* out) {
 }
 
 Err check_model(const json& body, const ParseLimits& limits, bool required, std::string* out) {
-  const json* v = find(body, "model");
+  const json* v = find_field(body, "model");
   if (!v) {
     if (required) return bad_field("model", "model is required");
     return std::nullopt;
@@ -124,13 +115,13 @@ Err content_text(const std::string& field, const json& v, bool allow_null, std::
     const std::string pf = field + "[" + std::to_string(j) + "]";
     const json& part = v[j];
     if (!part.is_object()) return wrong_type(pf, part, "an object");
-    const json* type = find(part, "type");
+    const json* type = find_field(part, "type");
     if (!type || !type->is_string()) return bad_field(pf + ".type", pf + ".type must be a string");
     const std::string t = type->get<std::string>();
     if (t != "text") {
       return bad_field(pf + ".type", pf + ".type '" + t + "' is not supported: this server takes text parts only");
     }
-    const json* tx = find(part, "text");
+    const json* tx = find_field(part, "text");
     if (!tx || !tx->is_string()) return bad_field(pf + ".text", pf + ".text must be a string");
     if (!text.empty()) text += "\n";
     text += tx->get<std::string>();
@@ -152,7 +143,7 @@ Err arguments_value(const std::string& s, const std::string& field, int max_dept
 }
 
 Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out) {
-  const json* msgs = find(body, "messages");
+  const json* msgs = find_field(body, "messages");
   if (!msgs) return bad_field("messages", "messages is required");
   if (!msgs->is_array()) return wrong_type("messages", *msgs, "an array");
   if (msgs->empty()) return bad_field("messages", "messages must hold at least one message, got []");
@@ -160,7 +151,7 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
     const std::string f = "messages[" + std::to_string(i) + "]";
     const json& m = (*msgs)[i];
     if (!m.is_object()) return wrong_type(f, m, "an object");
-    const json* role_v = find(m, "role");
+    const json* role_v = find_field(m, "role");
     if (!role_v) return bad_field(f + ".role", f + ".role is required");
     if (!role_v->is_string()) return wrong_type(f + ".role", *role_v, "a string");
     std::string role = role_v->get<std::string>();
@@ -169,7 +160,7 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
       return bad_field(f + ".role", f + ".role '" + role + "' is not one of system, developer, user, assistant, tool");
     }
     ojson msg = {{"role", role}};
-    const json* tool_calls = find(m, "tool_calls");
+    const json* tool_calls = find_field(m, "tool_calls");
     const bool may_be_null = role == "assistant" && tool_calls != nullptr;
     std::string text;
     bool was_null = false;
@@ -183,18 +174,18 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
     // A null content (an assistant turn that only calls tools) reaches templates as "", as
     // they test it with `in` and string filters (Qwen3's does `'</think>' in content`).
     msg["content"] = was_null ? ojson("") : ojson(text);
-    if (const json* name = find(m, "name")) {
+    if (const json* name = find_field(m, "name")) {
       if (!name->is_string()) return wrong_type(f + ".name", *name, "a string");
       msg["name"] = name->get<std::string>();
     }
     if (role == "tool") {
-      if (const json* id = find(m, "tool_call_id")) {
+      if (const json* id = find_field(m, "tool_call_id")) {
         if (!id->is_string()) return wrong_type(f + ".tool_call_id", *id, "a string");
         msg["tool_call_id"] = id->get<std::string>();
       }
     }
     if (role == "assistant") {
-      if (const json* rc = find(m, "reasoning_content")) {
+      if (const json* rc = find_field(m, "reasoning_content")) {
         if (!rc->is_string()) return wrong_type(f + ".reasoning_content", *rc, "a string");
         msg["reasoning_content"] = rc->get<std::string>();
       }
@@ -207,12 +198,12 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
         const std::string tf = f + ".tool_calls[" + std::to_string(k) + "]";
         const json& c = (*tool_calls)[k];
         if (!c.is_object()) return wrong_type(tf, c, "an object");
-        const json* fn = find(c, "function");
+        const json* fn = find_field(c, "function");
         if (!fn || !fn->is_object()) return bad_field(tf + ".function", tf + ".function must be an object");
-        const json* name = find(*fn, "name");
+        const json* name = find_field(*fn, "name");
         if (!name || !name->is_string()) return bad_field(tf + ".function.name", tf + ".function.name must be a string");
         ojson args = ojson::object();
-        if (const json* a = find(*fn, "arguments")) {
+        if (const json* a = find_field(*fn, "arguments")) {
           if (a->is_string()) {
             if (auto e = arguments_value(a->get<std::string>(), tf + ".function.arguments", max_json_depth, &args)) return e;
           }
@@ -220,7 +211,7 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
           else return wrong_type(tf + ".function.arguments", *a, "a JSON string");
         }
         ojson call = {{"type", "function"}, {"function", {{"name", name->get<std::string>()}, {"arguments", args}}}};
-        if (const json* id = find(c, "id"); id && id->is_string()) call["id"] = id->get<std::string>();
+        if (const json* id = find_field(c, "id"); id && id->is_string()) call["id"] = id->get<std::string>();
         calls.push_back(std::move(call));
       }
       msg["tool_calls"] = std::move(calls);
@@ -231,7 +222,7 @@ Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out)
 }
 
 Err parse_openai_tools(const json& body, ApiRequest* out) {
-  const json* tools = find(body, "tools");
+  const json* tools = find_field(body, "tools");
   if (tools) {
     if (!tools->is_array()) return wrong_type("tools", *tools, "an array");
     out->tools = ojson::array();
@@ -239,22 +230,22 @@ Err parse_openai_tools(const json& body, ApiRequest* out) {
       const std::string f = "tools[" + std::to_string(i) + "]";
       const json& t = (*tools)[i];
       if (!t.is_object()) return wrong_type(f, t, "an object");
-      const json* type = find(t, "type");
+      const json* type = find_field(t, "type");
       if (type && (!type->is_string() || type->get<std::string>() != "function")) {
         return bad_field(f + ".type", f + ".type " + json_excerpt(*type) + " is not supported: only 'function' tools are");
       }
-      const json* fn = find(t, "function");
+      const json* fn = find_field(t, "function");
       if (!fn || !fn->is_object()) return bad_field(f + ".function", f + ".function must be an object");
-      const json* name = find(*fn, "name");
+      const json* name = find_field(*fn, "name");
       if (!name || !name->is_string() || name->get<std::string>().empty()) {
         return bad_field(f + ".function.name", f + ".function.name must be a non-empty string");
       }
       ojson func = {{"name", name->get<std::string>()}};
-      if (const json* d = find(*fn, "description")) {
+      if (const json* d = find_field(*fn, "description")) {
         if (!d->is_string()) return wrong_type(f + ".function.description", *d, "a string");
         func["description"] = d->get<std::string>();
       }
-      if (const json* p = find(*fn, "parameters")) {
+      if (const json* p = find_field(*fn, "parameters")) {
         if (!p->is_object()) return wrong_type(f + ".function.parameters", *p, "an object (a JSON schema)");
         func["parameters"] = ojson::parse(p->dump());
       }
@@ -262,7 +253,7 @@ Err parse_openai_tools(const json& body, ApiRequest* out) {
     }
     if (out->tools.empty()) out->tools = nullptr;
   }
-  const json* tc = find(body, "tool_choice");
+  const json* tc = find_field(body, "tool_choice");
   if (!tc) return std::nullopt;
   if (tc->is_string()) {
     const std::string s = tc->get<std::string>();
@@ -271,8 +262,8 @@ Err parse_openai_tools(const json& body, ApiRequest* out) {
     }
     out->tool_choice = s;
   } else if (tc->is_object()) {
-    const json* fn = find(*tc, "function");
-    const json* name = fn && fn->is_object() ? find(*fn, "name") : nullptr;
+    const json* fn = find_field(*tc, "function");
+    const json* name = fn && fn->is_object() ? find_field(*fn, "name") : nullptr;
     if (!name || !name->is_string()) return bad_field("tool_choice", "tool_choice.function.name must be a string");
     out->tool_choice = "function";
     out->tool_choice_name = name->get<std::string>();
@@ -291,7 +282,7 @@ Err parse_openai_tools(const json& body, ApiRequest* out) {
 }
 
 Err parse_stop(const json& body, const char* key, std::vector<std::string>* out) {
-  const json* v = find(body, key);
+  const json* v = find_field(body, key);
   if (!v) return std::nullopt;
   std::vector<std::string> stops;
   if (v->is_string()) {
@@ -334,13 +325,13 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
   if (auto e = read_float(body, "frequency_penalty", &fp)) return e;
   out->presence_penalty = pp.value_or(0.0f);
   out->frequency_penalty = fp.value_or(0.0f);
-  if (const json* s = find(body, "seed")) {
+  if (const json* s = find_field(body, "seed")) {
     int64_t v = 0;
     if (auto e = as_int("seed", *s, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &v)) return e;
     out->seed = uint64_t(v);
   }
   if (auto e = parse_stop(body, "stop", &out->stop)) return e;
-  if (const json* ids = find(body, "stop_token_ids")) {
+  if (const json* ids = find_field(body, "stop_token_ids")) {
     if (!ids->is_array()) return wrong_type("stop_token_ids", *ids, "an array of token ids");
     for (size_t i = 0; i < ids->size(); ++i) {
       int64_t v = 0;
@@ -348,7 +339,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
       out->stop_token_ids.push_back(int32_t(v));
     }
   }
-  if (const json* lb = find(body, "logit_bias")) {
+  if (const json* lb = find_field(body, "logit_bias")) {
     if (!lb->is_object()) return wrong_type("logit_bias", *lb, "an object of token id -> bias");
     for (auto it = lb->begin(); it != lb->end(); ++it) {
       const std::string f = "logit_bias[\"" + it.key() + "\"]";
@@ -372,7 +363,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
   if (auto e = read_bool(body, "speculative", &out->speculative)) return e;
   if (auto e = read_bool(body, "skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = read_bool(body, "stream", &out->stream)) return e;
-  if (const json* so = find(body, "stream_options")) {
+  if (const json* so = find_field(body, "stream_options")) {
     if (!so->is_object()) return wrong_type("stream_options", *so, "an object");
     if (!out->stream) return bad_field("stream_options", "stream_options is only allowed when stream is true");
     if (auto e = read_bool(*so, "include_usage", &out->include_usage)) {
@@ -384,9 +375,9 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
   std::optional<int32_t> n;
   if (auto e = read_int(body, "n", INT32_MIN, INT32_MAX, &n)) return e;
   if (n && *n != 1) return bad_field("n", "n must be 1 (one choice per request is supported), got " + std::to_string(*n));
-  if (const json* rf = find(body, "response_format")) {
+  if (const json* rf = find_field(body, "response_format")) {
     if (!rf->is_object()) return wrong_type("response_format", *rf, "an object");
-    const json* t = find(*rf, "type");
+    const json* t = find_field(*rf, "type");
     if (!t || !t->is_string()) return bad_field("response_format", "response_format.type must be a string");
     if (t->get<std::string>() != "text") {
       return bad_field("response_format", "response_format type '" + t->get<std::string>() +
@@ -411,8 +402,8 @@ std::optional<ApiError> parse_chat_request(const json& body, const ParseLimits& 
   if (auto e = parse_openai_messages(body, limits.max_json_depth, out)) return e;
   if (auto e = parse_openai_common(body, out)) return e;
   if (auto e = parse_openai_tools(body, out)) return e;
-  if (find(body, "functions")) return bad_field("functions", "functions is not supported; use tools");
-  if (const json* mods = find(body, "modalities")) {
+  if (find_field(body, "functions")) return bad_field("functions", "functions is not supported; use tools");
+  if (const json* mods = find_field(body, "modalities")) {
     if (!mods->is_array()) return wrong_type("modalities", *mods, "an array");
     for (const auto& m : *mods) {
       if (!m.is_string() || m.get<std::string>() != "text") {
@@ -420,14 +411,14 @@ std::optional<ApiError> parse_chat_request(const json& body, const ParseLimits& 
       }
     }
   }
-  if (find(body, "audio")) return bad_field("audio", "audio output is not supported");
+  if (find_field(body, "audio")) return bad_field("audio", "audio output is not supported");
   bool logprobs = false;
   if (auto e = read_bool(body, "logprobs", &logprobs)) return e;
   std::optional<int32_t> top;
   if (auto e = read_int(body, "top_logprobs", 0, 20, &top)) return e;
   if (top && !logprobs) return bad_field("top_logprobs", "top_logprobs needs logprobs set to true");
   if (logprobs) out->logprobs = top.value_or(0);
-  if (const json* kw = find(body, "chat_template_kwargs")) {
+  if (const json* kw = find_field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) return wrong_type("chat_template_kwargs", *kw, "an object");
     out->chat_template_kwargs = ojson::parse(kw->dump());
   }
@@ -439,7 +430,7 @@ std::optional<ApiError> parse_completion_request(const json& body, const ParseLi
   out->kind = ApiKind::kCompletion;
   if (!body.is_object()) return wrong_type("body", body, "a JSON object");
   if (auto e = check_model(body, limits, false, &out->model)) return e;
-  const json* p = find(body, "prompt");
+  const json* p = find_field(body, "prompt");
   if (!p) return bad_field("prompt", "prompt is required");
   auto read_ids = [&](const json& arr, const std::string& field) -> Err {
     if (arr.empty()) return bad_field("prompt", field + " must hold at least one token id, got []");
@@ -493,15 +484,15 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
   out->kind = ApiKind::kMessages;
   if (!body.is_object()) return wrong_type("body", body, "a JSON object");
   if (auto e = check_model(body, limits, false, &out->model)) return e;
-  if (!find(body, "max_tokens")) return bad_field("max_tokens", "max_tokens is required");
+  if (!find_field(body, "max_tokens")) return bad_field("max_tokens", "max_tokens is required");
   if (auto e = read_int(body, "max_tokens", INT32_MIN, INT32_MAX, &out->max_tokens)) return e;
   if (*out->max_tokens <= 0) return bad_field("max_tokens", "max_tokens must be at least 1, got " + std::to_string(*out->max_tokens));
-  if (const json* sys = find(body, "system")) {
+  if (const json* sys = find_field(body, "system")) {
     std::string text;
     if (auto e = content_text("system", *sys, false, &text, nullptr)) return e;
     out->messages.push_back({{"role", "system"}, {"content", text}});
   }
-  const json* msgs = find(body, "messages");
+  const json* msgs = find_field(body, "messages");
   if (!msgs) return bad_field("messages", "messages is required");
   if (!msgs->is_array()) return wrong_type("messages", *msgs, "an array");
   if (msgs->empty()) return bad_field("messages", "messages must hold at least one message, got []");
@@ -509,13 +500,13 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     const std::string f = "messages[" + std::to_string(i) + "]";
     const json& m = (*msgs)[i];
     if (!m.is_object()) return wrong_type(f, m, "an object");
-    const json* role_v = find(m, "role");
+    const json* role_v = find_field(m, "role");
     if (!role_v || !role_v->is_string()) return bad_field(f + ".role", f + ".role must be 'user' or 'assistant'");
     const std::string role = role_v->get<std::string>();
     if (role != "user" && role != "assistant") {
       return bad_field(f + ".role", f + ".role '" + role + "' is not one of user, assistant");
     }
-    const json* content = find(m, "content");
+    const json* content = find_field(m, "content");
     if (!content) return bad_field(f + ".content", f + ".content is required");
     if (content->is_string()) {
       out->messages.push_back({{"role", role}, {"content", content->get<std::string>()}});
@@ -529,36 +520,36 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
       const std::string bf = f + ".content[" + std::to_string(j) + "]";
       const json& b = (*content)[j];
       if (!b.is_object()) return wrong_type(bf, b, "an object");
-      const json* type = find(b, "type");
+      const json* type = find_field(b, "type");
       if (!type || !type->is_string()) return bad_field(bf + ".type", bf + ".type must be a string");
       const std::string t = type->get<std::string>();
       if (t == "text") {
-        const json* tx = find(b, "text");
+        const json* tx = find_field(b, "text");
         if (!tx || !tx->is_string()) return bad_field(bf + ".text", bf + ".text must be a string");
         if (!text.empty()) text += "\n";
         text += tx->get<std::string>();
       } else if (t == "thinking" && role == "assistant") {
-        const json* th = find(b, "thinking");
+        const json* th = find_field(b, "thinking");
         if (th && th->is_string()) thinking += th->get<std::string>();
       } else if (t == "redacted_thinking" && role == "assistant") {
       } else if (t == "tool_use" && role == "assistant") {
-        const json* name = find(b, "name");
+        const json* name = find_field(b, "name");
         if (!name || !name->is_string()) return bad_field(bf + ".name", bf + ".name must be a string");
         ojson input = ojson::object();
-        if (const json* in = find(b, "input")) {
+        if (const json* in = find_field(b, "input")) {
           if (!in->is_object()) return wrong_type(bf + ".input", *in, "an object");
           input = ojson::parse(in->dump());
         }
         ojson call = {{"type", "function"}, {"function", {{"name", name->get<std::string>()}, {"arguments", input}}}};
-        if (const json* id = find(b, "id"); id && id->is_string()) call["id"] = id->get<std::string>();
+        if (const json* id = find_field(b, "id"); id && id->is_string()) call["id"] = id->get<std::string>();
         calls.push_back(std::move(call));
       } else if (t == "tool_result" && role == "user") {
         std::string result;
-        if (const json* c = find(b, "content")) {
+        if (const json* c = find_field(b, "content")) {
           if (auto e = content_text(bf + ".content", *c, false, &result, nullptr)) return e;
         }
         ojson msg = {{"role", "tool"}, {"content", result}};
-        if (const json* id = find(b, "tool_use_id"); id && id->is_string()) msg["tool_call_id"] = id->get<std::string>();
+        if (const json* id = find_field(b, "tool_use_id"); id && id->is_string()) msg["tool_call_id"] = id->get<std::string>();
         tool_results.push_back(std::move(msg));
       } else {
         return bad_field(bf + ".type", bf + ".type '" + t + "' is not supported in a " + role + " message");
@@ -581,26 +572,26 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
   if (out->top_k && *out->top_k < 0) out->top_k = 0;
   if (auto e = read_bool(body, "stream", &out->stream)) return e;
   out->include_usage = true;
-  if (const json* tools = find(body, "tools")) {
+  if (const json* tools = find_field(body, "tools")) {
     if (!tools->is_array()) return wrong_type("tools", *tools, "an array");
     out->tools = ojson::array();
     for (size_t i = 0; i < tools->size(); ++i) {
       const std::string f = "tools[" + std::to_string(i) + "]";
       const json& t = (*tools)[i];
       if (!t.is_object()) return wrong_type(f, t, "an object");
-      if (const json* type = find(t, "type"); type && (!type->is_string() || type->get<std::string>() != "custom")) {
+      if (const json* type = find_field(t, "type"); type && (!type->is_string() || type->get<std::string>() != "custom")) {
         return bad_field(f + ".type", f + ".type " + json_excerpt(*type) + " is not supported: only client tools are");
       }
-      const json* name = find(t, "name");
+      const json* name = find_field(t, "name");
       if (!name || !name->is_string() || name->get<std::string>().empty()) {
         return bad_field(f + ".name", f + ".name must be a non-empty string");
       }
       ojson func = {{"name", name->get<std::string>()}};
-      if (const json* d = find(t, "description")) {
+      if (const json* d = find_field(t, "description")) {
         if (!d->is_string()) return wrong_type(f + ".description", *d, "a string");
         func["description"] = d->get<std::string>();
       }
-      if (const json* s = find(t, "input_schema")) {
+      if (const json* s = find_field(t, "input_schema")) {
         if (!s->is_object()) return wrong_type(f + ".input_schema", *s, "an object (a JSON schema)");
         func["parameters"] = ojson::parse(s->dump());
       }
@@ -608,14 +599,14 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
     }
     if (out->tools.empty()) out->tools = nullptr;
   }
-  if (const json* tc = find(body, "tool_choice")) {
+  if (const json* tc = find_field(body, "tool_choice")) {
     if (!tc->is_object()) return wrong_type("tool_choice", *tc, "an object");
-    const json* type = find(*tc, "type");
+    const json* type = find_field(*tc, "type");
     const std::string t = type && type->is_string() ? type->get<std::string>() : "";
     if (t == "auto" || t == "none") out->tool_choice = t;
     else if (t == "any") out->tool_choice = "required";
     else if (t == "tool") {
-      const json* name = find(*tc, "name");
+      const json* name = find_field(*tc, "name");
       if (!name || !name->is_string()) return bad_field("tool_choice", "tool_choice.name must be a string");
       out->tool_choice = "function";
       out->tool_choice_name = name->get<std::string>();
@@ -627,17 +618,17 @@ std::optional<ApiError> parse_messages_request(const json& body, const ParseLimi
       return bad_field("tool_choice", "tool_choice '" + t + "' needs tools");
     }
   }
-  if (const json* th = find(body, "thinking")) {
+  if (const json* th = find_field(body, "thinking")) {
     if (!th->is_object()) return wrong_type("thinking", *th, "an object");
-    const json* type = find(*th, "type");
+    const json* type = find_field(*th, "type");
     if (!type || !type->is_string() || (type->get<std::string>() != "enabled" && type->get<std::string>() != "disabled")) {
       return bad_field("thinking", "thinking.type must be 'enabled' or 'disabled'");
     }
     out->chat_template_kwargs["enable_thinking"] = type->get<std::string>() == "enabled";
   }
-  if (const json* md = find(body, "metadata"); md && !md->is_null()) {
+  if (const json* md = find_field(body, "metadata"); md && !md->is_null()) {
     if (!md->is_object()) return wrong_type("metadata", *md, "an object");
-    if (const json* uid = find(*md, "user_id"); uid && !uid->is_null()) {
+    if (const json* uid = find_field(*md, "user_id"); uid && !uid->is_null()) {
       if (!uid->is_string()) return wrong_type("metadata.user_id", *uid, "a string");
       out->user = uid->get<std::string>();
     }

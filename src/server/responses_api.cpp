@@ -13,18 +13,9 @@ using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 using Err = std::optional<ApiError>;
 
-Err wrong_type(const std::string& field, const json& v, const std::string& want) {
-  return bad_field(field, field + " must be " + want + ", got " + json_type_name(v) + " " + json_excerpt(v));
-}
-
-const json* find(const json& o, const char* key) {
-  auto it = o.find(key);
-  if (it == o.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 Err read_string(const json& o, const char* key, const std::string& field, std::string* out) {
-  const json* v = find(o, key);
+  const json* v = find_field(o, key);
   if (!v) return std::nullopt;
   if (!v->is_string()) return wrong_type(field, *v, "a string");
   *out = v->get<std::string>();
@@ -32,7 +23,7 @@ Err read_string(const json& o, const char* key, const std::string& field, std::s
 }
 
 Err required_string(const json& o, const char* key, const std::string& field, std::string* out) {
-  const json* v = find(o, key);
+  const json* v = find_field(o, key);
   if (!v) return bad_field(field, field + " is required");
   if (!v->is_string()) return wrong_type(field, *v, "a string");
   *out = v->get<std::string>();
@@ -40,7 +31,7 @@ Err required_string(const json& o, const char* key, const std::string& field, st
 }
 
 Err read_bool(const json& o, const char* key, bool* out) {
-  const json* v = find(o, key);
+  const json* v = find_field(o, key);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) return wrong_type(key, *v, "a boolean");
   *out = v->get<bool>();
@@ -48,7 +39,7 @@ Err read_bool(const json& o, const char* key, bool* out) {
 }
 
 Err read_number(const json& o, const char* key, double lo, double hi, std::optional<float>* out) {
-  const json* v = find(o, key);
+  const json* v = find_field(o, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) return wrong_type(key, *v, "a number");
   const double d = v->get<double>();
@@ -115,7 +106,7 @@ Err parse_input(const json& input, int max_json_depth, ojson* msgs) {
     std::string type;
     if (auto e = read_string(item, "type", f + ".type", &type)) return e;
     if (type.empty()) {
-      if (!find(item, "role")) return bad_field(f + ".type", f + ".type is required (or a role for a message)");
+      if (!find_field(item, "role")) return bad_field(f + ".type", f + ".type is required (or a role for a message)");
       type = "message";
     }
     if (type == "message") {
@@ -125,7 +116,7 @@ Err parse_input(const json& input, int max_json_depth, ojson* msgs) {
       if (role != "user" && role != "assistant" && role != "system") {
         return bad_field(f + ".role", f + ".role '" + role + "' is not one of user, assistant, system, developer");
       }
-      const json* c = find(item, "content");
+      const json* c = find_field(item, "content");
       if (!c) return bad_field(f + ".content", f + ".content is required");
       std::string text;
       if (auto e = content_text(f + ".content", *c, &text)) return e;
@@ -157,13 +148,13 @@ Err parse_input(const json& input, int max_json_depth, ojson* msgs) {
     } else if (type == "function_call_output") {
       std::string call_id, output;
       if (auto e = required_string(item, "call_id", f + ".call_id", &call_id)) return e;
-      const json* o = find(item, "output");
+      const json* o = find_field(item, "output");
       if (!o) return bad_field(f + ".output", f + ".output is required");
       if (auto e = content_text(f + ".output", *o, &output)) return e;
       msgs->push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", output}});
     } else if (type == "reasoning") {
       for (const char* key : {"content", "summary"}) {
-        const json* parts = find(item, key);
+        const json* parts = find_field(item, key);
         if (!parts) continue;
         std::string text;
         if (auto e = content_text(f + "." + key, *parts, &text)) return e;
@@ -184,7 +175,7 @@ Err parse_input(const json& input, int max_json_depth, ojson* msgs) {
 // Tools in the Responses form {type: function, name, description, parameters, strict}; the
 // chat form {type: function, function: {...}} is taken too.
 Err parse_tools(const json& body, ApiRequest* api, json* echo) {
-  const json* tools = find(body, "tools");
+  const json* tools = find_field(body, "tools");
   if (!tools) return std::nullopt;
   if (!tools->is_array()) return wrong_type("tools", *tools, "an array");
   api->tools = ojson::array();
@@ -197,7 +188,7 @@ Err parse_tools(const json& body, ApiRequest* api, json* echo) {
     if (type != "function") {
       return bad_field(f + ".type", f + ".type '" + type + "' is not supported: only 'function' tools are");
     }
-    const json* fn = find(t, "function");
+    const json* fn = find_field(t, "function");
     const json& src = fn && fn->is_object() ? *fn : t;
     const std::string pf = fn && fn->is_object() ? f + ".function" : f;
     std::string name, description;
@@ -207,13 +198,13 @@ Err parse_tools(const json& body, ApiRequest* api, json* echo) {
     ojson func = {{"name", name}};
     if (!description.empty()) func["description"] = description;
     json params = nullptr;
-    if (const json* p = find(src, "parameters")) {
+    if (const json* p = find_field(src, "parameters")) {
       if (!p->is_object()) return wrong_type(pf + ".parameters", *p, "an object (a JSON schema)");
       func["parameters"] = ojson::parse(p->dump());
       params = *p;
     }
     bool strict = false;
-    if (const json* s = find(src, "strict")) {
+    if (const json* s = find_field(src, "strict")) {
       if (!s->is_boolean()) return wrong_type(pf + ".strict", *s, "a boolean");
       strict = s->get<bool>();
     }
@@ -226,7 +217,7 @@ Err parse_tools(const json& body, ApiRequest* api, json* echo) {
 }
 
 Err parse_tool_choice(const json& body, ApiRequest* api, json* echo) {
-  const json* tc = find(body, "tool_choice");
+  const json* tc = find_field(body, "tool_choice");
   if (!tc) return std::nullopt;
   if (tc->is_string()) {
     const std::string s = tc->get<std::string>();
@@ -252,7 +243,7 @@ Err parse_tool_choice(const json& body, ApiRequest* api, json* echo) {
 }
 
 Err one_of(const json& o, const char* key, const std::string& field, std::initializer_list<const char*> allowed) {
-  const json* v = find(o, key);
+  const json* v = find_field(o, key);
   if (!v) return std::nullopt;
   std::string list;
   for (const char* a : allowed) {
@@ -269,7 +260,7 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   ApiRequest& api = out->api;
   api.kind = ApiKind::kResponses;
   if (!body.is_object()) return wrong_type("body", body, "a JSON object");
-  if (const json* m = find(body, "model")) {
+  if (const json* m = find_field(body, "model")) {
     if (!m->is_string()) return wrong_type("model", *m, "a string");
     api.model = m->get<std::string>();
     if (!limits.model_names.empty() &&
@@ -287,14 +278,14 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
           {"tool_choice", "auto"}, {"tools", json::array()}, {"top_p", nullptr}, {"truncation", "disabled"},
           {"user", nullptr}, {"metadata", json::object()}};
 
-  const json* input = find(body, "input");
+  const json* input = find_field(body, "input");
   if (!input) return bad_field("input", "input is required");
   out->input = ojson::array();
   if (auto e = parse_input(*input, limits.max_json_depth, &out->input)) return e;
 
   if (auto e = read_string(body, "instructions", "instructions", &out->instructions)) return e;
   if (!out->instructions.empty()) echo["instructions"] = out->instructions;
-  if (const json* v = find(body, "max_output_tokens")) {
+  if (const json* v = find_field(body, "max_output_tokens")) {
     if (!v->is_number_integer()) return wrong_type("max_output_tokens", *v, "an integer");
     if (v->get<int64_t>() < 1 || v->get<int64_t>() > INT32_MAX) {
       return bad_field("max_output_tokens", "max_output_tokens must be at least 1, got " + v->dump());
@@ -310,7 +301,7 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   if (auto e = read_bool(body, "store", &out->store)) return e;
   echo["store"] = out->store;
   if (auto e = read_string(body, "previous_response_id", "previous_response_id", &out->previous_response_id)) return e;
-  if (find(body, "previous_response_id") && out->previous_response_id.empty()) {
+  if (find_field(body, "previous_response_id") && out->previous_response_id.empty()) {
     return bad_field("previous_response_id", "previous_response_id must not be empty");
   }
   if (!out->previous_response_id.empty()) echo["previous_response_id"] = out->previous_response_id;
@@ -319,9 +310,9 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   bool parallel = true;
   if (auto e = read_bool(body, "parallel_tool_calls", &parallel)) return e;
   echo["parallel_tool_calls"] = parallel;
-  if (const json* t = find(body, "text")) {
+  if (const json* t = find_field(body, "text")) {
     if (!t->is_object()) return wrong_type("text", *t, "an object");
-    if (const json* fmt = find(*t, "format")) {
+    if (const json* fmt = find_field(*t, "format")) {
       if (!fmt->is_object()) return wrong_type("text.format", *fmt, "an object");
       std::string type;
       if (auto e = read_string(*fmt, "type", "text.format.type", &type)) return e;
@@ -332,16 +323,16 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
     }
     if (auto e = one_of(*t, "verbosity", "text.verbosity", {"low", "medium", "high"})) return e;
   }
-  if (const json* r = find(body, "reasoning")) {
+  if (const json* r = find_field(body, "reasoning")) {
     if (!r->is_object()) return wrong_type("reasoning", *r, "an object");
     if (auto e = one_of(*r, "effort", "reasoning.effort", {"none", "minimal", "low", "medium", "high", "xhigh"})) return e;
     if (auto e = one_of(*r, "summary", "reasoning.summary", {"auto", "concise", "detailed"})) return e;
-    if (const json* ef = find(*r, "effort")) echo["reasoning"]["effort"] = *ef;
-    if (const json* s = find(*r, "summary")) echo["reasoning"]["summary"] = *s;
+    if (const json* ef = find_field(*r, "effort")) echo["reasoning"]["effort"] = *ef;
+    if (const json* s = find_field(*r, "summary")) echo["reasoning"]["summary"] = *s;
   }
   if (auto e = one_of(body, "truncation", "truncation", {"auto", "disabled"})) return e;
-  if (const json* t = find(body, "truncation")) echo["truncation"] = *t;
-  if (const json* md = find(body, "metadata")) {
+  if (const json* t = find_field(body, "truncation")) echo["truncation"] = *t;
+  if (const json* md = find_field(body, "metadata")) {
     if (!md->is_object()) return wrong_type("metadata", *md, "an object");
     for (auto it = md->begin(); it != md->end(); ++it) {
       if (!it->is_string()) return wrong_type("metadata." + it.key(), *it, "a string");
@@ -350,7 +341,7 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   }
   if (auto e = read_string(body, "user", "user", &api.user)) return e;
   if (!api.user.empty()) echo["user"] = api.user;
-  if (const json* inc = find(body, "include")) {
+  if (const json* inc = find_field(body, "include")) {
     if (!inc->is_array()) return wrong_type("include", *inc, "an array of strings");
     for (size_t i = 0; i < inc->size(); ++i) {
       if (!(*inc)[i].is_string()) return wrong_type("include[" + std::to_string(i) + "]", (*inc)[i], "a string");
@@ -359,9 +350,9 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   bool background = false;
   if (auto e = read_bool(body, "background", &background)) return e;
   if (background) return bad_field("background", "background is not supported: send the request and wait, or stream it");
-  if (find(body, "conversation")) return bad_field("conversation", "conversation is not supported; use previous_response_id");
-  if (find(body, "prompt")) return bad_field("prompt", "prompt (a stored prompt template) is not supported; send input");
-  if (const json* tl = find(body, "top_logprobs")) {
+  if (find_field(body, "conversation")) return bad_field("conversation", "conversation is not supported; use previous_response_id");
+  if (find_field(body, "prompt")) return bad_field("prompt", "prompt (a stored prompt template) is not supported; send input");
+  if (const json* tl = find_field(body, "top_logprobs")) {
     if (!tl->is_number_integer() || tl->get<int64_t>() != 0) {
       return bad_field("top_logprobs", "top_logprobs is not supported on /v1/responses yet, got " + json_excerpt(*tl));
     }
