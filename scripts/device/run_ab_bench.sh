@@ -16,18 +16,9 @@ reps=${3:-3}
 export STRATA_SOURCE_DIR=$PWD
 base_ld=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 source scripts/device/llama8b_dummy.sh
+source scripts/device/dummy_models.sh
 llama=$(make_llama8b_dummy)
-moe=$(mktemp -d /tmp/qwen3moe-dummy-XXXXXX)
-cat >"$moe/config.json" <<'JSON'
-{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
- "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
- "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
- "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": false, "rope_theta": 1000000.0,
- "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "hidden_act": "silu", "attention_bias": false,
- "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"}
-JSON
-xz -dc tests/data/reference/tokenizers/qwen3/tokenizer.json.xz >"$moe/tokenizer.json"
-cp tests/data/reference/tokenizers/qwen3/tokenizer_config.json "$moe/"
+moe=$(make_qwen3moe_dummy)
 port=18100
 healthy() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; }
 # metric FILE KEY: the number after "KEY" in a bench serve report.
