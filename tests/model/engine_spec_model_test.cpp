@@ -227,7 +227,10 @@ TEST_P(EngineSpecModelTest, SpeculationChangesNoOutput) {
     }
     EXPECT_EQ(drafted, st.spec_draft_tokens) << c.name;
     EXPECT_EQ(accepted, st.spec_accepted_tokens) << c.name;
-    EXPECT_GT(drafted, 0) << c.name << ": nothing was drafted";
+    // Fixed k drafts on every speculating step. Adaptive k drafts only where its measured step
+    // costs say a draft pays (engine_spec_test pins that choice on scripted costs), which a
+    // loaded host may never say within these short requests: there only the outputs count.
+    if (!c.o.speculative.adaptive) EXPECT_GT(drafted, 0) << c.name << ": nothing was drafted";
     if (c.o.speculative.method == "draft" && draft_of(family) == family) {
       // The target drafting for itself agrees with its greedy requests (all but a draft's
       // tokens past a stop).
