@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "bench_models.h"
 #include "bench_timing.h"
+#include "runtime/cuda/cuda_model.h"
 
 using namespace strata;
 using namespace strata::cuda;

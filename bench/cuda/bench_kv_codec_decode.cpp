@@ -37,14 +37,14 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_kv_codec_step.h"
-#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/reference/kv_codec.h"
-#include "kv/kv_plan.h"
 #include "bench_models.h"
 #include "bench_timing.h"
+#include "kv/kv_plan.h"
+#include "runtime/cuda/cuda_kv_codec_step.h"
+#include "runtime/cuda/cuda_model.h"
 
 using namespace strata;
 using namespace strata::cuda;

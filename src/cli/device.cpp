@@ -4,7 +4,7 @@
 #include "model/registry.h"
 
 #ifdef STRATA_WITH_CUDA
-#include "backend/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 #endif
 
 namespace strata::cli {

@@ -1,6 +1,6 @@
 // --device, --gpu-memory-fraction, --load-format and --deterministic: where the engine runs. `cpu` is the host
 // ModelRunner over the checkpoint; `cuda` (only in a build with STRATA_CUDA) runs the steps on
-// the GPU through backend/cuda/cuda_executor.h; `auto` picks cuda when the build has it and a
+// the GPU through runtime/cuda/cuda_executor.h; `auto` picks cuda when the build has it and a
 // GPU is present.
 #pragma once
 

@@ -11,11 +11,11 @@
 #include <unordered_map>
 
 #include "core/status.h"
-#include "engine/model_runner.h"
 #include "engine/proposer.h"
-#include "engine/sequence.h"
 #include "kv/kv_cache_manager.h"
 #include "model/model.h"
+#include "runtime/host/model_runner.h"
+#include "runtime/sequence.h"
 
 namespace strata {
 

@@ -16,10 +16,10 @@
 #include "engine/kv_conversion.h"
 #include "engine/kv_tier_io.h"
 #include "engine/kv_tier_promoter.h"
-#include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/prefix_index.h"
+#include "runtime/host/model_runner.h"
 
 namespace strata {
 

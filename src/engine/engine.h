@@ -18,10 +18,10 @@
 #include "engine/request.h"
 #include "engine/request_queue.h"
 #include "engine/speculative.h"
-#include "engine/step_executor.h"
 #include "kv/codec/kv_codec_config.h"
 #include "kv/kv_plan.h"
 #include "model/model.h"
+#include "runtime/step_executor.h"
 
 namespace strata {
 
@@ -105,7 +105,7 @@ class Engine {
   // its value, and models whose KV layout it cannot page (kUnsupported: a layer sharing the KV
   // of a layer of the other attention kind, or no attention KV at all).
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model, EngineOptions options);
-  // Runs the steps on `executor` (engine/step_executor.h, e.g. a GPU) instead of a host
+  // Runs the steps on `executor` (runtime/step_executor.h, e.g. a GPU) instead of a host
   // ModelRunner; `model` then only describes the shapes (config, KV and state layout) and its
   // forward is never called. The engine plans with exactly executor->n_kv_blocks() blocks
   // (options.kv_blocks must be 0 or that count).

@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/sequence.h"
-#include "engine/step_executor.h"
 #include "kv/kv_cache_manager.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
+#include "runtime/sequence.h"
+#include "runtime/step_executor.h"
 
 namespace strata {
 

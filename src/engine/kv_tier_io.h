@@ -1,8 +1,6 @@
-// Moves one full-attention KV block between the engine's KvStorage and the flat bytes the
-// lower KV tiers (kv/host/kv_tiers.h) keep: the K rows then the V rows of every layer that owns
-// full-attention KV, in layer order, each [block_size, n_kv_heads] rows in the layer's codec.
-// Sliding-window layers are not part of a tiered block (the engine runs tiers only for models
-// without them).
+// The engine's side of the lower KV tiers (kv/host/kv_tiers.h): demoting evicted blocks and
+// making the tiers for a KV layout. A tiered block's bytes are runtime/host/kv_block_bytes.h's
+// (the engine runs tiers only for models without sliding-window layers).
 #pragma once
 
 #include <cstdint>
@@ -12,16 +10,12 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/step_executor.h"
 #include "kv/host/kv_tiers.h"
 #include "model/kv_storage.h"
+#include "runtime/host/kv_block_bytes.h"
+#include "runtime/step_executor.h"
 
 namespace strata {
-
-// Bytes of each tensor of a tiered block, in order.
-std::vector<int64_t> tier_tensor_bytes(const KvStorage& kv, int n_layers);
-void gather_tier_block(KvStorage& kv, int n_layers, int32_t block, uint8_t* out);
-void scatter_tier_block(KvStorage& kv, int n_layers, int32_t block, const uint8_t* in);
 
 // Demotes pool blocks `blocks` (evicted, published under `hashes`) to the tiers: those host
 // memory holds already are not copied again, those it has room for are copied straight into

@@ -29,9 +29,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/sequence.h"
 #include "kv/host/kv_tiers.h"
 #include "kv/kv_cache_manager.h"
+#include "runtime/sequence.h"
 
 namespace strata {
 

@@ -42,10 +42,10 @@
 #include <vector>
 
 #include "engine/scheduling_policy.h"
-#include "engine/step_plan.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_plan.h"
 #include "kv/state_cache.h"
+#include "runtime/step_plan.h"
 
 namespace strata {
 

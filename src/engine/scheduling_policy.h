@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "core/status.h"
-#include "engine/sequence.h"
+#include "runtime/sequence.h"
 
 namespace strata {
 

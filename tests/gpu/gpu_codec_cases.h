@@ -11,13 +11,13 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/cuda/cuda_executor.h"
-#include "backend/cuda/cuda_model.h"
 #include "gpu_test_util.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
 #include "model/model_config.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::gpu_test {
 

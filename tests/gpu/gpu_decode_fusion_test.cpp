@@ -5,10 +5,10 @@
 // and without CUDA graphs. Needs a GPU.
 #include <gtest/gtest.h>
 
-#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/kernels.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend/cuda/cuda_model.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

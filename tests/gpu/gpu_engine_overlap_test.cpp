@@ -23,10 +23,10 @@
 #include <random>
 #include <thread>
 
-#include "backend/cuda/cuda_executor.h"
 #include "engine/engine.h"
 #include "gpu_test_util.h"
 #include "model/model_config.h"
+#include "runtime/cuda/cuda_executor.h"
 
 namespace strata::cuda {
 namespace {

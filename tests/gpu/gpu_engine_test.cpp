@@ -18,12 +18,12 @@
 #include <thread>
 #include <tuple>
 
-#include "backend/cuda/cuda_executor.h"
+#include "../support/stream_test_support.h"
 #include "engine/engine.h"
 #include "gpu_engine_oracle.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
-#include "../support/stream_test_support.h"
+#include "runtime/cuda/cuda_executor.h"
 
 namespace strata::cuda {
 namespace {

@@ -20,11 +20,11 @@
 #include <numeric>
 #include <sstream>
 
-#include "backend/cuda/cuda_model.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

@@ -22,17 +22,17 @@
 #include <cmath>
 #include <filesystem>
 
-#include "backend/cuda/cuda_executor.h"
-#include "backend/cuda/cuda_kv_codec_step.h"
-#include "backend/cuda/cuda_model.h"
+#include "../support/stream_test_support.h"
 #include "engine/engine.h"
 #include "gpu_codec_cases.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
-#include "../support/stream_test_support.h"
 #include "kv/codec/kv_codec_config.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_kv_codec_step.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

@@ -22,15 +22,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend/cuda/cuda_executor.h"
-#include "backend/cuda/cuda_model.h"
+#include "../support/stream_test_support.h"
 #include "engine/engine.h"
 #include "gpu_engine_oracle.h"
 #include "gpu_oracle.h"
 #include "gpu_test_util.h"
-#include "../support/stream_test_support.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

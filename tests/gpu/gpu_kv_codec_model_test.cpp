@@ -39,8 +39,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/cuda/cuda_executor.h"
-#include "backend/cuda/cuda_model.h"
 #include "engine/engine.h"
 #include "gpu_codec_cases.h"
 #include "gpu_oracle.h"
@@ -48,6 +46,8 @@
 #include "kv/codec/kv_codec_config.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

@@ -16,10 +16,10 @@
 #include <functional>
 #include <numeric>
 
-#include "backend/cuda/cuda_kv_codec_step.h"
 #include "backend/cuda/kv_codec.h"
 #include "backend/reference/kv_codec.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/cuda_kv_codec_step.h"
 
 namespace strata::cuda {
 namespace {

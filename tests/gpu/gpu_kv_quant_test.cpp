@@ -26,8 +26,6 @@
 #include <filesystem>
 #include <random>
 
-#include "backend/cuda/cuda_executor.h"
-#include "backend/cuda/cuda_model.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "gpu_codec_cases.h"
@@ -36,6 +34,8 @@
 #include "kv/codec/kv_codec_config.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 namespace {

@@ -19,9 +19,9 @@
 #include <sys/mman.h>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/kv_transfer.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/cuda_executor.h"
 
 namespace strata::cuda {
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::gpu_test {
 

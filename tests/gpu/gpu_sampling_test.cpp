@@ -19,6 +19,7 @@
 
 #include "backend/cuda/sampling.h"
 #include "gpu_test_util.h"
+#include "runtime/cuda/device_logprobs.h"
 #include "sampling/sampler.h"
 
 namespace strata::cuda {

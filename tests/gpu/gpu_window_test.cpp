@@ -18,10 +18,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "backend/cuda/cuda_executor.h"
+#include "../support/stream_test_support.h"
 #include "engine/engine.h"
 #include "gpu_test_util.h"
-#include "../support/stream_test_support.h"
+#include "runtime/cuda/cuda_executor.h"
 
 namespace strata::cuda {
 namespace {

@@ -25,23 +25,12 @@ BELOW["engine"] = BELOW["runtime"] | {"runtime", "tokenizer"}
 BELOW["server"] = BELOW["engine"] | {"engine"}
 BELOW["cli"] = BELOW["server"] | {"server"}
 
-# (file, included layer): the CUDA host code, which moves to src/runtime/cuda.
-CUDA_HOST = "the CUDA runtime's host code, which moves to src/runtime/cuda"
-KNOWN_INCLUDES = {
-    ("backend/cuda/cuda_executor.h", "engine"): CUDA_HOST,
-    ("backend/cuda/device_logprobs.h", "engine"): CUDA_HOST,
-    ("backend/cuda/sampling.h", "sampling"): CUDA_HOST,
-}
-for f in ["cuda_executor.cpp", "cuda_executor.h", "cuda_model.cpp"]:
-    KNOWN_INCLUDES[("backend/cuda/" + f, "kv")] = CUDA_HOST
-for f in ["cuda_executor.cpp", "cuda_executor.h", "cuda_family.cpp", "cuda_family.h", "cuda_gemma4.cpp",
-          "cuda_hybrid.cpp", "cuda_hybrid.h", "cuda_kv_codec_step.cpp", "cuda_kv_codec_step.h", "cuda_model.cpp",
-          "cuda_model.h", "weight_split.h"]:
-    KNOWN_INCLUDES[("backend/cuda/" + f, "model")] = CUDA_HOST
+# (file, included layer): includes still to move, each with why; none left.
+KNOWN_INCLUDES = {}
 # Tensor names still spelled by the GPU loaders of the families without a manifest yet.
 KNOWN_NAMES = {
-    "backend/cuda/cuda_gemma4.cpp": "Gemma 4's GPU loader (its manifest comes with the layer recipes)",
-    "backend/cuda/cuda_hybrid.cpp": "the DeltaNet hybrids' GPU loader (their manifest comes with the layer recipes)",
+    "runtime/cuda/cuda_gemma4.cpp": "Gemma 4's GPU loader (its manifest comes with the layer recipes)",
+    "runtime/cuda/cuda_hybrid.cpp": "the DeltaNet hybrids' GPU loader (their manifest comes with the layer recipes)",
 }
 NAME = re.compile(r'"[^"\n]*(_proj\b|\.weight\b|\.bias\b|layernorm|embed_tokens|lm_head|_norm\.)[^"\n]*"')
 

@@ -10,8 +10,8 @@
 #include "../support/engine_test_support.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
-#include "engine/model_runner.h"
 #include "model/registry.h"
+#include "runtime/host/model_runner.h"
 
 namespace strata {
 namespace {

@@ -17,8 +17,8 @@
 #include "../support/engine_test_support.h"
 #include "core/check.h"
 #include "engine/engine.h"
+#include "runtime/host/model_runner.h"
 #include "sampling/logprobs.h"
-#include "engine/model_runner.h"
 
 namespace strata {
 namespace {

@@ -828,19 +828,6 @@ bool g_compact = true;
 
 void set_sampling_compact(bool on) { g_compact = on; }
 
-SamplingRow sampling_row(const SamplingParams& params) {
-  SamplingRow r;
-  r.temperature = params.temperature;
-  r.top_k = params.top_k;
-  r.top_p = params.top_p;
-  r.min_p = params.min_p;
-  r.repetition_penalty = params.repetition_penalty;
-  r.presence_penalty = params.presence_penalty;
-  r.frequency_penalty = params.frequency_penalty;
-  r.vocab_limit = params.vocab_limit;
-  return r;
-}
-
 size_t sampling_workspace_bytes(int32_t max_rows, int32_t vocab) {
   const int64_t stride = (int64_t(vocab) + kSeg - 1) / kSeg * kSeg;
   return size_t(max_rows) * size_t(stride) * sizeof(float);

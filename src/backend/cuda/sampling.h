@@ -24,7 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "sampling/sampling_params.h"
 
 namespace strata::cuda {
 
@@ -56,10 +55,6 @@ struct SamplingRow {
   // for presence/frequency. -1: the lists are complete.
   int32_t pending = -1;
 };
-
-// The fields of row that come from a request's SamplingParams (everything but the draw, the
-// list ranges and top_logprobs, which the caller sets).
-SamplingRow sampling_row(const SamplingParams& params);
 
 struct SamplingBatch {
   const float* logits = nullptr;   // [n_rows, logits_stride], the first vocab columns used

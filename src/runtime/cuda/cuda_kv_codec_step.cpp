@@ -1,12 +1,12 @@
-#include "backend/cuda/cuda_kv_codec_step.h"
+#include "runtime/cuda/cuda_kv_codec_step.h"
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_hybrid.h"
 #include "core/check.h"
 #include "model/gemma4_config.h"
 #include "model/qwen3_next.h"
+#include "runtime/cuda/cuda_hybrid.h"
 
 namespace strata::cuda {
 

@@ -1,4 +1,4 @@
-#include "backend/cuda/device_logprobs.h"
+#include "runtime/cuda/device_logprobs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -80,6 +80,19 @@ void hand_logprobs(StepRows& rows, size_t n_rows, std::span<const int32_t> logit
     std::copy_n(src.ids + k * t, t, rows.top_ids.begin() + long(r * t));
     std::copy_n(src.top + k * t, t, rows.top_logprobs.begin() + long(r * t));
   }
+}
+
+SamplingRow sampling_row(const SamplingParams& params) {
+  SamplingRow r;
+  r.temperature = params.temperature;
+  r.top_k = params.top_k;
+  r.top_p = params.top_p;
+  r.min_p = params.min_p;
+  r.repetition_penalty = params.repetition_penalty;
+  r.presence_penalty = params.presence_penalty;
+  r.frequency_penalty = params.frequency_penalty;
+  r.vocab_limit = params.vocab_limit;
+  return r;
 }
 
 }  // namespace strata::cuda

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
-#include "backend/cuda/weight_split.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/weight_split.h"
 
 
 // Inside a loader returning a Result: reads a tensor (expr, a Result<std::vector<float>>) and

@@ -33,8 +33,6 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "backend/cuda/cuda_family.h"
-#include "backend/cuda/cuda_kv_codec_step.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
@@ -44,8 +42,10 @@
 #include "model/kv_storage.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
-#include "model/weight_manifest.h"
 #include "model/step_batch.h"
+#include "model/weight_manifest.h"
+#include "runtime/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_kv_codec_step.h"
 
 namespace strata::cuda {
 

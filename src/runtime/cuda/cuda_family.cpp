@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_family.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/step_executor.h"
-#include "engine/step_plan.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
 #include "model/step_batch.h"
+#include "runtime/step_executor.h"
+#include "runtime/step_plan.h"
 
 namespace strata {
 

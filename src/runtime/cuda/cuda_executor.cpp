@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
 
@@ -8,9 +8,6 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "backend/cuda/cuda_family.h"
-#include "backend/cuda/cuda_hybrid.h"
-#include "backend/cuda/weight_split.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -18,6 +15,9 @@
 #include "model/qwen3_next.h"
 #include "model/registry.h"
 #include "model/safetensors.h"
+#include "runtime/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_hybrid.h"
+#include "runtime/cuda/weight_split.h"
 
 namespace strata::cuda {
 

@@ -1,5 +1,5 @@
 // StepExecutor: what the engine needs from the thing that runs a StepPlan, wherever the weights
-// and the KV pool live (host: ModelRunner; a GPU: backend/cuda/cuda_executor.h). The engine
+// and the KV pool live (host: ModelRunner; a GPU: runtime/cuda/cuda_executor.h). The engine
 // plans with exactly n_kv_blocks() blocks, reads per logit row either host logits or the
 // executor's greedy token, and moves KV blocks and recurrent state through host bytes (KV
 // tiers, checkpoints, prefix snapshots).
@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/step_plan.h"
+#include "runtime/step_plan.h"
 #include "sampling/sampler.h"
 
 namespace strata {

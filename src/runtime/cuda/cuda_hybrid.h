@@ -38,11 +38,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
 #include "core/status.h"
 #include "model/delta_net.h"
 #include "model/kv_storage.h"
 #include "model/model_config.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 

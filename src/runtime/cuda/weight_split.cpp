@@ -1,4 +1,4 @@
-#include "backend/cuda/weight_split.h"
+#include "runtime/cuda/weight_split.h"
 
 #include <cuda_runtime_api.h>
 

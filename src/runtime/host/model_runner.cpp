@@ -1,9 +1,9 @@
-#include "engine/model_runner.h"
+#include "runtime/host/model_runner.h"
 
 #include <algorithm>
 
 #include "core/check.h"
-#include "engine/kv_tier_io.h"
+#include "runtime/host/kv_block_bytes.h"
 
 namespace strata {
 

@@ -1,9 +1,9 @@
-#include "backend/cuda/cuda_model_parts.h"
+#include "runtime/cuda/cuda_model_parts.h"
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_family.h"
 #include "tensor/dtype.h"
 
 namespace strata::cuda::model_parts {

@@ -1,13 +1,10 @@
-#include "backend/cuda/cuda_model.h"
+#include "runtime/cuda/cuda_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_family.h"
-#include "backend/cuda/cuda_hybrid.h"
-#include "backend/cuda/cuda_model_parts.h"
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
@@ -20,6 +17,9 @@
 #include "model/safetensors.h"
 #include "model/weight_loader.h"
 #include "model/weight_manifest.h"
+#include "runtime/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_hybrid.h"
+#include "runtime/cuda/cuda_model_parts.h"
 #include "tensor/dtype.h"
 
 namespace strata::cuda {

@@ -12,11 +12,16 @@
 #include <vector>
 
 #include "backend/cuda/sampling.h"
-#include "engine/step_executor.h"
+#include "runtime/step_executor.h"
+#include "sampling/sampling_params.h"
 
 namespace strata::cuda {
 
 static_assert(kSamplingMaxTopLogprobs == kMaxTopLogprobs, "StepRows holds the device sampler's top lists as they are");
+
+// The fields of a device sampler row that come from a request's SamplingParams (everything but
+// the draw, the list ranges and top_logprobs, which the caller sets).
+SamplingRow sampling_row(const SamplingParams& params);
 
 // Host side of one step's values, indexed by sampled row (the sampler's batch row).
 struct LogprobsHost {

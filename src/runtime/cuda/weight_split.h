@@ -16,13 +16,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/weight_split_kernels.h"
 #include "core/status.h"
 #include "model/safetensors.h"
+#include "runtime/cuda/cuda_model.h"
 
 namespace strata::cuda {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/sequence.h"
+#include "runtime/sequence.h"
 
 namespace strata {
 

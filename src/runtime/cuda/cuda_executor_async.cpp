@@ -15,10 +15,10 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/token_feed.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "runtime/cuda/cuda_executor.h"
 
 namespace strata::cuda {
 

@@ -1,21 +1,21 @@
 // CudaDecoder for the gated-DeltaNet hybrids: loader, state slots, step (see cuda_hybrid.h).
-#include "backend/cuda/cuda_hybrid.h"
+#include "runtime/cuda/cuda_hybrid.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_family.h"
-#include "backend/cuda/cuda_model_parts.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/hybrid_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/weight_split.h"
 #include "model/decoder.h"
 #include "model/qwen3_next.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
+#include "runtime/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_model_parts.h"
+#include "runtime/cuda/weight_split.h"
 
 namespace strata::cuda {
 

@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
-#include "backend/cuda/device_logprobs.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/kv_transfer.h"
 #include "backend/cuda/sampling.h"
-#include "engine/step_executor.h"
-#include "kv/kv_plan.h"
 #include "kv/codec/kv_codec_config.h"
+#include "kv/kv_plan.h"
 #include "model/model.h"
+#include "runtime/cuda/cuda_model.h"
+#include "runtime/cuda/device_logprobs.h"
+#include "runtime/step_executor.h"
 
 namespace strata::cuda {
 

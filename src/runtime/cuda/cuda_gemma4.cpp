@@ -24,14 +24,14 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_family.h"
-#include "backend/cuda/cuda_model_parts.h"
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 #include "model/gemma4_config.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
+#include "runtime/cuda/cuda_family.h"
+#include "runtime/cuda/cuda_model_parts.h"
 #include "tensor/dtype.h"
 
 namespace strata::cuda {
