@@ -179,9 +179,7 @@ Result<std::unique_ptr<Model>> load_decoder(const ModelConfig& cfg, const Weight
   STRATA_RETURN_IF_ERROR(take(w.embedding(embed->name, embed->shape[0], embed->shape[1]), &m->embed_));
   STRATA_RETURN_IF_ERROR(take(w.vector(final_norm->name, final_norm->shape[0]), &m->final_norm_));
   if (manifest->tied_embeddings) {
-    auto t = w.tensor(embed->name, embed->shape);
-    if (!t.ok()) return t.error();
-    STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, embed->shape[0], embed->shape[1]), &m->lm_head_));
+    STRATA_RETURN_IF_ERROR(take(w.matrix(embed->name, embed->shape[0], embed->shape[1]), &m->lm_head_));
   } else {
     const WeightEntry* head = manifest->find(WeightRole::kLmHead);
     STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(head->name, head->shape[0], head->shape[1]), &m->lm_head_));

@@ -294,6 +294,9 @@ Result<ModelConfig> parse_model_config(const json& outer, const std::string& sou
   if (cfg.eos_ids.empty()) STRATA_RETURN_IF_ERROR(read_id_list(outer, "eos_token_id", source, &cfg.eos_ids));
   STRATA_RETURN_IF_ERROR(read_single_id(j, "bos_token_id", src, &cfg.bos_id));
   STRATA_RETURN_IF_ERROR(read_single_id(j, "pad_token_id", src, &cfg.pad_id));
+  auto quant = parse_quant_config(outer, source);
+  if (!quant.ok()) return quant.error();
+  cfg.quant = std::make_shared<const QuantConfig>(std::move(*quant));
   cfg.text_json = std::make_shared<const json>(j);
   return cfg;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/quant_config.h"
 
 namespace strata {
 
@@ -72,6 +73,8 @@ struct ModelConfig {
   int32_t default_top_k = -1;
   float default_repetition_penalty = -1.0f;
   int32_t default_do_sample = -1;  // -1 unset, 0 false (greedy), 1 true
+  // Quantized weights (quantization_config, or MLX's quantization); never null after parsing.
+  std::shared_ptr<const QuantConfig> quant;
   // The text model's config object as read (after unwrapping a multimodal wrapper).
   std::shared_ptr<const nlohmann::json> text_json;
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
+#include "model/quant.h"
 
 namespace strata {
 
@@ -58,7 +59,16 @@ Result<const TensorInfo*> WeightLoader::tensor(const std::string& name, const st
   return t;
 }
 
+Result<bool> WeightLoader::dequantized(const std::string& name, int64_t rows, int64_t cols, std::vector<float>* out) const {
+  if (quant_ == nullptr || !quant_->quantized()) return false;
+  return dequantize_weight(*quant_, *archive_, prefix_ + name, rows, cols, out);
+}
+
 Result<WeightMatrix> WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  std::vector<float> f;
+  auto q = dequantized(name, rows, cols, &f);
+  if (!q.ok()) return q.error();
+  if (*q) return cpu::pack_weight(DType::kF32, f.data(), rows, cols);
   auto t = tensor(name, {rows, cols});
   if (!t.ok()) return t.error();
   return pack_checkpoint_matrix(**t, (*t)->data, rows, cols);
@@ -75,6 +85,18 @@ Result<std::vector<float>> WeightLoader::f32(const std::string& name, const std:
 }
 
 Result<EmbeddingTable> WeightLoader::embedding(const std::string& name, int64_t rows, int64_t cols) const {
+  auto f = std::make_shared<std::vector<float>>();
+  auto q = dequantized(name, rows, cols, f.get());
+  if (!q.ok()) return q.error();
+  if (*q) {
+    EmbeddingTable e;
+    e.dtype = DType::kF32;
+    e.data = f->data();
+    e.rows = rows;
+    e.cols = cols;
+    e.storage = f;
+    return e;
+  }
   auto t = tensor(name, {rows, cols});
   if (!t.ok()) return t.error();
   if (!is_float_dtype((*t)->dtype)) {

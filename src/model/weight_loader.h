@@ -2,7 +2,8 @@
 // Every accessor fails with an Error naming the tensor, the expected and the actual shape
 // when the checkpoint disagrees with the config. Linear weights are packed for the CPU
 // kernels: f32 and bf16 keep their dtype (aliasing the mapping when the layout allows),
-// f16 is widened; vectors (norms, biases) are returned as f32.
+// f16 is widened; quantized weights (model/quant.h) are dequantized to f32; vectors (norms,
+// biases) are returned as f32.
 #pragma once
 
 #include <cstdint>
@@ -14,17 +15,20 @@
 #include "core/status.h"
 #include "model/layers/embedding.h"
 #include "model/layers/mlp.h"
+#include "model/quant_config.h"
 #include "model/safetensors.h"
 
 namespace strata {
 
 class WeightLoader {
  public:
-  WeightLoader(std::shared_ptr<const SafetensorsArchive> archive, std::string prefix)
-      : archive_(std::move(archive)), prefix_(std::move(prefix)) {}
+  // `quant`: the checkpoint's quantized-weight format (model_config.h), null or kNone for none.
+  WeightLoader(std::shared_ptr<const SafetensorsArchive> archive, std::string prefix,
+               std::shared_ptr<const QuantConfig> quant = nullptr)
+      : archive_(std::move(archive)), prefix_(std::move(prefix)), quant_(std::move(quant)) {}
 
   // The same archive under another prefix (e.g. "" for lm_head.weight next to "model.").
-  WeightLoader with_prefix(std::string prefix) const { return WeightLoader(archive_, std::move(prefix)); }
+  WeightLoader with_prefix(std::string prefix) const { return WeightLoader(archive_, std::move(prefix), quant_); }
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<const SafetensorsArchive>& archive() const { return archive_; }
@@ -32,18 +36,23 @@ class WeightLoader {
 
   // The tensor `prefix + name`, checked against `shape`.
   Result<const TensorInfo*> tensor(const std::string& name, const std::vector<int64_t>& shape) const;
-  // A linear weight W [rows = n_out, cols = n_in].
+  // A linear weight W [rows = n_out, cols = n_in]; a quantized one is dequantized to f32.
   Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) const;
   // A 1-D tensor [n] as f32.
   Result<std::vector<float>> vector(const std::string& name, int64_t n) const;
   // Any tensor of the given shape as f32, row-major.
   Result<std::vector<float>> f32(const std::string& name, const std::vector<int64_t>& shape) const;
-  // An embedding table [rows, cols], left in its checkpoint dtype.
+  // An embedding table [rows, cols], left in its checkpoint dtype (a quantized one: f32).
   Result<EmbeddingTable> embedding(const std::string& name, int64_t rows, int64_t cols) const;
+  const QuantConfig* quant() const { return quant_.get(); }
 
  private:
+  // The f32 weight of `name` when the checkpoint stores it quantized; false when it does not.
+  Result<bool> dequantized(const std::string& name, int64_t rows, int64_t cols, std::vector<float>* out) const;
+
   std::shared_ptr<const SafetensorsArchive> archive_;
   std::string prefix_;
+  std::shared_ptr<const QuantConfig> quant_;
 };
 
 // Packs a row-major matrix of the checkpoint (f32, bf16 or f16) for matmul; `src` must stay

@@ -1,5 +1,8 @@
 #include "tensor/dtype.h"
 
+#include <cmath>
+#include <limits>
+
 namespace strata {
 
 const char* dtype_name(DType t) {
@@ -14,13 +17,14 @@ const char* dtype_name(DType t) {
     case DType::kI64: return "i64";
     case DType::kU8: return "u8";
     case DType::kBool: return "bool";
+    case DType::kU32: return "u32";
   }
   return "?";
 }
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
+    case DType::kF32: case DType::kI32: case DType::kU32: return 4;
     case DType::kBF16: case DType::kF16: return 2;
     case DType::kI64: return 8;
     default: return 1;
@@ -37,7 +41,7 @@ bool dtype_from_safetensors(std::string_view name, DType* out) {
   static constexpr Entry kTable[] = {
       {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
       {"F8_E4M3", DType::kF8E4M3}, {"I8", DType::kI8}, {"I32", DType::kI32},
-      {"I64", DType::kI64}, {"U8", DType::kU8}, {"BOOL", DType::kBool},
+      {"I64", DType::kI64}, {"U8", DType::kU8}, {"BOOL", DType::kBool}, {"U32", DType::kU32},
   };
   for (const auto& e : kTable) {
     if (e.name == name) {
@@ -73,6 +77,13 @@ float f16_to_f32(f16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+float fp8_e4m3fn_to_f32(uint8_t b) {
+  const uint32_t e = (b >> 3) & 0xf, m = b & 0x7;
+  if (e == 0xf && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  const float mag = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(float(8 + m), int(e) - 10);
+  return (b & 0x80) ? -mag : mag;
 }
 
 f16_t f32_to_f16(float f) {

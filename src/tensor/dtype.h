@@ -8,7 +8,7 @@
 
 namespace strata {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kI4, kI32, kI64, kU8, kBool };
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kI4, kI32, kI64, kU8, kBool, kU32 };
 
 const char* dtype_name(DType t);
 // Size of one element in bytes; packed int4 reports 1 (two per byte: use dtype_row_bytes).
@@ -38,6 +38,10 @@ inline bf16_t f32_to_bf16(float f) {
 }
 
 float f16_to_f32(f16_t h);
+
+// float8_e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no infinities, S.1111.111
+// is NaN, the largest finite is ±448, exponent 0 is subnormal: m/8 * 2^-6), exactly.
+float fp8_e4m3fn_to_f32(uint8_t b);
 f16_t f32_to_f16(float f);
 
 }  // namespace strata

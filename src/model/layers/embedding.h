@@ -1,8 +1,10 @@
 // EmbeddingTable: a token embedding [rows = vocab, cols = hidden] left in its checkpoint dtype
-// (usually aliasing the mapping); gather converts the rows it reads to f32.
+// (usually aliasing the mapping; a quantized table is dequantized to f32 at load); gather
+// converts the rows it reads to f32.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -15,6 +17,7 @@ struct EmbeddingTable {
   const void* data = nullptr;  // [rows, cols] in dtype
   int64_t rows = 0;            // vocabulary
   int64_t cols = 0;            // hidden
+  std::shared_ptr<void> storage;  // owns `data` when the loader made it (a dequantized table); else null
 
   // out[t, :] = table[ids[t], :] * scale; ids must lie in [0, rows).
   void gather(ThreadPool& pool, const int32_t* ids, int64_t n, float scale, float* out /*[n, cols]*/) const;

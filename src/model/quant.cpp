@@ -1,0 +1,323 @@
+#include "model/quant.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "model/weight_loader.h"
+
+namespace strata {
+
+namespace quant {
+
+namespace {
+
+// The e4m3fn value of every code, built once from fp8_e4m3fn_to_f32.
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> v{};
+    for (int i = 0; i < 256; ++i) v[size_t(i)] = fp8_e4m3fn_to_f32(uint8_t(i));
+    return v;
+  }();
+  return t;
+}
+
+// AutoAWQ's pack order (awq/modules/linear/gemm.py, WQLinear_GEMM.from_linear: nibble i of a
+// word holds column order_map[i] of its 8): column j lives in nibble kAwqNibble[j].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+}  // namespace
+
+void dequant_fp8_block(const uint8_t* w, const float* scale_inv, int64_t rows, int64_t cols, int32_t block_rows,
+                       int32_t block_cols, float* out) {
+  const auto& lut = fp8_table();
+  const int64_t n_bc = (cols + block_cols - 1) / block_cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale_inv + (r / block_rows) * n_bc;
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = lut[w[r * cols + c]] * s[c / block_cols];
+  }
+}
+
+uint32_t mlx_code(const uint32_t* row, int64_t c, int32_t bits) {
+  const int64_t per = 32 / bits;
+  return (row[c / per] >> ((c % per) * bits)) & ((1u << bits) - 1u);
+}
+
+void dequant_mlx(const uint32_t* w, const float* scales, const float* biases, int64_t rows, int64_t cols, int32_t bits,
+                 int32_t group, float* out) {
+  const int64_t words = cols * bits / 32, groups = cols / group;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t g = r * groups + c / group;
+      out[r * cols + c] = scales[g] * float(mlx_code(w + r * words, c, bits)) + biases[g];
+    }
+  }
+}
+
+uint32_t awq_code(const int32_t* packed_row, int64_t o) {
+  const uint32_t word = uint32_t(packed_row[o / 8]);
+  return (word >> (4 * kAwqNibble[o % 8])) & 0xfu;
+}
+
+void dequant_awq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
+                 int32_t group, float* out) {
+  const int64_t words = rows / 8;
+  for (int64_t i = 0; i < cols; ++i) {
+    const int64_t g = i / group;
+    for (int64_t o = 0; o < rows; ++o) {
+      const float q = float(awq_code(qweight + i * words, o)), z = float(awq_code(qzeros + g * words, o));
+      out[o * cols + i] = (q - z) * scales[g * rows + o];
+    }
+  }
+}
+
+uint32_t gptq_weight_code(const int32_t* qweight, int64_t n_out, int64_t i, int64_t o, int32_t bits) {
+  const int64_t per = 32 / bits;
+  const uint32_t word = uint32_t(qweight[(i / per) * n_out + o]);
+  return (word >> ((i % per) * bits)) & ((1u << bits) - 1u);
+}
+
+uint32_t gptq_zero_code(const int32_t* qzeros_row, int64_t o, int32_t bits) {
+  const int64_t per = 32 / bits;
+  return (uint32_t(qzeros_row[o / per]) >> ((o % per) * bits)) & ((1u << bits) - 1u);
+}
+
+void dequant_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, const int32_t* g_idx, int64_t rows,
+                  int64_t cols, int32_t bits, int32_t zero_offset, float* out) {
+  const int64_t zwords = rows / (32 / bits);
+  for (int64_t i = 0; i < cols; ++i) {
+    const int64_t g = g_idx[i];
+    for (int64_t o = 0; o < rows; ++o) {
+      const float q = float(gptq_weight_code(qweight, rows, i, o, bits));
+      const float z = float(gptq_zero_code(qzeros + g * zwords, o, bits)) + float(zero_offset);
+      out[o * cols + i] = (q - z) * scales[g * rows + o];
+    }
+  }
+}
+
+}  // namespace quant
+
+namespace {
+
+std::string module_of(const std::string& weight_name) {
+  static const std::string kSuffix = ".weight";
+  if (weight_name.size() > kSuffix.size() && weight_name.compare(weight_name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {
+    return weight_name.substr(0, weight_name.size() - kSuffix.size());
+  }
+  return weight_name;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+Error shape_error(const TensorInfo& t, const std::vector<int64_t>& want, const std::string& why) {
+  return make_error(ErrorCode::kInvalidArgument, t.file + ": tensor '" + t.name + "' has shape " + t.shape_string() + ", " +
+                                                     why + " expects " + shape_str(want));
+}
+
+// The companion tensor `module + suffix`, which `format` requires.
+Result<const TensorInfo*> companion(const SafetensorsArchive& a, const std::string& module, const std::string& suffix,
+                                    const QuantConfig& q) {
+  const TensorInfo* t = a.find(module + suffix);
+  if (t == nullptr) {
+    return make_error(ErrorCode::kNotFound, "tensor '" + module + suffix + "' is missing from the checkpoint (quantization " +
+                                                std::string(quant_format_name(q.format)) + " needs it beside '" + module +
+                                                "')");
+  }
+  return t;
+}
+
+Result<std::vector<float>> as_f32(const TensorInfo& t, const std::vector<int64_t>& shape, const std::string& why) {
+  if (t.shape != shape) return shape_error(t, shape, why);
+  std::vector<float> v(size_t(t.numel()));
+  STRATA_RETURN_IF_ERROR(convert_to_f32(t, t.data, t.numel(), v.data()));
+  return v;
+}
+
+Status want_dtype(const TensorInfo& t, DType d, const QuantConfig& q) {
+  if (t.dtype == d) return Status();
+  return make_error(ErrorCode::kInvalidArgument, t.file + ": tensor '" + t.name + "' has dtype " + dtype_name(t.dtype) +
+                                                     ", quantization " + quant_format_name(q.format) + " stores it as " +
+                                                     dtype_name(d));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+Status fp8_block(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module,
+                 int64_t rows, int64_t cols, std::vector<float>* out) {
+  if (w.shape != std::vector<int64_t>{rows, cols}) return shape_error(w, {rows, cols}, "the config");
+  auto st = companion(a, module, ".weight_scale_inv", q);
+  if (!st.ok()) return st.error();
+  auto s = as_f32(**st, {ceil_div(rows, q.block_rows), ceil_div(cols, q.block_cols)},
+                  "quantization_config.weight_block_size [" + std::to_string(q.block_rows) + ", " +
+                      std::to_string(q.block_cols) + "]");
+  if (!s.ok()) return s.error();
+  out->resize(size_t(rows * cols));
+  quant::dequant_fp8_block(static_cast<const uint8_t*>(w.data), s->data(), rows, cols, q.block_rows, q.block_cols, out->data());
+  return Status();
+}
+
+Status fp8_compressed(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module,
+                      int64_t rows, int64_t cols, std::vector<float>* out) {
+  if (w.shape != std::vector<int64_t>{rows, cols}) return shape_error(w, {rows, cols}, "the config");
+  auto st = companion(a, module, ".weight_scale", q);
+  if (!st.ok()) return st.error();
+  const TensorInfo& t = **st;
+  // Per tensor: [] or [1]; per channel: [rows, 1] or [rows].
+  const int64_t n = t.numel();
+  if (n != 1 && n != rows) return shape_error(t, {rows, 1}, "a per-channel scale (or [1] per tensor)");
+  std::vector<float> s(static_cast<size_t>(n));
+  STRATA_RETURN_IF_ERROR(convert_to_f32(t, t.data, n, s.data()));
+  const auto& lut = quant::fp8_table();
+  const auto* p = static_cast<const uint8_t*>(w.data);
+  out->resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float sr = s[size_t(n == 1 ? 0 : r)];
+    for (int64_t c = 0; c < cols; ++c) (*out)[size_t(r * cols + c)] = lut[p[r * cols + c]] * sr;
+  }
+  return Status();
+}
+
+Status mlx(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module, int64_t rows,
+           int64_t cols, std::vector<float>* out) {
+  const QuantGroup g = q.group_of(module);
+  if (g.bits == 0) {
+    return make_error(ErrorCode::kInvalidArgument, w.file + ": tensor '" + w.name + "' is packed (" + dtype_name(w.dtype) +
+                                                       ") but config.json quantization." + module + " is false");
+  }
+  STRATA_RETURN_IF_ERROR(want_dtype(w, DType::kU32, q));
+  const std::string why = "quantization (bits " + std::to_string(g.bits) + ", group_size " + std::to_string(g.group_size) + ")";
+  if ((cols * g.bits) % 32 != 0 || cols % g.group_size != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "tensor '" + w.name + "': " + std::to_string(cols) +
+                                                       " input columns do not split into " + why);
+  }
+  if (w.shape != std::vector<int64_t>{rows, cols * g.bits / 32}) return shape_error(w, {rows, cols * g.bits / 32}, why);
+  auto st = companion(a, module, ".scales", q);
+  if (!st.ok()) return st.error();
+  auto bt = companion(a, module, ".biases", q);
+  if (!bt.ok()) return bt.error();
+  auto s = as_f32(**st, {rows, cols / g.group_size}, why);
+  if (!s.ok()) return s.error();
+  auto b = as_f32(**bt, {rows, cols / g.group_size}, why);
+  if (!b.ok()) return b.error();
+  out->resize(size_t(rows * cols));
+  quant::dequant_mlx(static_cast<const uint32_t*>(w.data), s->data(), b->data(), rows, cols, g.bits, g.group_size, out->data());
+  return Status();
+}
+
+Status awq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& qw, const std::string& module, int64_t rows,
+           int64_t cols, std::vector<float>* out) {
+  const std::string why = "quantization_config (awq, bits 4, group_size " + std::to_string(q.group_size) + ")";
+  if (rows % 8 != 0 || cols % q.group_size != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "module '" + module + "' [" + std::to_string(rows) + ", " +
+                                                       std::to_string(cols) + "] does not split into " + why);
+  }
+  STRATA_RETURN_IF_ERROR(want_dtype(qw, DType::kI32, q));
+  if (qw.shape != std::vector<int64_t>{cols, rows / 8}) return shape_error(qw, {cols, rows / 8}, why);
+  auto zt = companion(a, module, ".qzeros", q);
+  if (!zt.ok()) return zt.error();
+  STRATA_RETURN_IF_ERROR(want_dtype(**zt, DType::kI32, q));
+  const int64_t groups = cols / q.group_size;
+  if ((*zt)->shape != std::vector<int64_t>{groups, rows / 8}) return shape_error(**zt, {groups, rows / 8}, why);
+  auto st = companion(a, module, ".scales", q);
+  if (!st.ok()) return st.error();
+  auto s = as_f32(**st, {groups, rows}, why);
+  if (!s.ok()) return s.error();
+  out->resize(size_t(rows * cols));
+  quant::dequant_awq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>((*zt)->data), s->data(), rows, cols,
+                     q.group_size, out->data());
+  return Status();
+}
+
+Status gptq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& qw, const std::string& module, int64_t rows,
+            int64_t cols, std::vector<float>* out) {
+  const int64_t per = 32 / q.bits;
+  const std::string why = "quantization_config (gptq, bits " + std::to_string(q.bits) + ", group_size " +
+                          std::to_string(q.group_size) + ")";
+  if (rows % per != 0 || cols % per != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "module '" + module + "' [" + std::to_string(rows) + ", " +
+                                                       std::to_string(cols) + "] does not split into " + why);
+  }
+  STRATA_RETURN_IF_ERROR(want_dtype(qw, DType::kI32, q));
+  if (qw.shape != std::vector<int64_t>{cols / per, rows}) return shape_error(qw, {cols / per, rows}, why);
+  const int64_t groups = ceil_div(cols, q.group_size);
+  auto zt = companion(a, module, ".qzeros", q);
+  if (!zt.ok()) return zt.error();
+  STRATA_RETURN_IF_ERROR(want_dtype(**zt, DType::kI32, q));
+  if ((*zt)->shape != std::vector<int64_t>{groups, rows / per}) return shape_error(**zt, {groups, rows / per}, why);
+  auto st = companion(a, module, ".scales", q);
+  if (!st.ok()) return st.error();
+  auto s = as_f32(**st, {groups, rows}, why);
+  if (!s.ok()) return s.error();
+  std::vector<int32_t> g_idx(static_cast<size_t>(cols));
+  if (const TensorInfo* gi = a.find(module + ".g_idx")) {
+    STRATA_RETURN_IF_ERROR(want_dtype(*gi, DType::kI32, q));
+    if (gi->shape != std::vector<int64_t>{cols}) return shape_error(*gi, {cols}, why);
+    std::memcpy(g_idx.data(), gi->data, size_t(cols) * sizeof(int32_t));
+    for (int64_t i = 0; i < cols; ++i) {
+      if (g_idx[size_t(i)] < 0 || g_idx[size_t(i)] >= groups) {
+        return make_error(ErrorCode::kInvalidArgument, gi->file + ": tensor '" + gi->name + "' holds group " +
+                                                           std::to_string(g_idx[size_t(i)]) + " at " + std::to_string(i) +
+                                                           ", outside [0, " + std::to_string(groups) + ")");
+      }
+    }
+  } else if (q.gptq_desc_act) {
+    return make_error(ErrorCode::kNotFound, "tensor '" + module + ".g_idx' is missing from the checkpoint "
+                                                                  "(quantization_config.desc_act is true)");
+  } else {
+    for (int64_t i = 0; i < cols; ++i) g_idx[size_t(i)] = int32_t(i / q.group_size);
+  }
+  out->resize(size_t(rows * cols));
+  quant::dequant_gptq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>((*zt)->data), s->data(), g_idx.data(),
+                      rows, cols, q.bits, q.gptq_zero_plus_one ? 1 : 0, out->data());
+  return Status();
+}
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+}  // namespace
+
+bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name) {
+  const std::string module = module_of(weight_name);
+  switch (q.format) {
+    case QuantFormat::kNone: return false;
+    case QuantFormat::kAwq:
+    case QuantFormat::kGptq: return a.has(module + ".qweight");
+    default: {
+      const TensorInfo* w = a.find(weight_name);
+      return w != nullptr && !is_float(w->dtype);
+    }
+  }
+}
+
+Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name, int64_t rows,
+                               int64_t cols, std::vector<float>* out) {
+  if (!weight_is_quantized(q, a, weight_name)) return false;
+  const std::string module = module_of(weight_name);
+  switch (q.format) {
+    case QuantFormat::kNone: return false;
+    case QuantFormat::kFp8Block:
+    case QuantFormat::kFp8Compressed: {
+      const TensorInfo& w = *a.find(weight_name);
+      STRATA_RETURN_IF_ERROR(want_dtype(w, DType::kF8E4M3, q));
+      if (q.format == QuantFormat::kFp8Block) STRATA_RETURN_IF_ERROR(fp8_block(q, a, w, module, rows, cols, out));
+      else STRATA_RETURN_IF_ERROR(fp8_compressed(q, a, w, module, rows, cols, out));
+      return true;
+    }
+    case QuantFormat::kMlxAffine:
+      STRATA_RETURN_IF_ERROR(mlx(q, a, *a.find(weight_name), module, rows, cols, out));
+      return true;
+    case QuantFormat::kAwq:
+      STRATA_RETURN_IF_ERROR(awq(q, a, *a.find(module + ".qweight"), module, rows, cols, out));
+      return true;
+    case QuantFormat::kGptq:
+      STRATA_RETURN_IF_ERROR(gptq(q, a, *a.find(module + ".qweight"), module, rows, cols, out));
+      return true;
+  }
+  return false;
+}
+
+}  // namespace strata
