@@ -61,7 +61,7 @@ uint32_t awq_code(const int32_t* packed_row, int64_t o) {
 
 void dequant_awq(const int32_t* qweight, const int32_t* qzeros, const float* scales, int64_t rows, int64_t cols,
                  int32_t group, float* out) {
-  const int64_t words = rows / 8;
+  const int64_t words = (rows + 7) / 8;  // words of a packed row
   for (int64_t i = 0; i < cols; ++i) {
     const int64_t g = i / group;
     for (int64_t o = 0; o < rows; ++o) {
@@ -84,7 +84,7 @@ uint32_t gptq_zero_code(const int32_t* qzeros_row, int64_t o, int32_t bits) {
 
 void dequant_gptq(const int32_t* qweight, const int32_t* qzeros, const float* scales, const int32_t* g_idx, int64_t rows,
                   int64_t cols, int32_t bits, int32_t zero_offset, float* out) {
-  const int64_t zwords = rows / (32 / bits);
+  const int64_t zwords = (rows + 32 / bits - 1) / (32 / bits);  // words of a qzeros row
   for (int64_t i = 0; i < cols; ++i) {
     const int64_t g = g_idx[i];
     for (int64_t o = 0; o < rows; ++o) {
