@@ -8,7 +8,7 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recomme
   g++ cmake ninja-build pkg-config xz-utils \
   nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev libspdlog-dev libfmt-dev \
   libcli11-dev libxxhash-dev libzstd-dev liburing-dev libopenblas-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev json-schema-test-suite python3-numpy >/dev/null
+  libgtest-dev libgmock-dev libbenchmark-dev json-schema-test-suite python3-numpy python3-jsonschema >/dev/null
 # Node.js runs the end-to-end suite's openai client. Keep a Node.js that is already installed
 # (a newer one from another source conflicts with Debian's npm package).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

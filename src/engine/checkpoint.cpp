@@ -106,6 +106,7 @@ std::string checkpoint_key(const GenerationRequest& r, const std::vector<int32_t
   put_ids(o, "stop", r.stop_ids);
   o << "ignore_eos=" << (r.ignore_eos ? 1 : 0) << ';';
   if (!r.ignore_eos) put_ids(o, "eos", eos_ids);
+  if (r.grammar) o << "grammar=" << r.grammar_key.size() << ':' << r.grammar_key << ';';
   return o.str();
 }
 

@@ -308,6 +308,10 @@ void Engine::resume_from_checkpoint(Active& a) {
               sampler.ok() ? "generated ids" : sampler.error().to_string());
     return;
   }
+  if (!replay_grammar(a, c->generated)) {
+    log::warn("checkpoint of request {} does not fit its grammar; running it from the start", a.req.id);
+    return;
+  }
   log::info("request {} resumes from its checkpoint after {} generated tokens", a.req.id, c->generated.size());
   a.sampler = std::move(sampler).value();
   a.seq.tokens.insert(a.seq.tokens.end(), c->generated.begin(), c->generated.end());
@@ -477,6 +481,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   for (int32_t id : r.stop_ids) {
     if (id < 0 || id >= vocab) return bad("stop id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   }
+  STRATA_RETURN_IF_ERROR(check_grammar(r));
   if (r.vocab_limit > 0) {
     r.sampling.vocab_limit = r.sampling.vocab_limit > 0 ? std::min(r.sampling.vocab_limit, r.vocab_limit) : r.vocab_limit;
   }
@@ -548,6 +553,7 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
     s.n_prompt = int32_t(s.tokens.size());
     s.prompt_logprobs = a->req.prompt_logprobs;
     s.reuse_prefix = !a->req.prompt_logprobs;  // the logits of every prompt position are needed
+    admit_grammar(*a);
     if (!a->ckpt_key.empty()) {
       a->ckpt_run = core_->checkpoints->new_run();
       resume_from_checkpoint(*a);
@@ -638,7 +644,7 @@ void Engine::step() {
         Active& a = *core_->active.at(span.seq->id);
         const bool argmax = argmax_only(a.req, a.sampler, core_->runner.vocab());
         RowSample rs;
-        if (device_sampling && !argmax && (a.req.logprobs < 0 || device_logprobs)) {
+        if (device_sampling && !argmax && !a.matcher && (a.req.logprobs < 0 || device_logprobs)) {
           rs.sampler = &a.sampler;
           rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
           rs.top_logprobs = a.req.logprobs;
@@ -724,15 +730,22 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
       finish(a, FinishReason::kError, "sampling failed: every logit of the row is -inf or NaN");
       continue;
     }
-    const int32_t token = last != nullptr ? a.sampler.sample(last, vocab)
+    STRATA_CHECK(last != nullptr || !a.matcher, "a constrained row has host logits");
+    const int32_t token = last != nullptr ? sample_token(a, last, vocab)
                           : device_token != StepRows::kNotSampled ? device_token
                                                                   : rows.argmax.at(last_row);
+    if (token < 0) {
+      finish(a, FinishReason::kError, "the grammar allows no token here (within the sampled vocabulary)");
+      continue;
+    }
     seq.tokens.push_back(token);
     emit_token(a, token, last, last == nullptr ? &rows : nullptr, last_row);
   }
 }
 
-bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row, bool in_run) {
+bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row, bool in_run,
+                        bool grammar_current) {
+  const bool grammar = a.matcher && grammar_current;
   if (!in_run) a.sampler.accept(token);
   ++a.n_generated;
   ++core_->stats.generated_tokens;
@@ -743,8 +756,10 @@ bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepR
     core_->stats.inter_token.add(std::chrono::duration<double, std::milli>(t - a.last_token).count());
   }
   a.last_token = t;
+  // A grammar that took a stop id has ended (its mask allows them only where it can end).
   const bool is_stop = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), token) != a.req.stop_ids.end() ||
-                       (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end());
+                       (!a.req.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) ||
+                       (grammar && a.matcher->is_terminated());
   if (is_stop) {
     finish(a, FinishReason::kStop, "", token);
     return false;
@@ -761,6 +776,10 @@ bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepR
     e.logprobs.push_back(std::move(lp));
   }
   a.channel->push(std::move(e));
+  if (grammar && a.matcher->is_complete()) {  // nothing can follow: the output is whole
+    finish(a, FinishReason::kStop, "");
+    return false;
+  }
   if (a.n_generated >= a.req.max_tokens) {
     finish(a, FinishReason::kLength, "");
     return false;
@@ -801,6 +820,8 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   e.usage.speculative = a.spec_on;
   e.usage.draft_tokens = a.spec_drafted;
   e.usage.accepted_tokens = a.spec_accepted;
+  e.usage.fill_tokens = a.fill_tokens;
+  e.usage.fill_spans = a.fill_spans;
   a.channel->push(std::move(e));
   ++core_->stats.finished[int(reason)];
   core_->stats.prompt_tokens += a.seq.n_prompt;

@@ -171,8 +171,10 @@ class Engine {
   // in_run: a token of a verify's accepted run, already accept()ed by the sampler, whose
   // checkpoint (if one is due) the caller writes after the run. False once `a` has finished
   // (and is gone).
+  // grammar_current: a's matcher stands right after `token` (false for all but the last token
+  // of a verify's run, which the matcher has passed already).
   bool emit_token(Active& a, int32_t token, const float* logits, const struct StepRows* rows = nullptr, size_t row = 0,
-                  bool in_run = false);
+                  bool in_run = false, bool grammar_current = true);
   // The speculative method (engine_speculative.cpp): refuses options and executors it cannot
   // run, builds the proposer, drafts for the step's speculating decodes before planning, and
   // commits a verify span.
@@ -181,6 +183,14 @@ class Engine {
   void propose_drafts();
   void commit_verify(Active& a, const struct ScheduledSpan& span, const struct StepRows& rows, size_t first_row);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
+  // Constrained decoding (engine_grammar.cpp): submit's checks of a request's grammar, the
+  // matcher made at admission, the replay of a checkpoint's generated ids (false: they do not
+  // fit the grammar; the matcher is back at its start), and the draw of a row under the mask
+  // (the matcher advanced by the token; -1: the mask allows no id of the row).
+  Status check_grammar(const GenerationRequest& r) const;
+  void admit_grammar(Active& a);
+  bool replay_grammar(Active& a, const std::vector<int32_t>& generated);
+  int32_t sample_token(Active& a, const float* logits, int32_t vocab);
   // Overlapped steps (engine_async.cpp).
   void setup_overlap();
   void admit_overlap(Active& a);

@@ -55,7 +55,7 @@ void Engine::admit_overlap(Active& a) {
   const bool on_device = argmax_only(a.req, a.sampler, core_->runner.vocab()) || core_->runner.device_sampling();
   const bool logprobs_on_device = a.req.logprobs < 0 || (core_->runner.device_sampling() && core_->runner.device_logprobs());
   a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && !a.req.prompt_logprobs &&
-                  a.ckpt_key.empty();
+                  a.ckpt_key.empty() && a.req.grammar == nullptr;  // a grammar's mask needs the last token on the host
   if (!a.device_only) ++core_->n_host_bound;
 }
 

@@ -54,6 +54,12 @@ struct Engine::Active {
   int32_t spec_drafted = 0;
   int32_t spec_accepted = 0;
   std::vector<float> spec_state;  // recurrent state before the verify in flight (hybrid families)
+  // Constrained decoding (engine_grammar.cpp): the sequence's place in its grammar, advanced
+  // by every committed token, and the scratch bitmask of the next token. Null: unconstrained.
+  std::unique_ptr<grammar::Matcher> matcher;
+  std::vector<uint32_t> mask;  // [vocab.mask_words()]
+  int32_t fill_tokens = 0;     // token fill: forced tokens appended without sampling
+  int32_t fill_spans = 0;
 };
 
 struct Engine::Core {
@@ -128,7 +134,7 @@ struct Engine::Core {
 // the row, no logprobs): an executor may then hand back that token without the logits.
 inline bool argmax_only(const GenerationRequest& r, const Sampler& sampler, int32_t vocab) {
   const SamplingParams& p = sampler.params();
-  return r.logprobs < 0 && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+  return r.logprobs < 0 && r.grammar == nullptr && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.vocab_limit <= 0 || p.vocab_limit >= vocab);
 }
 

@@ -148,13 +148,29 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   std::vector<int32_t>& out = c.verify_tokens;
   out.clear();
   int32_t accepted = 0;
+  // A constrained row draws each position under the mask of its matcher advanced through the
+  // tokens drawn before it (engine_grammar.cpp): the run ends where the grammar completes, and
+  // the matcher has then advanced by exactly the tokens committed below.
   for (int32_t r = 0; r <= k; ++r) {
-    const int32_t t = a.sampler.sample(row_logits(r), vocab);
+    const int32_t t = sample_token(a, row_logits(r), vocab);
+    if (t < 0) {
+      if (out.empty()) {
+        seq.tokens.resize(draft0);
+        seq.n_draft = 0;
+        c.sched.commit_verified(span, 1, c.runner.state_floats() > 0);
+        finish(a, FinishReason::kError, "the grammar allows no token here (within the sampled vocabulary)");
+        return;
+      }
+      break;  // the tokens before it are committed; the next step meets the same mask and fails there
+    }
     a.sampler.accept(t);
     out.push_back(t);
     const bool match = r < k && t == seq.tokens[draft0 + size_t(r)];
     if (match) ++accepted;
-    if (!match || is_stop(t) || a.n_generated + int32_t(out.size()) >= a.req.max_tokens) break;
+    if (!match || is_stop(t) || a.n_generated + int32_t(out.size()) >= a.req.max_tokens ||
+        (a.matcher && a.matcher->is_complete())) {
+      break;
+    }
   }
   const int32_t m = int32_t(out.size()) - 1;  // out[0, m) are the accepted drafts 0..m-1
   seq.tokens.resize(draft0 + size_t(m));
@@ -175,7 +191,9 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   ++c.stats.spec_accepted_hist[std::min(accepted, EngineStats::kMaxSpecHistogram)];
   const int32_t before = a.n_generated;
   for (int32_t j = 0; j <= m; ++j) {
-    if (!emit_token(a, out[size_t(j)], row_logits(j), nullptr, 0, /*in_run=*/true)) return;  // finished: `a` is gone
+    if (!emit_token(a, out[size_t(j)], row_logits(j), nullptr, 0, /*in_run=*/true, /*grammar_current=*/j == m)) {
+      return;  // finished: `a` is gone
+    }
   }
   if (!a.ckpt_key.empty() && a.n_generated / options_.checkpoint_every > before / options_.checkpoint_every) {
     write_checkpoint(a);

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kv/host/kv_tiers.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/state_cache.h"
+#include "sampling/grammar/matcher.h"
 #include "sampling/logprobs.h"
 #include "sampling/sampling_params.h"
 
@@ -27,6 +29,13 @@ struct GenerationRequest {
   std::string session_id;        // non-empty: the conversation's blocks stay pinned for the TTL
   int32_t vocab_limit = 0;       // ids >= it are never sampled; 0: the model's vocabulary
   bool speculative = true;       // false: decode one token per step even when the engine speculates
+  // Constrained decoding: the compiled grammar's token masks (grammar/grammar.h, shared through
+  // the server's GrammarCache; null: unconstrained) and a key naming the grammar (kind, options,
+  // text), part of the checkpoint key. Every generated token is one the grammar allows; stop ids
+  // only where it can end; the request finishes (stop) once the grammar is complete. Its
+  // vocabulary must be the model's tokenizer's, with the engine's EOS ids among its stop ids.
+  std::shared_ptr<const grammar::TokenMaskCache> grammar;
+  std::string grammar_key;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -42,6 +51,10 @@ struct Usage {
   bool speculative = false;
   int32_t draft_tokens = 0;
   int32_t accepted_tokens = 0;
+  // Token fill (constrained requests): tokens the grammar forced that were appended without
+  // sampling, and the spans they came in.
+  int32_t fill_tokens = 0;
+  int32_t fill_spans = 0;
 };
 
 // One event of a request's stream: tokens as they are sampled, then exactly one final event.
@@ -67,6 +80,7 @@ struct LatencyHistogram {
   int64_t count = 0;
 
   static LatencyHistogram with_default_bounds();
+  static LatencyHistogram with_mask_bounds();  // 2 us to 50 ms
   void add(double ms);
 };
 
@@ -98,6 +112,9 @@ struct EngineStats {
   int64_t finished[kNumFinishReasons] = {};  // by FinishReason
   LatencyHistogram ttft = LatencyHistogram::with_default_bounds();         // submit -> first token
   LatencyHistogram inter_token = LatencyHistogram::with_default_bounds();  // between tokens
+  // Constrained decoding: the host time of each sampled token's grammar mask (fill and check).
+  LatencyHistogram grammar_mask = LatencyHistogram::with_mask_bounds();
+  int64_t grammar_requests = 0;  // admitted with a grammar
 };
 
 }  // namespace strata

@@ -21,6 +21,13 @@ LatencyHistogram LatencyHistogram::with_default_bounds() {
   return h;
 }
 
+LatencyHistogram LatencyHistogram::with_mask_bounds() {
+  LatencyHistogram h;
+  h.bounds_ms = {0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 50};
+  h.counts.assign(h.bounds_ms.size() + 1, 0);
+  return h;
+}
+
 void LatencyHistogram::add(double ms) {
   const size_t i = size_t(std::lower_bound(bounds_ms.begin(), bounds_ms.end(), ms) - bounds_ms.begin());
   ++counts[i];

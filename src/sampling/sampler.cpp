@@ -122,13 +122,20 @@ void Sampler::accept(int32_t token) {
   }
 }
 
-int32_t Sampler::prepare(const float* logits, int32_t n) {
+int32_t Sampler::prepare(const float* logits, int32_t n, const TokenMask* mask) {
   if (work_.size() < static_cast<size_t>(n)) work_.resize(n);
   float* w = work_.data();
   for (int32_t i = 0; i < n; ++i) w[i] = nan_to_neg_inf(logits[i]);
   apply_logit_bias(w, n, params_.logit_bias);
   apply_repetition_penalty(w, n, seen_, params_.repetition_penalty);
   apply_presence_frequency_penalty(w, n, counts_, params_.presence_penalty, params_.frequency_penalty);
+  if (mask != nullptr) {
+    const int32_t covered = std::min(n, std::max(mask->n_ids, 0));
+    for (int32_t i = 0; i < covered; ++i) {
+      if (!((mask->words[i >> 5] >> (i & 31)) & 1u)) w[i] = kNegInf;
+    }
+    for (int32_t i = covered; i < n; ++i) w[i] = kNegInf;
+  }
   const float m = max_value(w, n);
   STRATA_CHECK(m > kNegInf, "every logit of the row is -inf or NaN");
   int32_t best = 0;
@@ -367,20 +374,20 @@ int32_t Sampler::draw(int32_t n) {
   return last_positive;
 }
 
-int32_t Sampler::sample(const float* logits, int32_t vocab) {
+int32_t Sampler::sample(const float* logits, int32_t vocab, const TokenMask* mask) {
   STRATA_CHECK(vocab > 0, "vocab " + std::to_string(vocab));
   const int32_t n = effective_vocab(vocab);
-  const int32_t argmax = prepare(logits, n);
+  const int32_t argmax = prepare(logits, n, mask);
   if (params_.greedy()) return argmax;
   select(n, argmax);
   return draw(n);
 }
 
-void Sampler::distribution(const float* logits, int32_t vocab, float* probs) {
+void Sampler::distribution(const float* logits, int32_t vocab, float* probs, const TokenMask* mask) {
   STRATA_CHECK(vocab > 0, "vocab " + std::to_string(vocab));
   const int32_t n = effective_vocab(vocab);
   std::fill(probs, probs + vocab, 0.0f);
-  const int32_t argmax = prepare(logits, n);
+  const int32_t argmax = prepare(logits, n, mask);
   if (params_.greedy()) {
     probs[argmax] = 1.0f;
     return;

@@ -32,6 +32,14 @@
 
 namespace strata {
 
+// A constrained-decoding token mask (grammar/matcher.h): bit id of words is set iff id may be
+// sampled; ids >= n_ids are never sampled. Applied after the logit processors (bias,
+// penalties) and before temperature, top-k, top-p and min-p.
+struct TokenMask {
+  const uint32_t* words = nullptr;  // [(n_ids + 31) / 32]
+  int32_t n_ids = 0;
+};
+
 class Sampler {
  public:
   // Validates params against the model's logits width (validate_sampling_params). prompt: the
@@ -42,8 +50,9 @@ class Sampler {
   // Draws the next token from logits[0, vocab) (f32, the model's row for this sequence). Never
   // returns an id >= params.vocab_limit. Greedy requests use no randomness; any other call
   // consumes exactly one 64-bit draw, whatever the filters keep. Does not record the token:
-  // the engine calls accept() for what it emits.
-  int32_t sample(const float* logits, int32_t vocab);
+  // the engine calls accept() for what it emits. mask: null, or the ids allowed (at least one
+  // of them below effective_vocab(vocab)).
+  int32_t sample(const float* logits, int32_t vocab, const TokenMask* mask = nullptr);
 
   // Records an emitted token in the penalty history (also tokens fed back when resuming).
   void accept(int32_t token);
@@ -51,7 +60,7 @@ class Sampler {
   // The distribution sample() draws from for these logits, written to probs[0, vocab) (zeros
   // for removed and padded ids; one-hot for greedy). Consumes no randomness. For exact
   // speculative acceptance and for tests.
-  void distribution(const float* logits, int32_t vocab, float* probs);
+  void distribution(const float* logits, int32_t vocab, float* probs, const TokenMask* mask = nullptr);
 
   // Consumes and returns the 64-bit draw the next non-greedy sample() would use, for a sampler
   // that runs elsewhere (backend/cuda/sampling.h documents how a draw maps to a token); the
@@ -80,9 +89,9 @@ class Sampler {
  private:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
-  // Copies logits into work_ with NaN -> -inf, applies bias and penalties; returns the argmax
-  // (lowest id on ties) of the result over [0, n).
-  int32_t prepare(const float* logits, int32_t n);
+  // Copies logits into work_ with NaN -> -inf, applies bias, penalties and the mask; returns
+  // the argmax (lowest id on ties) of the result over [0, n).
+  int32_t prepare(const float* logits, int32_t n, const TokenMask* mask);
   // For a non-greedy request after prepare(): builds the kept set, either in row mode (work_
   // holds every weight; the kept tokens are the heavier()-order prefix up to the cut token
   // (cut_bits_, cut_id_), the whole row when cut_bits_ is -1) or as cand_[0, n_kept_) sorted by

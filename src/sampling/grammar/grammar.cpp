@@ -73,6 +73,8 @@ std::string GrammarCache::key_of(const GrammarSpec& spec) {
   if (spec.kind == GrammarKind::kJsonSchema || spec.kind == GrammarKind::kJsonObject) {
     k += spec.json.strict ? "|strict" : "|lax";
     k += spec.json.whitespace == JsonWhitespace::kCompact ? "|compact" : "|flexible";
+    k += "|prefix=" + std::to_string(spec.json.prefix.size()) + ":" + spec.json.prefix;
+    k += "|suffix=" + std::to_string(spec.json.suffix.size()) + ":" + spec.json.suffix;
   }
   k += '|';
   k += spec.text;

@@ -64,6 +64,8 @@ class GrammarCache {
   size_t size() const;
   uint64_t hits() const;
   uint64_t misses() const;
+  // The cache key of a spec: kind, options and text (names the grammar in checkpoint keys).
+  static std::string key_of(const GrammarSpec& spec);
 
  private:
   struct Entry {
@@ -71,7 +73,6 @@ class GrammarCache {
     Result<std::shared_ptr<const Grammar>> grammar = Error{};
     std::vector<std::pair<const Vocabulary*, std::shared_ptr<const TokenMaskCache>>> masks;
   };
-  static std::string key_of(const GrammarSpec& spec);
   std::list<Entry>::iterator find_or_compile(const GrammarSpec& spec, std::unique_lock<std::mutex>& lock);
 
   size_t capacity_;

@@ -42,12 +42,21 @@ const std::set<std::string>& supported_keywords() {
   return k;
 }
 
+// A full-date of RFC 3339 that exists: years 0001-9999, each month's own day count, February
+// 29 only in leap years (divisible by 4, centuries only by 400).
+std::string full_date() {
+  const std::string year = R"((\d{3}[1-9]|\d{2}[1-9]\d|\d[1-9]\d{2}|[1-9]\d{3}))";
+  const std::string leap = R"((\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00))";
+  return "(" + year + R"(-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|)" + year + R"(-(0[469]|11)-(0[1-9]|[12]\d|30)|)" + year +
+         R"(-02-(0[1-9]|1\d|2[0-8])|)" + leap + "-02-29)";
+}
+
 const std::map<std::string, std::string>& string_formats() {
   static const std::map<std::string, std::string> f = {
-      {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
+      {"date", full_date()},
       {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))"},
       {"date-time",
-       R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+       full_date() + R"([Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))"},
       {"email",
        R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+)"},
       {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
@@ -896,7 +905,10 @@ Result<std::shared_ptr<const Grammar>> compile_json_schema(std::string_view sche
   try {
     SchemaCompiler c(b, root, options);
     const RuleId r = b.add_rule("root");
-    const ExprId body = c.compile(root, "", 0);
+    ExprId body = c.compile(root, "", 0);
+    if (!options.prefix.empty() || !options.suffix.empty()) {
+      body = b.seq({b.literal(options.prefix), body, b.literal(options.suffix)});
+    }
     b.set_rule(r, body);
     auto g = b.build(r);
     if (!g.ok() && g.error().message.find("matches no string") != std::string::npos)

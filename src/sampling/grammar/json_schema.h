@@ -24,6 +24,9 @@ struct JsonSchemaOptions {
   // the declared ones, keyed by any name not declared) unless additionalProperties is false.
   bool strict = false;
   JsonWhitespace whitespace = JsonWhitespace::kCompact;
+  // Literal bytes before and after the JSON value (a tool-call format's markers, e.g.
+  // "<tool_call>\n" and "\n</tool_call>"); empty: none.
+  std::string prefix, suffix;
 };
 
 Result<std::shared_ptr<const Grammar>> compile_json_schema(std::string_view schema_text,

@@ -71,6 +71,8 @@ class Matcher {
 
   bool can_terminate() const { return state_.accepting && !terminated_; }
   bool is_terminated() const { return terminated_; }
+  // Nothing but the end can follow: terminated, or at an accepting state that reads no byte.
+  bool is_complete() const { return terminated_ || (state_.accepting && state_.tops.empty()); }
   // True if `bytes` could be accepted now (no state change).
   bool can_accept_bytes(std::string_view bytes);
 
