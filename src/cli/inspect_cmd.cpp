@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "model/quant.h"
 #include "model/registry.h"
 
 namespace strata::cli {
@@ -62,12 +63,17 @@ int run_inspect(const std::string& dir, const EngineOptions& eo) {
                 r.partial_rotary_factor);
   }
   std::printf("tied_embeddings: %s\n", c.tie_embeddings ? "yes" : "no");
-  std::printf("parameters:      %lld", static_cast<long long>(params));
+  const WeightBytesPerToken wb = weight_bytes_per_token(c, **archive);
+  std::printf("parameters:      %lld", static_cast<long long>(wb.parameters));
   if (all_params != params) std::printf(" (checkpoint total %lld)", static_cast<long long>(all_params));
+  if (wb.parameters != params) std::printf(" (%lld stored elements)", static_cast<long long>(params));
   std::printf("\n");
   std::printf("dtypes:         ");
   for (const auto& [d, n] : by_dtype) std::printf(" %s %lld", d.c_str(), static_cast<long long>(n));
   std::printf("\n");
+  std::printf("quantization:    %s\n", c.quant ? c.quant->describe().c_str() : "none");
+  std::printf("weight_bytes/token: %lld as stored, %lld as loaded on the CPU%s\n", static_cast<long long>(wb.stored),
+              static_cast<long long>(wb.loaded), c.quant && c.quant->quantized() ? " (dequantized to f32)" : "");
   std::printf("kv_bytes/token:  %lld (f32 cache)\n", static_cast<long long>(KvStorage::bytes_per_token(layout)));
   auto plan = describe_kv_plan(**model, eo);
   if (!plan.ok()) {

@@ -1,5 +1,6 @@
 #include "model/quant.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -318,6 +319,76 @@ Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a
       return true;
   }
   return false;
+}
+
+namespace {
+
+// The logical element count of the quantized matrix whose stored tensor is `t` (0: t is a
+// scale, zero, bias or index tensor, or a float tensor).
+int64_t quantized_elements(const QuantConfig& q, const TensorInfo& t) {
+  const std::string& n = t.name;
+  auto ends = [&](const std::string& suffix) {
+    return n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  switch (q.format) {
+    case QuantFormat::kNone: return 0;
+    case QuantFormat::kFp8Block:
+    case QuantFormat::kFp8Compressed: return t.dtype == DType::kF8E4M3 ? t.numel() : 0;
+    case QuantFormat::kMlxAffine: {
+      if (t.dtype != DType::kU32 || !ends(".weight")) return 0;
+      const int32_t bits = q.group_of(module_of(n)).bits;
+      return bits > 0 ? t.numel() * (32 / bits) : 0;
+    }
+    case QuantFormat::kAwq: return ends(".qweight") ? t.numel() * 8 : 0;
+    case QuantFormat::kGptq: return ends(".qweight") ? t.numel() * (32 / q.bits) : 0;
+  }
+  return 0;
+}
+
+// Scale, zero, bias and index tensors beside a quantized matrix (a module's own .bias is not one).
+bool is_companion(const std::string& name) {
+  const std::string last = name.substr(name.rfind('.') + 1);
+  for (const char* s : {"weight_scale_inv", "weight_scale", "input_scale", "scales", "biases", "qzeros", "g_idx"}) {
+    if (last == s) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const SafetensorsArchive& a) {
+  static const QuantConfig kNoQuant;
+  const QuantConfig& q = cfg.quant ? *cfg.quant : kNoQuant;
+  const std::string embed = cfg.weight_prefix + "embed_tokens.";
+  WeightBytesPerToken total, table;
+  for (const auto& [name, t] : a.tensors()) {
+    const bool text = name.rfind(cfg.weight_prefix, 0) == 0 || name == cfg.lm_head_name;
+    if (!text) continue;
+    const int64_t stored = int64_t(t.n_bytes);
+    const int64_t deq = quantized_elements(q, t);
+    // A quantized matrix is held as f32; its scales, zeros and indices are dropped after load.
+    int64_t loaded = stored, params = t.numel();
+    if (deq > 0) {
+      loaded = deq * int64_t(sizeof(float));
+      params = deq;
+    } else if (is_companion(name) && weight_is_quantized(q, a, name.substr(0, name.rfind('.')) + ".weight")) {
+      loaded = params = 0;
+    }
+    total.parameters += params;
+    total.stored += stored;
+    total.loaded += loaded;
+    if (name.rfind(embed, 0) == 0) {
+      table.stored += stored;
+      table.loaded += loaded;
+    }
+  }
+  const int64_t vocab = std::max<int64_t>(cfg.vocab_size, 1);
+  WeightBytesPerToken r;
+  // The lookup reads one row of the table; a tied head reads all of it (already in total).
+  r.stored = total.stored - (cfg.tie_embeddings ? 0 : table.stored) + table.stored / vocab;
+  r.loaded = total.loaded - (cfg.tie_embeddings ? 0 : table.loaded) + table.loaded / vocab;
+  r.parameters = total.parameters;
+  return r;
 }
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/model_config.h"
 #include "model/quant_config.h"
 #include "model/safetensors.h"
 
@@ -24,6 +25,16 @@ Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a
 
 // Whether `weight_name` is stored in a quantized form (no dequantization).
 bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name);
+
+// Weight bytes one decoded token reads: every text-model tensor once (the LM head included),
+// the embedding table as one row unless it is tied to the head. `stored`: as the checkpoint
+// holds them (codes and scales); `loaded`: as the CPU holds them (quantized matrices as f32).
+struct WeightBytesPerToken {
+  int64_t stored = 0;  // bytes
+  int64_t loaded = 0;  // bytes
+  int64_t parameters = 0;  // text-model weights, a quantized matrix counted as rows x cols (no scales)
+};
+WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const SafetensorsArchive& archive);
 
 namespace quant {
 

@@ -29,8 +29,8 @@ std::string QuantConfig::describe() const {
   switch (format) {
     case QuantFormat::kNone: return s;
     case QuantFormat::kFp8Block:
-      return s + " e4m3, block " + std::to_string(block_rows) + "x" + std::to_string(block_cols);
-    case QuantFormat::kFp8Compressed: return s + " e4m3, per " + fp8_strategy;
+      return s + " e4m3 8-bit, block " + std::to_string(block_rows) + "x" + std::to_string(block_cols);
+    case QuantFormat::kFp8Compressed: return s + " e4m3 8-bit, scale per " + fp8_strategy;
     case QuantFormat::kMlxAffine:
     case QuantFormat::kAwq:
       break;

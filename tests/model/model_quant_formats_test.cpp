@@ -17,6 +17,7 @@
 
 #include "core/thread_pool.h"
 #include "golden_cases.h"
+#include "model/quant.h"
 #include "model/registry.h"
 #include "model/single_sequence.h"
 
@@ -105,6 +106,14 @@ TEST_P(QuantFormatTest, LogitsEqualDequantizedModel) {
   ASSERT_TRUE(f.ok()) << f.error().to_string();
   ASSERT_EQ((*q)->config().quant->format, c.format);
   ASSERT_FALSE((*f)->config().quant->quantized());
+  // The CPU holds what the f32 twin stores; the quantized checkpoint stores less.
+  auto qa = SafetensorsArchive::open_dir(qdir);
+  auto fa = SafetensorsArchive::open_dir(fdir);
+  ASSERT_TRUE(qa.ok() && fa.ok());
+  const WeightBytesPerToken bq = weight_bytes_per_token((*q)->config(), **qa), bf = weight_bytes_per_token((*f)->config(), **fa);
+  EXPECT_EQ(bq.loaded, bf.stored) << c.name;
+  EXPECT_EQ(bq.parameters, bf.parameters) << c.name;
+  EXPECT_LT(bq.stored, bf.stored) << c.name;
   const int32_t vocab = (*q)->config().vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {{1, 17, 42, 99, 250, 7, 3}, {5}, {2, 60, 61, 62, 63, 64, 65, 66, 67, 300, 11}};
   for (size_t p = 0; p < prompts.size(); ++p) {
