@@ -91,6 +91,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   co.deterministic = d.deterministic;
   co.kv_codecs = eo->kv_codecs;
   co.kv_tiers = eo->kv_host_bytes > 0 || !eo->kv_disk_dir.empty();
+  co.num_draft_tokens = eo->speculative.method != "off" ? eo->speculative.num_draft_tokens : 0;
   auto parts = cuda::make_cuda_engine_parts(dir, co);
   if (!parts.ok()) return parts.error();
   eo->kv_codecs = parts->kv_codecs;

@@ -198,6 +198,8 @@ int run_serve(ServeArgs a) {
   device_eo.kv_codecs = *kv_codecs;
   device_eo.kv_host_bytes = a.kv_host_bytes;  // tiers keep --kv-quant-start auto at 0
   device_eo.kv_disk_dir = a.kv_disk_dir;
+  device_eo.speculative.method = a.spec.method;  // verifies size the device's logit rows
+  device_eo.speculative.num_draft_tokens = a.spec.num_draft_tokens;
   auto model = load_engine_model(a.dev, a.model_dir, pool, &device_eo);
   if (!model.ok()) return fail(model.error());
   const ModelConfig cfg = model->model->config();

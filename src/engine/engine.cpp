@@ -275,8 +275,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   queue_.publish_stats(core_->stats);
   setup_kv_tiers(kv_plan->pools.n_window_blocks > 0 || kv_plan->shape.has_state);
   setup_checkpoints();
-  setup_overlap();
   setup_speculation();
+  setup_overlap();
 }
 
 void Engine::setup_checkpoints() {
@@ -638,7 +638,12 @@ void Engine::step() {
     samples.clear();
     for (const auto& span : plan.spans) {
       if (span.logits_all) {
-        want.insert(want.end(), size_t(span.n_tokens), uint8_t(1));
+        // A verify of a request whose every token is the plain argmax reads the executor's
+        // greedy tokens (a GPU: no [k + 1, vocab] transfer).
+        const bool argmax_verify = span.n_draft > 0 && core_->runner.device_argmax() &&
+                                   argmax_only(core_->active.at(span.seq->id)->req, core_->active.at(span.seq->id)->sampler,
+                                               core_->runner.vocab());
+        want.insert(want.end(), size_t(span.n_tokens), uint8_t(argmax_verify ? 0 : 1));
         if (device_sampling) samples.resize(want.size());
       } else if (span.sample) {
         Active& a = *core_->active.at(span.seq->id);

@@ -44,8 +44,10 @@ void Engine::setup_overlap() {
   // under real tokens. Window pools: commit gives back the blocks behind the next query's
   // window while the step that last reads them may still be in flight; whoever takes them
   // next writes in a later step, which the device runs after it.
+  // Speculation proposes from every sequence's committed tokens and verifies on the host's
+  // logits: its steps run one at a time.
   c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.tiers &&
-              !c.snapshots && !c.checkpoints;
+              !c.snapshots && !c.checkpoints && !c.proposer;
 }
 
 void Engine::admit_overlap(Active& a) {

@@ -100,9 +100,15 @@ void Engine::propose_drafts() {
     probe.push_back(a.spec.idle_steps >= kProbeAfter && c.stats.steps % kProbeAfter == 0 ? 1 : 0);
   }
   if (rows.empty()) return;
-  const std::vector<int32_t> k = options_.speculative.adaptive
-                                     ? choose_draft_lengths(rates, max_k, probe, c.step_cost, c.proposer->seconds_per_token())
-                                     : max_k;
+  std::vector<int32_t> k = options_.speculative.adaptive
+                               ? choose_draft_lengths(rates, max_k, probe, c.step_cost, c.proposer->seconds_per_token())
+                               : max_k;
+  // A verify asks for k + 1 logit rows and every other sequence of the step for one at most:
+  // drafts past the executor's rows go, from the longest draft down.
+  const int64_t spare = std::max<int64_t>(c.runner.max_logit_rows() - int64_t(options_.max_num_seqs), 0);
+  int64_t total = 0;
+  for (int32_t x : k) total += x;
+  for (; total > spare; --total) --*std::max_element(k.begin(), k.end());
   c.draft_rows.clear();
   std::vector<Active*> drafting;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -133,7 +139,11 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   const int32_t vocab = c.runner.vocab();
   const int32_t k = span.n_draft;
   const size_t draft0 = size_t(span.pos0) + 1;  // seq.tokens[draft0 + j]: draft j
-  auto row_logits = [&](int32_t r) {
+  // No host logits: the request's tokens are the argmax (argmax_only), the executor's greedy
+  // tokens (device_argmax).
+  const bool argmax = rows.host_row.at(first_row) < 0;
+  auto row_logits = [&](int32_t r) -> const float* {
+    if (argmax) return nullptr;
     const int32_t h = rows.host_row.at(first_row + size_t(r));
     STRATA_CHECK(h >= 0 && rows.logits != nullptr, "a verify row has host logits");
     return rows.logits + size_t(h) * size_t(vocab);
@@ -152,7 +162,7 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   // tokens drawn before it (engine_grammar.cpp): the run ends where the grammar completes, and
   // the matcher has then advanced by exactly the tokens committed below.
   for (int32_t r = 0; r <= k; ++r) {
-    const int32_t t = sample_token(a, row_logits(r), vocab);
+    const int32_t t = argmax ? rows.argmax.at(first_row + size_t(r)) : sample_token(a, row_logits(r), vocab);
     if (t < 0) {
       if (out.empty()) {
         seq.tokens.resize(draft0);

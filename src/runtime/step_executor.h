@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -97,10 +98,15 @@ class StepExecutor {
   // True when rows left out of want_logits come back as greedy tokens (no logits transfer).
   virtual bool device_argmax() const = 0;
   // True when a span may carry drafted tokens (ScheduledSpan::n_draft > 0) and comes back with
-  // host logits for every position, each computing the bits a one-token decode at that
-  // position computes (the speculative method's verify). The engine refuses speculation on an
-  // executor without it.
+  // host logits for every position (the speculative method's verify). A batch-invariant
+  // executor (the host runner; a GPU under --deterministic) computes at each position the bits
+  // a one-token decode there computes, so speculation changes no output; a GPU in its default
+  // mode rounds a verify as a step of its shape, as every one of its steps already depends on
+  // the batch around it. The engine refuses speculation on an executor without it.
   virtual bool verifies_drafts() const { return false; }
+  // Logit rows one step may ask for at most (a verify asks for k + 1); the engine drafts
+  // within it.
+  virtual int64_t max_logit_rows() const { return std::numeric_limits<int64_t>::max(); }
   // True when run() samples the rows handed to it as RowSamples (no logits transfer for them).
   virtual bool device_sampling() const { return false; }
   // True when RowSamples may ask for logprobs (RowSample::top_logprobs): the executor computes

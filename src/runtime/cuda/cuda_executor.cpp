@@ -568,6 +568,9 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
+  if (o.num_draft_tokens > 0) {
+    mo.max_logit_rows = std::max<int32_t>(mo.max_logit_rows, std::min<int64_t>(o.max_batch_tokens, int64_t(o.max_num_seqs) * (o.num_draft_tokens + 1)));
+  }
   auto quant_start = cuda_kv_quant_start(*cfg, o.kv_codecs, o.block_size, o.kv_tiers);
   if (!quant_start.ok()) return quant_start.error();
   if (*quant_start > 0) {

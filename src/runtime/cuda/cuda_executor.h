@@ -56,6 +56,9 @@ class CudaExecutor final : public StepExecutor {
   int32_t n_kv_quant_blocks() const override { return decoder_->n_kv_quant_blocks(); }
   void convert_kv_blocks(std::span<const int32_t> src, std::span<const int32_t> dst) override;
   bool device_argmax() const override { return true; }
+  // A verify is a span of k + 1 tokens with logits at each (a prefill chunk of the decoder).
+  bool verifies_drafts() const override { return true; }
+  int64_t max_logit_rows() const override { return decoder_->options().max_logit_rows; }
   // Sampled rows run through the device sampler (sampling.h) when its scratch could be taken
   // at creation (rows with logprobs only when device_logprobs()).
   bool device_sampling() const override { return sampling_ != nullptr && sampling_on_; }
@@ -176,6 +179,10 @@ struct CudaEngineOptions : KvLimits {
   // layer): kv_window_blocks > 0 takes exactly that many window blocks, 0 what the KV plan
   // gives (kv/kv_plan.h, the engine's rule). false: every layer keeps full KV.
   bool window_paging = true;
+  // --speculative (not off): its --num-draft-tokens. A verify asks for k + 1 logit rows a
+  // sequence, so the step's logit rows are sized for every sequence verifying at once (up to
+  // the step's token budget).
+  int32_t num_draft_tokens = 0;
 };
 
 struct CudaEngineParts {
