@@ -271,11 +271,11 @@ float in_dtype(float v, DType dt) {
 
 // Expert e's gate, up and down matrices as views into the fused tensors
 // gate_up [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and down [E, H, I].
-Status load_fused_experts(const WeightLoader& w, const std::string& p, int64_t E, int64_t H, int64_t I,
-                          std::vector<GatedMlpWeights>* experts) {
-  auto gu = w.tensor(p + "experts.gate_up_proj", {E, 2 * I, H});
+Status load_fused_experts(const WeightLoader& w, const std::string& gate_up, const std::string& down, int64_t E, int64_t H,
+                          int64_t I, std::vector<GatedMlpWeights>* experts) {
+  auto gu = w.tensor(gate_up, {E, 2 * I, H});
   if (!gu.ok()) return gu.error();
-  auto dn = w.tensor(p + "experts.down_proj", {E, H, I});
+  auto dn = w.tensor(down, {E, H, I});
   if (!dn.ok()) return dn.error();
   const auto* gu_bytes = static_cast<const uint8_t*>((*gu)->data);
   const auto* dn_bytes = static_cast<const uint8_t*>((*dn)->data);
@@ -293,63 +293,66 @@ Status load_fused_experts(const WeightLoader& w, const std::string& p, int64_t E
   return Status();
 }
 
-Status load_layer(const ModelConfig& cfg, const Gemma4TextConfig& g4, const WeightLoader& w, int l, Gemma4Layer* L) {
+Status load_layer(const ModelConfig& cfg, const Gemma4TextConfig& g4, const WeightManifest& M, const WeightLoader& w, int l,
+                  Gemma4Layer* L) {
   const int64_t H = cfg.hidden;
   const Gemma4LayerGeometry& g = L->geo;
-  const int64_t hd = g.head_dim, nh = g.n_heads, nkv = g.n_kv_heads;
-  const std::string p = "layers." + std::to_string(l) + ".";
-  const std::string a = p + "self_attn.";
-  STRATA_RETURN_IF_ERROR(take(w.vector(p + "input_layernorm.weight", H), &L->input_norm));
-  STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_attention_layernorm.weight", H), &L->post_attn_norm));
-  STRATA_RETURN_IF_ERROR(take(w.vector(p + "pre_feedforward_layernorm.weight", H), &L->pre_ffn_norm));
-  STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_feedforward_layernorm.weight", H), &L->post_ffn_norm));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(a + "q_proj.weight", nh * hd, H), &L->attn.q));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(a + "o_proj.weight", H, nh * hd), &L->attn.o));
-  STRATA_RETURN_IF_ERROR(take(w.vector(a + "q_norm.weight", hd), &L->attn.q_norm));
+  // Layer l's entry with `role` (gemma4_manifest lists every one this loader reads).
+  auto at = [&](WeightRole role) -> const WeightEntry& {
+    const WeightEntry* e = M.find(role, l);
+    STRATA_CHECK(e != nullptr, "the Gemma 4 manifest lists every tensor its loader reads");
+    return *e;
+  };
+  auto vec = [&](WeightRole role, std::vector<float>* out) { return take(w.vector(at(role).name, at(role).shape[0]), out); };
+  auto mat = [&](WeightRole role, WeightMatrix* out) {
+    const WeightEntry& e = at(role);
+    return take(w.matrix(e.name, e.shape[0], e.shape[1]), out);
+  };
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kInputNorm, &L->input_norm));
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kPostAttnNorm, &L->post_attn_norm));
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kPreFfnNorm, &L->pre_ffn_norm));
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kPostFfnNorm, &L->post_ffn_norm));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kQ, &L->attn.q));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kO, &L->attn.o));
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kQNorm, &L->attn.q_norm));
   if (g.kv_source < 0) {
-    // KV-shared layers' checkpoints may still carry k/v tensors; they are not read.
-    STRATA_RETURN_IF_ERROR(take(w.matrix(a + "k_proj.weight", nkv * hd, H), &L->attn.k));
-    if (!g.k_eq_v) STRATA_RETURN_IF_ERROR(take(w.matrix(a + "v_proj.weight", nkv * hd, H), &L->attn.v));
-    STRATA_RETURN_IF_ERROR(take(w.vector(a + "k_norm.weight", hd), &L->attn.k_norm));
+    STRATA_RETURN_IF_ERROR(mat(WeightRole::kK, &L->attn.k));
+    if (!g.k_eq_v) STRATA_RETURN_IF_ERROR(mat(WeightRole::kV, &L->attn.v));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kKNorm, &L->attn.k_norm));
   }
   if (cfg.attention_bias) {
     return make_error(ErrorCode::kUnsupported, "gemma4_text: attention_bias true is not supported");
   }
 
-  // The MLP width comes from the checkpoint when use_double_wide_mlp doubles it on the
-  // KV-shared layers.
-  const bool wide = g4.double_wide_mlp && g.kv_source >= 0;
-  const int64_t inter = int64_t(cfg.intermediate) * (wide ? 2 : 1);
-  if (inter <= 0) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: intermediate_size must be positive");
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate_proj.weight", inter, H), &L->mlp.gate));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.up_proj.weight", inter, H), &L->mlp.up));
-  STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.down_proj.weight", H, inter), &L->mlp.down));
+  // The MLP width (twice as wide on KV-shared layers with use_double_wide_mlp) is the manifest's.
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kGate, &L->mlp.gate));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kUp, &L->mlp.up));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kDown, &L->mlp.down));
 
   if (g4.moe) {
     auto m = std::make_unique<Gemma4Moe>();
-    const int64_t E = cfg.n_experts;
-    STRATA_RETURN_IF_ERROR(take(w.matrix(p + "router.proj.weight", E, H), &m->router));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "router.scale", H), &m->router_scale));
+    STRATA_RETURN_IF_ERROR(mat(WeightRole::kRouter, &m->router));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kRouterScale, &m->router_scale));
     const float root = float(1.0 / std::sqrt(double(H)));
     for (float& s : m->router_scale) s *= root;
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "router.per_expert_scale", E), &m->per_expert_scale));
-    STRATA_RETURN_IF_ERROR(load_fused_experts(w, p, E, H, cfg.moe_intermediate, &m->experts));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_feedforward_layernorm_1.weight", H), &m->post_mlp_norm));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "pre_feedforward_layernorm_2.weight", H), &m->pre_norm));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_feedforward_layernorm_2.weight", H), &m->post_norm));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kExpertScale, &m->per_expert_scale));
+    STRATA_RETURN_IF_ERROR(load_fused_experts(w, at(WeightRole::kFusedExpertsGateUp).name, at(WeightRole::kFusedExpertsDown).name,
+                                              cfg.n_experts, H, cfg.moe_intermediate, &m->experts));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kMoePostMlpNorm, &m->post_mlp_norm));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kMoePreNorm, &m->pre_norm));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kMoePostNorm, &m->post_norm));
     L->moe = std::move(m);
   }
 
   if (g4.ple_dim > 0) {
-    const int64_t D = g4.ple_dim;
-    STRATA_RETURN_IF_ERROR(take(w.matrix(p + "per_layer_input_gate.weight", D, H), &L->ple_gate));
-    STRATA_RETURN_IF_ERROR(take(w.matrix(p + "per_layer_projection.weight", H, D), &L->ple_proj));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_per_layer_input_norm.weight", H), &L->ple_norm));
+    STRATA_RETURN_IF_ERROR(mat(WeightRole::kPleGate, &L->ple_gate));
+    STRATA_RETURN_IF_ERROR(mat(WeightRole::kPleProj, &L->ple_proj));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kPleNorm, &L->ple_norm));
   }
   // layer_scalar is a buffer: checkpoints written before it existed leave it at 1.
-  if (w.has(p + "layer_scalar")) {
+  if (w.has(at(WeightRole::kLayerScalar).name)) {
     std::vector<float> s;
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "layer_scalar", 1), &s));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kLayerScalar, &s));
     L->layer_scalar = s[0];
   }
 
@@ -376,18 +379,22 @@ Result<std::unique_ptr<Model>> load_gemma4_text(const ModelConfig& cfg, const We
     return make_error(ErrorCode::kUnsupported,
                       "gemma4_text config: hidden_activation '" + cfg.hidden_act + "' is not supported (gelu_pytorch_tanh)");
   }
+  auto manifest = gemma4_manifest(cfg, *g4);
+  if (!manifest.ok()) return manifest.error();
+  const WeightManifest& M = *manifest;
+  auto name = [&M](WeightRole role) -> const std::string& { return M.find(role)->name; };
   auto m = std::make_unique<Gemma4Model>(cfg, pool, *g4);
   m->archive_ = w.archive();
   const int64_t H = cfg.hidden, V = cfg.vocab_size, n_layers = cfg.n_layers;
-  STRATA_RETURN_IF_ERROR(take(w.embedding("embed_tokens.weight", V, H), &m->embed_));
+  STRATA_RETURN_IF_ERROR(take(w.embedding(name(WeightRole::kEmbed), V, H), &m->embed_));
   m->embed_scale_ = in_dtype(float(std::sqrt(double(H))), m->embed_.dtype);
-  STRATA_RETURN_IF_ERROR(take(w.vector("norm.weight", H), &m->final_norm_));
-  if (cfg.lm_head_name.empty()) {
-    auto t = w.tensor("embed_tokens.weight", {V, H});
+  STRATA_RETURN_IF_ERROR(take(w.vector(name(WeightRole::kFinalNorm), H), &m->final_norm_));
+  if (M.tied_embeddings) {
+    auto t = w.tensor(name(WeightRole::kEmbed), {V, H});
     if (!t.ok()) return t.error();
     STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, V, H), &m->lm_head_));
   } else {
-    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(cfg.lm_head_name, V, H), &m->lm_head_));
+    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(name(WeightRole::kLmHead), V, H), &m->lm_head_));
   }
 
   const int64_t D = g4->ple_dim;
@@ -398,10 +405,10 @@ Result<std::unique_ptr<Model>> load_gemma4_text(const ModelConfig& cfg, const We
                                                      std::to_string(g4->ple_vocab) + " is smaller than vocab_size " +
                                                      std::to_string(cfg.vocab_size));
     }
-    STRATA_RETURN_IF_ERROR(take(w.embedding("embed_tokens_per_layer.weight", g4->ple_vocab, n_layers * D), &m->ple_embed_));
+    STRATA_RETURN_IF_ERROR(take(w.embedding(name(WeightRole::kPleEmbed), g4->ple_vocab, n_layers * D), &m->ple_embed_));
     m->ple_embed_scale_ = in_dtype(float(std::sqrt(double(D))), m->ple_embed_.dtype);
-    STRATA_RETURN_IF_ERROR(take(w.matrix("per_layer_model_projection.weight", n_layers * D, H), &m->ple_model_proj_));
-    STRATA_RETURN_IF_ERROR(take(w.vector("per_layer_projection_norm.weight", D), &m->ple_proj_norm_));
+    STRATA_RETURN_IF_ERROR(take(w.matrix(name(WeightRole::kPleModelProj), n_layers * D, H), &m->ple_model_proj_));
+    STRATA_RETURN_IF_ERROR(take(w.vector(name(WeightRole::kPleProjNorm), D), &m->ple_proj_norm_));
   }
 
   // One RoPE provider per distinct (layer type, head_dim).
@@ -421,7 +428,7 @@ Result<std::unique_ptr<Model>> load_gemma4_text(const ModelConfig& cfg, const We
       it = rope_keys.end() - 1;
     }
     L.rope_index = int(it - rope_keys.begin());
-    STRATA_RETURN_IF_ERROR(load_layer(cfg, *g4, w, l, &L));
+    STRATA_RETURN_IF_ERROR(load_layer(cfg, *g4, M, w, l, &L));
   }
   return std::unique_ptr<Model>(std::move(m));
 }

@@ -141,4 +141,81 @@ Result<Gemma4TextConfig> parse_gemma4_text_config(const ModelConfig& cfg) {
   return c;
 }
 
+Result<WeightManifest> gemma4_manifest(const ModelConfig& cfg, const Gemma4TextConfig& g4) {
+  const int64_t H = cfg.hidden, V = cfg.vocab_size, nL = cfg.n_layers, D = g4.ple_dim;
+  if (H <= 0 || V <= 0) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: hidden_size and vocab_size must be positive");
+  if (int64_t(g4.layers.size()) != nL) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: one geometry per layer");
+  WeightManifest m;
+  int32_t layer = -1;
+  // RMSNorm here scales by plain w: a dummy's norms hold 1.
+  auto add = [&](std::string name, WeightRole role, std::vector<int64_t> shape, bool norm = false) -> WeightEntry& {
+    WeightEntry e;
+    e.name = std::move(name);
+    e.role = role;
+    e.layer = layer;
+    e.shape = std::move(shape);
+    if (norm) {
+      e.init = WeightInit::kConstant;
+      e.value = 1.0f;
+    }
+    m.entries.push_back(std::move(e));
+    return m.entries.back();
+  };
+  add("embed_tokens.weight", WeightRole::kEmbed, {V, H});
+  m.tied_embeddings = cfg.lm_head_name.empty();
+  if (!m.tied_embeddings) add(cfg.lm_head_name, WeightRole::kLmHead, {V, H}).absolute = true;
+  add("norm.weight", WeightRole::kFinalNorm, {H}, true);
+  if (D > 0) {
+    add("embed_tokens_per_layer.weight", WeightRole::kPleEmbed, {g4.ple_vocab, nL * D});
+    add("per_layer_model_projection.weight", WeightRole::kPleModelProj, {nL * D, H});
+    add("per_layer_projection_norm.weight", WeightRole::kPleProjNorm, {D}, true);
+  }
+  for (layer = 0; layer < int32_t(nL); ++layer) {
+    const Gemma4LayerGeometry& g = g4.layers[size_t(layer)];
+    const int64_t hd = g.head_dim, q_rows = int64_t(g.n_heads) * hd, kv_rows = int64_t(g.n_kv_heads) * hd;
+    const std::string p = "layers." + std::to_string(layer) + ".";
+    const std::string a = p + "self_attn.";
+    add(p + "input_layernorm.weight", WeightRole::kInputNorm, {H}, true);
+    add(p + "post_attention_layernorm.weight", WeightRole::kPostAttnNorm, {H}, true);
+    add(p + "pre_feedforward_layernorm.weight", WeightRole::kPreFfnNorm, {H}, true);
+    add(p + "post_feedforward_layernorm.weight", WeightRole::kPostFfnNorm, {H}, true);
+    add(a + "q_proj.weight", WeightRole::kQ, {q_rows, H});
+    if (g.kv_source < 0) {
+      // KV-shared layers' checkpoints may still carry k/v tensors; they are not read.
+      add(a + "k_proj.weight", WeightRole::kK, {kv_rows, H});
+      if (!g.k_eq_v) add(a + "v_proj.weight", WeightRole::kV, {kv_rows, H});
+      add(a + "k_norm.weight", WeightRole::kKNorm, {hd}, true);
+    }
+    add(a + "o_proj.weight", WeightRole::kO, {H, q_rows});
+    add(a + "q_norm.weight", WeightRole::kQNorm, {hd}, true);
+    const int64_t inter = int64_t(cfg.intermediate) * (g4.double_wide_mlp && g.kv_source >= 0 ? 2 : 1);
+    if (inter <= 0) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: intermediate_size must be positive");
+    add(p + "mlp.gate_proj.weight", WeightRole::kGate, {inter, H});
+    add(p + "mlp.up_proj.weight", WeightRole::kUp, {inter, H});
+    add(p + "mlp.down_proj.weight", WeightRole::kDown, {H, inter});
+    if (g4.moe) {
+      const int64_t E = cfg.n_experts, mI = cfg.moe_intermediate;
+      if (E <= 0 || mI <= 0) {
+        return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: num_experts and moe_intermediate_size must be positive");
+      }
+      add(p + "router.proj.weight", WeightRole::kRouter, {E, H});
+      add(p + "router.scale", WeightRole::kRouterScale, {H}, true);
+      add(p + "router.per_expert_scale", WeightRole::kExpertScale, {E}, true);
+      add(p + "experts.gate_up_proj", WeightRole::kFusedExpertsGateUp, {E, 2 * mI, H});
+      add(p + "experts.down_proj", WeightRole::kFusedExpertsDown, {E, H, mI});
+      add(p + "post_feedforward_layernorm_1.weight", WeightRole::kMoePostMlpNorm, {H}, true);
+      add(p + "pre_feedforward_layernorm_2.weight", WeightRole::kMoePreNorm, {H}, true);
+      add(p + "post_feedforward_layernorm_2.weight", WeightRole::kMoePostNorm, {H}, true);
+    }
+    if (D > 0) {
+      add(p + "per_layer_input_gate.weight", WeightRole::kPleGate, {D, H});
+      add(p + "per_layer_projection.weight", WeightRole::kPleProj, {H, D});
+      add(p + "post_per_layer_input_norm.weight", WeightRole::kPleNorm, {H}, true);
+    }
+    // layer_scalar is a buffer: checkpoints written before it existed leave it at 1.
+    add(p + "layer_scalar", WeightRole::kLayerScalar, {1}, true).optional = true;
+  }
+  return m;
+}
+
 }  // namespace strata

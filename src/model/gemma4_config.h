@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "model/model_config.h"
+#include "model/weight_manifest.h"
 
 namespace strata {
 
@@ -32,5 +33,14 @@ struct Gemma4TextConfig {
 
 // Reads cfg.text_json (the text model's config object). Errors name the key and the value.
 Result<Gemma4TextConfig> parse_gemma4_text_config(const ModelConfig& cfg);
+
+// Every tensor of a Gemma 4 text checkpoint (names under cfg.weight_prefix; the LM head under
+// cfg.lm_head_name, tied when that is empty). Per layer: q (k, v and k_norm only on layers
+// that own their KV; no v where attention_k_eq_v: the values are the key projection), o, the
+// four norms, the dense MLP (twice as wide on KV-shared layers with use_double_wide_mlp), the
+// MoE block (router, its scales, the fused experts and their norms), the per-layer input
+// tensors, and the optional layer_scalar. kInvalidArgument names a config field whose value
+// gives no valid shape.
+Result<WeightManifest> gemma4_manifest(const ModelConfig& cfg, const Gemma4TextConfig& g4);
 
 }  // namespace strata

@@ -35,6 +35,21 @@ enum class WeightRole : uint8_t {
   kRouter,                  // [experts, hidden]
   kExpertGate, kExpertUp,   // [moe_intermediate, hidden] of expert `expert`
   kExpertDown,              // [hidden, moe_intermediate]
+  // Gemma 4.
+  kFusedExpertsGateUp,      // [experts, 2 * moe_intermediate, hidden]: every expert's gate then up rows, one tensor
+  kFusedExpertsDown,        // [experts, hidden, moe_intermediate], one tensor
+  kRouterScale,             // [hidden] multiplies the router's normed input
+  kExpertScale,             // [experts] multiplies each expert's output
+  kMoePostMlpNorm,          // [hidden] the dense MLP output's norm when the MoE block sits beside it
+  kMoePreNorm,              // [hidden] the MoE block's input norm
+  kMoePostNorm,             // [hidden] the MoE block output's norm
+  kPleEmbed,                // [ple_vocab, layers * ple_dim] per-layer input embeddings
+  kPleModelProj,            // [layers * ple_dim, hidden]
+  kPleProjNorm,             // [ple_dim]
+  kPleGate,                 // [ple_dim, hidden] of a layer
+  kPleProj,                 // [hidden, ple_dim]
+  kPleNorm,                 // [hidden]
+  kLayerScalar,             // [1] multiplies the layer's output
 };
 
 // Entries a backend may concatenate by rows, in manifest order, into one tensor per layer.
@@ -56,9 +71,11 @@ struct WeightEntry {
   WeightRole role = WeightRole::kEmbed;
   int32_t layer = -1;      // -1: not in a layer
   int32_t expert = -1;     // -1: not an expert's
-  std::vector<int64_t> shape;  // [rows, cols] of a matrix (rows = outputs), [n] of a vector
+  std::vector<int64_t> shape;  // [rows, cols] of a matrix (rows = outputs), [n] of a vector,
+                               // [experts, rows, cols] of a fused experts tensor
   WeightFuse fuse = WeightFuse::kNone;
   WeightInit init = WeightInit::kRandom;
+  bool optional = false;   // a checkpoint may lack it (a buffer added after it was written)
   float value = 0.0f;      // kConstant: the value (a norm's unit: 1, or 0 for (1 + w) norms)
   bool is_matrix() const { return shape.size() == 2; }
   int64_t numel() const {

@@ -29,7 +29,6 @@ BELOW["cli"] = BELOW["server"] | {"server"}
 KNOWN_INCLUDES = {}
 # Tensor names still spelled by the GPU loaders of the families without a manifest yet.
 KNOWN_NAMES = {
-    "runtime/cuda/cuda_gemma4.cpp": "Gemma 4's GPU loader (its manifest comes with the layer recipes)",
     "runtime/cuda/cuda_hybrid.cpp": "the DeltaNet hybrids' GPU loader (their manifest comes with the layer recipes)",
 }
 NAME = re.compile(r'"[^"\n]*(_proj\b|\.weight\b|\.bias\b|layernorm|embed_tokens|lm_head|_norm\.)[^"\n]*"')

@@ -27,6 +27,7 @@
 #include "backend/cuda/family_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
+#include "core/check.h"
 #include "model/gemma4_config.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
@@ -156,13 +157,24 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
       }
     }
   }
-  const bool tied = m->cfg_.lm_head_name.empty();
+  const bool tied = m->cfg_.lm_head_name.empty();  // gemma4_manifest's tied_embeddings
   auto extra = gemma4_extra_bytes(config, options);
   if (!extra.ok()) return extra.error();
   STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, 0) + *extra));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
   const WeightLoader w(archive, m->cfg_.weight_prefix);
+  auto manifest = gemma4_manifest(m->cfg_, g4);
+  if (!manifest.ok()) return manifest.error();
+  const WeightManifest& M = *manifest;
+  // The entry with `role` in `layer` (gemma4_manifest lists every one read here).
+  auto at = [&M](WeightRole role, int32_t layer = -1) -> const WeightEntry& {
+    const WeightEntry* e = M.find(role, layer);
+    STRATA_CHECK(e != nullptr, "the Gemma 4 manifest lists every tensor its GPU loader reads");
+    return *e;
+  };
+  auto f32_of = [&w](const WeightEntry& e) { return (e.absolute ? w.with_prefix("") : w).f32(e.name, e.shape); };
+  auto vec_of = [&w](const WeightEntry& e) { return w.vector(e.name, e.shape[0]); };
   // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
   B.split = WeightSplit::for_checkpoint(*archive, options, m->cfg_.model_type);
   auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {
@@ -172,28 +184,28 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
 
 
   {
-    auto t = w.tensor("embed_tokens.weight", {V, H});
+    auto t = w.tensor(at(WeightRole::kEmbed).name, {V, H});
     if (!t.ok()) return t.error();
     m->embed_scale_ = in_dtype(float(std::sqrt(double(H))), (*t)->dtype);
   }
-  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
+  STRATA_CUDA_LOAD(B.embed, f32_of(at(WeightRole::kEmbed)), upload_matrix, "embedding");
   if (tied) {
     B.lm_head = B.embed;
   } else {
-    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
+    STRATA_CUDA_LOAD(B.lm_head, f32_of(at(WeightRole::kLmHead)), upload_matrix, "LM head");
   }
-  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
+  STRATA_CUDA_LOAD(B.final_norm, vec_of(at(WeightRole::kFinalNorm)), upload_f32, "final norm");
   if (Dp > 0) {
     if (g4.ple_vocab < V) {
       return make_error(ErrorCode::kUnsupported, "gemma4_text config: vocab_size_per_layer_input " + std::to_string(g4.ple_vocab) +
                                                      " is smaller than vocab_size " + std::to_string(V));
     }
-    auto t = w.tensor("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp});
+    auto t = w.tensor(at(WeightRole::kPleEmbed).name, at(WeightRole::kPleEmbed).shape);
     if (!t.ok()) return t.error();
     m->ple_embed_scale_ = in_dtype(float(std::sqrt(double(Dp))), (*t)->dtype);
-    STRATA_CUDA_LOAD(B.ple_embed, w.f32("embed_tokens_per_layer.weight", {g4.ple_vocab, nL * Dp}), upload_matrix, "per-layer embedding");
-    STRATA_CUDA_LOAD(B.ple_model_proj, w.f32("per_layer_model_projection.weight", {nL * Dp, H}), upload_matrix, "per-layer model projection");
-    STRATA_CUDA_LOAD(B.ple_proj_norm, w.vector("per_layer_projection_norm.weight", Dp), upload_f32, "per-layer projection norm");
+    STRATA_CUDA_LOAD(B.ple_embed, f32_of(at(WeightRole::kPleEmbed)), upload_matrix, "per-layer embedding");
+    STRATA_CUDA_LOAD(B.ple_model_proj, f32_of(at(WeightRole::kPleModelProj)), upload_matrix, "per-layer model projection");
+    STRATA_CUDA_LOAD(B.ple_proj_norm, vec_of(at(WeightRole::kPleProjNorm)), upload_f32, "per-layer projection norm");
   }
 
   // RoPE tables per distinct (layer type, head_dim): sliding layers 'default', full layers
@@ -226,68 +238,65 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
     L.head_dim = g.head_dim;
     L.own_kv = g.kv_source < 0;
     L.kv_layer = L.own_kv ? int32_t(l) : g.kv_source;
-    const int64_t hd = g.head_dim, q_rows = int64_t(g.n_heads) * hd, kv_rows = int64_t(g.n_kv_heads) * hd;
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
+    const int32_t li = int32_t(l);
+    auto lat = [&](WeightRole role) -> const WeightEntry& { return at(role, li); };
     {
-      auto q = w.f32(a + "q_proj.weight", {q_rows, H});
+      auto q = f32_of(lat(WeightRole::kQ));
       if (!q.ok()) return q.error();
       std::vector<float> qkv = std::move(*q);
       if (L.own_kv) {
-        auto k = w.f32(a + "k_proj.weight", {kv_rows, H});
+        auto k = f32_of(lat(WeightRole::kK));
         if (!k.ok()) return k.error();
         qkv.insert(qkv.end(), k->begin(), k->end());
         // attention_k_eq_v: the values are the raw key projection, so the k rows serve twice.
-        auto v = g.k_eq_v ? std::move(k) : w.f32(a + "v_proj.weight", {kv_rows, H});
+        auto v = g.k_eq_v ? std::move(k) : f32_of(lat(WeightRole::kV));
         if (!v.ok()) return v.error();
         qkv.insert(qkv.end(), v->begin(), v->end());
       }
       STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
     }
-    STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {H, q_rows}), upload_matrix, "o_proj");
-    STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
-    if (L.own_kv) STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
-    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
-    STRATA_CUDA_LOAD(L.attn_out_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
-    STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "pre_feedforward_layernorm.weight", H), upload_f32, "pre-feedforward norm");
-    STRATA_CUDA_LOAD(L.ffn_out_norm, w.vector(p + "post_feedforward_layernorm.weight", H), upload_f32, "post-feedforward norm");
-    // use_double_wide_mlp doubles the MLP of the KV-shared layers.
-    L.inter = int64_t(config.intermediate) * (g4.double_wide_mlp && !L.own_kv ? 2 : 1);
-    if (L.inter <= 0) return make_error(ErrorCode::kInvalidArgument, "gemma4_text config: intermediate_size must be positive");
+    STRATA_CUDA_LOAD(L.o, f32_of(lat(WeightRole::kO)), upload_matrix, "attention output");
+    STRATA_CUDA_LOAD(L.q_norm, vec_of(lat(WeightRole::kQNorm)), upload_f32, "q_norm");
+    if (L.own_kv) STRATA_CUDA_LOAD(L.k_norm, vec_of(lat(WeightRole::kKNorm)), upload_f32, "k_norm");
+    STRATA_CUDA_LOAD(L.in_norm, vec_of(lat(WeightRole::kInputNorm)), upload_f32, "input norm");
+    STRATA_CUDA_LOAD(L.attn_out_norm, vec_of(lat(WeightRole::kPostAttnNorm)), upload_f32, "post-attention norm");
+    STRATA_CUDA_LOAD(L.post_norm, vec_of(lat(WeightRole::kPreFfnNorm)), upload_f32, "pre-feedforward norm");
+    STRATA_CUDA_LOAD(L.ffn_out_norm, vec_of(lat(WeightRole::kPostFfnNorm)), upload_f32, "post-feedforward norm");
+    // The MLP width (doubled on KV-shared layers by use_double_wide_mlp) is the manifest's.
+    L.inter = lat(WeightRole::kGate).shape[0];
     {
-      auto gt = w.f32(p + "mlp.gate_proj.weight", {L.inter, H});
+      auto gt = f32_of(lat(WeightRole::kGate));
       if (!gt.ok()) return gt.error();
-      auto up = w.f32(p + "mlp.up_proj.weight", {L.inter, H});
+      auto up = f32_of(lat(WeightRole::kUp));
       if (!up.ok()) return up.error();
       gt->insert(gt->end(), up->begin(), up->end());
       STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(*gt)), upload_matrix, "gate_up");
     }
-    STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, L.inter}), upload_matrix, "down_proj");
+    STRATA_CUDA_LOAD(L.down, f32_of(lat(WeightRole::kDown)), upload_matrix, "MLP down");
     if (g4.moe) {
-      const int64_t E = config.n_experts, mI = config.moe_intermediate;
-      STRATA_CUDA_LOAD(L.router, w.f32(p + "router.proj.weight", {E, H}), upload_matrix, "router");
-      auto rs = w.vector(p + "router.scale", H);
+      STRATA_CUDA_LOAD(L.router, f32_of(lat(WeightRole::kRouter)), upload_matrix, "router");
+      auto rs = vec_of(lat(WeightRole::kRouterScale));
       if (!rs.ok()) return rs.error();
       const float root = float(1.0 / std::sqrt(double(H)));
       for (float& s : *rs) s *= root;
       STRATA_CUDA_LOAD(L.router_scale, rs, upload_f32, "router scale");
-      STRATA_CUDA_LOAD(L.per_expert_scale, w.vector(p + "router.per_expert_scale", E), upload_f32, "per-expert scale");
+      STRATA_CUDA_LOAD(L.per_expert_scale, vec_of(lat(WeightRole::kExpertScale)), upload_f32, "per-expert scale");
       // The fused tensors are already [E, 2I, H] (gate rows, then up rows) and [E, H, I]: the
       // layouts launch_grouped_gemm takes.
-      STRATA_CUDA_LOAD(L.experts_gate_up, w.f32(p + "experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
-      STRATA_CUDA_LOAD(L.experts_down, w.f32(p + "experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
-      STRATA_CUDA_LOAD(L.moe_mlp_norm, w.vector(p + "post_feedforward_layernorm_1.weight", H), upload_f32, "post-feedforward norm 1");
-      STRATA_CUDA_LOAD(L.moe_pre_norm, w.vector(p + "pre_feedforward_layernorm_2.weight", H), upload_f32, "pre-feedforward norm 2");
-      STRATA_CUDA_LOAD(L.moe_out_norm, w.vector(p + "post_feedforward_layernorm_2.weight", H), upload_f32, "post-feedforward norm 2");
+      STRATA_CUDA_LOAD(L.experts_gate_up, f32_of(lat(WeightRole::kFusedExpertsGateUp)), upload_matrix, "experts gate_up");
+      STRATA_CUDA_LOAD(L.experts_down, f32_of(lat(WeightRole::kFusedExpertsDown)), upload_matrix, "experts down");
+      STRATA_CUDA_LOAD(L.moe_mlp_norm, vec_of(lat(WeightRole::kMoePostMlpNorm)), upload_f32, "post-feedforward norm 1");
+      STRATA_CUDA_LOAD(L.moe_pre_norm, vec_of(lat(WeightRole::kMoePreNorm)), upload_f32, "pre-feedforward norm 2");
+      STRATA_CUDA_LOAD(L.moe_out_norm, vec_of(lat(WeightRole::kMoePostNorm)), upload_f32, "post-feedforward norm 2");
     }
     if (Dp > 0) {
-      STRATA_CUDA_LOAD(L.ple_gate, w.f32(p + "per_layer_input_gate.weight", {Dp, H}), upload_matrix, "per-layer input gate");
-      STRATA_CUDA_LOAD(L.ple_proj, w.f32(p + "per_layer_projection.weight", {H, Dp}), upload_matrix, "per-layer projection");
-      STRATA_CUDA_LOAD(L.ple_norm, w.vector(p + "post_per_layer_input_norm.weight", H), upload_f32, "per-layer input norm");
+      STRATA_CUDA_LOAD(L.ple_gate, f32_of(lat(WeightRole::kPleGate)), upload_matrix, "per-layer input gate");
+      STRATA_CUDA_LOAD(L.ple_proj, f32_of(lat(WeightRole::kPleProj)), upload_matrix, "per-layer projection");
+      STRATA_CUDA_LOAD(L.ple_norm, vec_of(lat(WeightRole::kPleNorm)), upload_f32, "per-layer input norm");
     }
     // layer_scalar is a buffer: checkpoints written before it existed leave it at 1.
-    if (w.has(p + "layer_scalar")) {
-      auto s = w.vector(p + "layer_scalar", 1);
+    if (w.has(lat(WeightRole::kLayerScalar).name)) {
+      auto s = vec_of(lat(WeightRole::kLayerScalar));
       if (!s.ok()) return s.error();
       L.layer_scalar = (*s)[0];
     }
