@@ -1,6 +1,6 @@
 // The grouped expert GEMMs of one MoE layer on the GPU (moe.h): gate|up (rows gathered from the
 // tokens, bf16 out) then down (f32 out), for each grouped-GEMM path, at several prefill sizes.
-// The tensor-core path in both warp layouts (launch_grouped_gemm_mma's warps 4 and 8).
+// The tensor-core path in its four block tiles (MmaTile).
 // Routing: every token takes top_k distinct experts uniformly at random, grouped on the device
 // by launch_moe_group. Prints per size and path the two launches' median time, the FLOP rate
 // (2 * rows * (2 I H + H I)) and its ratio to the cuBLASLt bf16 8192^3 rate measured in the same
@@ -101,18 +101,22 @@ int main(int argc, char** argv) {
     double tiled_ms = 0.0;
     struct Variant {
       GroupedGemmPath path;
-      int warps;  // of the tensor-core kernel
+      MmaTile tile;  // of the tensor-core kernel
     };
-    std::vector<Variant> paths = {{GroupedGemmPath::kTiled, 0}, {GroupedGemmPath::kMma, 4}, {GroupedGemmPath::kMma, 8}};
-    if (n <= 256) paths.push_back({GroupedGemmPath::kGemv, 0});
-    for (const auto& [path, warps] : paths) {
+    std::vector<Variant> paths = {{GroupedGemmPath::kTiled, MmaTile::k128x128},
+                                    {GroupedGemmPath::kMma, MmaTile::k128x128},
+                                    {GroupedGemmPath::kMma, MmaTile::k128x256},
+                                    {GroupedGemmPath::kMma, MmaTile::k128x128w4},
+                                    {GroupedGemmPath::kMma, MmaTile::k128x128w8}};
+    if (n <= 256) paths.push_back({GroupedGemmPath::kGemv, MmaTile::k128x128});
+    for (const auto& [path, tile] : paths) {
       GroupedGemmArgs gu{x, sorted, top_k, w_gu, offsets, gate_up, 0, E, n, 2 * I, H};
       GroupedGemmArgs dn{act, nullptr, 1, w_dn, offsets, y, 1, E, n, H, I};
       gu.path = dn.path = path;
       const auto one = [&](const GroupedGemmArgs& a) {
         return median(time_runs(st, 2, reps, [&] {
           if (path == GroupedGemmPath::kMma) {
-            launch_grouped_gemm_mma(a, st, warps);
+            launch_grouped_gemm_mma(a, st, tile);
           } else {
             launch_grouped_gemm(a, st);
           }
@@ -122,7 +126,10 @@ int main(int argc, char** argv) {
       if (path == GroupedGemmPath::kTiled) tiled_ms = ms;
       const std::string name = path == GroupedGemmPath::kTiled ? "tiled"
                                : path == GroupedGemmPath::kGemv ? "gemv"
-                                                                : "mma/" + std::to_string(warps) + "w";
+                                                                : tile == MmaTile::k128x128  ? "mma/128"
+                               : tile == MmaTile::k128x256  ? "mma/256"
+                               : tile == MmaTile::k128x128w4 ? "mma/128w4"
+                                                             : "mma/128w8";
       std::printf("tokens %6d %-8s gate_up %8.3f ms  down %8.3f ms  layer %8.3f ms  %6.1f TFLOP/s  %.3f of cuBLASLt  x%d layers %8.2f ms",
                   n, name.c_str(), gu_ms, dn_ms, ms, flops / ms * 1e-9, flops / (ms * 1e-3) / peak, layers, ms * layers);
       if (path != GroupedGemmPath::kTiled) std::printf("  speedup %.1fx", tiled_ms / ms);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "backend/cuda/family_kernels.h"
@@ -39,8 +40,10 @@ TEST_F(GpuMoe, RouteMatchesTheCpuRouting) {
     int32_t n, experts, k;
     bool renorm, scale;
   };
+  // Up to 256 experts the warp-per-token kernel, past that the thread-per-token reference.
   for (const Shape& sh : {Shape{1, 8, 2, true, false}, Shape{37, 8, 2, false, false}, Shape{300, 64, 8, true, false},
-                          Shape{19, 128, 8, true, true}, Shape{5, 4, 4, true, false}}) {
+                          Shape{19, 128, 8, true, true}, Shape{5, 4, 4, true, false}, Shape{4096, 128, 8, true, false},
+                          Shape{77, 256, 8, true, true}, Shape{33, 60, 4, false, false}, Shape{9, 512, 10, true, false}}) {
     const auto logits = random_f32(rng, size_t(sh.n) * sh.experts, -4.0f, 4.0f);
     const auto scale = random_f32(rng, size_t(sh.experts), 0.5f, 2.0f);
     DeviceBuffer<float> d_logits(logits.size()), d_scale(scale.size()), d_w(size_t(sh.n) * sh.k);
@@ -58,6 +61,71 @@ TEST_F(GpuMoe, RouteMatchesTheCpuRouting) {
     }
     EXPECT_EQ(d_ids.download(), ids) << "n " << sh.n << " experts " << sh.experts << " k " << sh.k;
     EXPECT_LE(max_norm_rel(d_w.download(), w), 1e-5) << "n " << sh.n << " experts " << sh.experts;
+    // The reference kernel on the same logits: the same experts, weights within rounding.
+    DeviceBuffer<float> r_w(size_t(sh.n) * sh.k);
+    DeviceBuffer<int32_t> r_ids(size_t(sh.n) * sh.k);
+    MoeRouteArgs ref_args{d_logits.p, r_ids.p, r_w.p, sh.n, sh.experts, sh.k, sh.renorm ? 1 : 0, sh.scale ? d_scale.p : nullptr};
+    ref_args.reference = 1;
+    launch_moe_route(ref_args, nullptr);
+    EXPECT_EQ(r_ids.download(), d_ids.download()) << "n " << sh.n << " experts " << sh.experts << " k " << sh.k;
+    EXPECT_LE(max_norm_rel(r_w.download(), d_w.download()), 1e-6) << "n " << sh.n << " experts " << sh.experts;
+  }
+}
+
+// The combine's vector kernel against the scalar reference (the same sums in the same order:
+// the same bits) and a host loop, with k up to past one load batch and ragged slot rows.
+TEST_F(GpuMoe, CombineVectorMatchesTheReference) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Shape {
+    int32_t n, experts, k, hidden;
+  };
+  for (const Shape& sh : {Shape{1, 8, 2, 64}, Shape{300, 128, 8, 2048}, Shape{17, 64, 11, 520}, Shape{5, 16, 16, 36},
+                          Shape{9, 8, 3, 30}}) {
+    const size_t nk = size_t(sh.n) * sh.k;
+    std::vector<int32_t> ids(nk), slot_row(nk);
+    std::vector<int32_t> perm(size_t(sh.experts));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int32_t t = 0; t < sh.n; ++t) {
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int32_t j = 0; j < sh.k; ++j) ids[size_t(t) * sh.k + j] = perm[size_t(j)];
+    }
+    std::iota(slot_row.begin(), slot_row.end(), 0);
+    std::shuffle(slot_row.begin(), slot_row.end(), rng);
+    const auto weights = random_f32(rng, nk, 0.0f, 1.0f);
+    const auto y = random_f32(rng, nk * sh.hidden, -2.0f, 2.0f);
+    DeviceBuffer<int32_t> d_ids(nk), d_slot(nk);
+    DeviceBuffer<float> d_wt(nk), d_y(y.size()), d_out(size_t(sh.n) * sh.hidden), d_ref(size_t(sh.n) * sh.hidden);
+    d_ids.upload(ids);
+    d_slot.upload(slot_row);
+    d_wt.upload(weights);
+    d_y.upload(y);
+    d_out.poison();
+    d_ref.poison();
+    MoeCombineArgs args{d_y.p, d_ids.p, d_wt.p, d_slot.p, d_out.p, sh.n, sh.k, sh.hidden};
+    launch_moe_combine(args, nullptr);
+    args.out = d_ref.p;
+    args.reference = 1;
+    launch_moe_combine(args, nullptr);
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto got = d_out.download(), ref = d_ref.download();
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << "n " << sh.n << " k " << sh.k << " hidden " << sh.hidden;
+    std::vector<float> host(got.size(), 0.0f);
+    for (int32_t t = 0; t < sh.n; ++t) {
+      std::vector<int32_t> order(size_t(sh.k));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t p, int32_t q) { return ids[size_t(t) * sh.k + p] < ids[size_t(t) * sh.k + q]; });
+      for (int32_t h = 0; h < sh.hidden; ++h) {
+        double acc = 0.0;
+        for (const int32_t j : order) {
+          const size_t slot = size_t(t) * sh.k + j;
+          acc += double(y[size_t(slot_row[slot]) * sh.hidden + h]) * weights[slot];
+        }
+        host[size_t(t) * sh.hidden + h] = float(acc);
+      }
+    }
+    EXPECT_LE(max_norm_rel(got, host), 1e-5) << "n " << sh.n << " k " << sh.k << " hidden " << sh.hidden;
   }
 }
 
@@ -69,6 +137,50 @@ TEST_F(GpuMoe, RouteTiesTakeTheLowerId) {
   d_logits.upload(logits);
   launch_moe_route({d_logits.p, d_ids.p, d_w.p, 1, 6, 3, 1, nullptr}, nullptr);
   EXPECT_EQ(d_ids.download(), (std::vector<int32_t>{1, 2, 4}));
+}
+
+// The grouping on skewed ids (one expert taking a third of the slots, empty experts) up to
+// 131072 slots and 4096 experts: offsets ascend to the slot count, and sorted_slot / slot_row
+// are inverse permutations with every slot in its expert's range.
+TEST_F(GpuMoe, GroupSortsEverySlotByExpert) {
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Shape {
+    int32_t n_slots, experts;
+  };
+  for (const Shape& sh : {Shape{1, 8}, Shape{37, 4}, Shape{1000, 128}, Shape{32768, 128}, Shape{131072, 256}, Shape{5001, 4096},
+                          Shape{70000, 60}}) {
+    std::vector<int32_t> ids(size_t(sh.n_slots));
+    std::uniform_int_distribution<int32_t> any(0, sh.experts - 1);
+    for (auto& v : ids) {
+      v = any(rng);
+      if (v % 5 == 1) v = 0;            // a popular expert
+      if (v % 7 == 3 && v > 0) v -= 1;  // and some that get nothing
+    }
+    std::vector<int32_t> counts(size_t(sh.experts), 0);
+    for (const int32_t v : ids) ++counts[size_t(v)];
+    DeviceBuffer<int32_t> d_ids(ids.size()), off(size_t(sh.experts) + 1), sorted(ids.size()), slot_row(ids.size());
+    d_ids.upload(ids);
+    sorted.poison();
+    slot_row.poison();
+    launch_moe_group({d_ids.p, sh.n_slots, sh.experts, off.p, sorted.p, slot_row.p}, nullptr);
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto offsets = off.download(), srt = sorted.download(), row = slot_row.download();
+    ASSERT_EQ(offsets[0], 0);
+    std::vector<char> seen(ids.size(), 0);
+    for (int32_t e = 0; e < sh.experts; ++e) {
+      ASSERT_EQ(offsets[size_t(e) + 1] - offsets[size_t(e)], counts[size_t(e)]) << "expert " << e;
+      for (int32_t r = offsets[size_t(e)]; r < offsets[size_t(e) + 1]; ++r) {
+        const int32_t s = srt[size_t(r)];
+        ASSERT_TRUE(s >= 0 && s < sh.n_slots) << "row " << r;
+        ASSERT_EQ(ids[size_t(s)], e) << "row " << r;
+        ASSERT_EQ(row[size_t(s)], r);
+        ASSERT_FALSE(seen[size_t(s)]) << "slot " << s << " twice";
+        seen[size_t(s)] = 1;
+      }
+    }
+  }
 }
 
 struct ExpertCase {
@@ -208,16 +320,32 @@ struct GemmData {
   int64_t x_rows = 0, rows = 0;
 };
 
-// A kernel under test: a path, and for kMma the warp layout (4 or 8 warps).
+// A kernel under test: a path, and for kMma the block tile.
 struct GemmKernel {
   GroupedGemmPath path;
-  int warps;
+  MmaTile tile;
 };
-constexpr GemmKernel kTiledRef{GroupedGemmPath::kTiled, 0};
-constexpr GemmKernel kMmaVariants[] = {{GroupedGemmPath::kMma, 4}, {GroupedGemmPath::kMma, 8}};
+constexpr GemmKernel kTiledRef{GroupedGemmPath::kTiled, MmaTile::k128x128};
+constexpr GemmKernel kMmaVariants[] = {{GroupedGemmPath::kMma, MmaTile::k128x128},
+                                       {GroupedGemmPath::kMma, MmaTile::k128x128w4},
+                                       {GroupedGemmPath::kMma, MmaTile::k128x128w8},
+                                       {GroupedGemmPath::kMma, MmaTile::k128x256}};
 
 std::string kernel_name(const GemmKernel& k) {
-  return k.path == GroupedGemmPath::kMma ? "mma/" + std::to_string(k.warps) + " warps" : "tiled";
+  if (k.path != GroupedGemmPath::kMma) return "tiled";
+  switch (k.tile) {
+    case MmaTile::kAuto:
+      return "mma/auto";
+    case MmaTile::k128x128:
+      return "mma/128x128";
+    case MmaTile::k128x128w4:
+      return "mma/128x128 alternating";
+    case MmaTile::k128x128w8:
+      return "mma/128x128, 8 warps";
+    case MmaTile::k128x256:
+      return "mma/128x256";
+  }
+  return "mma";
 }
 
 std::vector<float> run_grouped_gemm(const GemmCase& c, const GemmData& d, const GemmKernel& kernel, int32_t rows_per_expert) {
@@ -237,7 +365,7 @@ std::vector<float> run_grouped_gemm(const GemmCase& c, const GemmData& d, const 
                        rows_per_expert, c.n, c.k};
   args.path = kernel.path;
   if (kernel.path == GroupedGemmPath::kMma) {
-    launch_grouped_gemm_mma(args, nullptr, kernel.warps);
+    launch_grouped_gemm_mma(args, nullptr, kernel.tile);
   } else {
     launch_grouped_gemm(args, nullptr);
   }
@@ -310,7 +438,7 @@ double gemm_error_vs_host(const GemmCase& c, const GemmData& d, const std::vecto
   return worst;
 }
 
-// The tensor-core kernel (both warp layouts) and the tiled reference against the host loop: empty experts, groups
+// The tensor-core kernel (its four block tiles) and the tiled reference against the host loop: empty experts, groups
 // of 1, 127, 128, 129 and several tiles, column tails (n % 128 != 0), reduction tails
 // (k % 64 != 0), gathered and plain rows, bf16 and f32 outputs.
 TEST_F(GpuMoe, GroupedGemmMmaMatchesTheHostLoop) {
@@ -345,7 +473,7 @@ TEST_F(GpuMoe, GroupedGemmMmaMatchesTheHostLoop) {
 
 // The Qwen3-30B-A3B expert shapes at a 4096-token prefill (128 experts, top 8, hidden 2048,
 // expert intermediate 768): gate|up (gathered rows, bf16 out) and down (f32 out), skewed routing
-// with experts that get no token. The tensor-core kernel (both warp layouts) against the host loop on 384 rows
+// with experts that get no token. The tensor-core kernel (its four block tiles) against the host loop on 384 rows
 // (every expert's first and last row among them) and against the tiled reference on every row.
 TEST_F(GpuMoe, GroupedGemmMmaMatchesAtQwen3MoeShape) {
   const uint32_t seed = fresh_seed();

@@ -54,6 +54,80 @@ __global__ void moe_route_kernel(MoeRouteArgs a) {
   }
 }
 
+// The same routing with a warp per token, for n_experts <= 32 * kRoutePerLane: lane l holds the
+// logits of experts l, l + 32, ...; max, sum and each of the k arg-max passes are warp
+// reductions. The ordering is the reference's (p descending, then id ascending) on the same
+// p = expf(l - max) / sum; only the sum's association differs.
+constexpr int kRoutePerLane = 8, kRouteWarps = 4;
+
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_warp_kernel(MoeRouteArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + int(threadIdx.x >> 5);
+  if (t >= a.n) return;
+  const float* l = a.logits + int64_t(t) * a.n_experts;
+  float v[kRoutePerLane];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < a.n_experts ? l[e] : -FLT_MAX;
+    mx = fmaxf(mx, v[i]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    v[i] = lane + 32 * i < a.n_experts ? expf(v[i] - mx) : 0.0f;
+    sum += v[i];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  // Taken and absent experts hold -1, below every p.
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) v[i] = lane + 32 * i < a.n_experts ? v[i] / sum : -1.0f;
+  int32_t my_id = 0;
+  float my_w = 0.0f, top_sum = 0.0f;
+  for (int j = 0; j < a.k; ++j) {
+    // The lane's best: the first (lowest id) of its largest p.
+    float bp = v[0];
+    int bi = 0;
+#pragma unroll
+    for (int i = 1; i < kRoutePerLane; ++i) {
+      if (v[i] > bp) {
+        bp = v[i];
+        bi = i;
+      }
+    }
+    int be = lane + 32 * bi;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const float op = __shfl_xor_sync(0xffffffffu, bp, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+      if (op > bp || (op == bp && oe < be)) {
+        bp = op;
+        be = oe;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      if (lane + 32 * i == be) v[i] = -1.0f;
+    }
+    if (lane == j) {
+      my_id = be;
+      my_w = bp;
+    }
+    top_sum += bp;
+  }
+  // Lane j < k owns choice j (k <= 32 here).
+  if (lane < a.k) {
+    float w = a.renormalize ? my_w / top_sum : my_w;
+    if (a.expert_scale != nullptr) w *= a.expert_scale[my_id];
+    a.ids[int64_t(t) * a.k + lane] = my_id;
+    a.weights[int64_t(t) * a.k + lane] = w;
+  }
+}
+
 constexpr int kGroupThreads = 1024;
 
 __global__ void moe_group_kernel(MoeGroupArgs a) {
@@ -267,12 +341,67 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   }
 }
 
+// The same sums, 4 columns per thread with 16-byte loads, the rows' loads of kCombineBatch
+// choices issued before their terms are added (in the same order as above: the same bits).
+// Needs hidden % 4 == 0 and 16-byte aligned y and out.
+constexpr int kCombineThreads = 128, kCombineBatch = 8;
+
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_vec_kernel(MoeCombineArgs a) {
+  __shared__ int64_t row_of[64];
+  __shared__ float w_of[64];
+  const int t = blockIdx.x;
+  const int32_t* ids = a.ids + int64_t(t) * a.k;
+  if (threadIdx.x == 0) {
+    int order[64];
+    for (int j = 0; j < a.k; ++j) {
+      int q = j;
+      while (q > 0 && ids[order[q - 1]] > ids[j]) {
+        order[q] = order[q - 1];
+        --q;
+      }
+      order[q] = j;
+    }
+    for (int q = 0; q < a.k; ++q) {
+      row_of[q] = a.slot_row[int64_t(t) * a.k + order[q]];
+      w_of[q] = a.weights[int64_t(t) * a.k + order[q]];
+    }
+  }
+  __syncthreads();
+  const int h4 = a.hidden / 4;
+  const float4* y = reinterpret_cast<const float4*>(a.y);
+  float4* out = reinterpret_cast<float4*>(a.out) + int64_t(t) * h4;
+  for (int c = threadIdx.x; c < h4; c += kCombineThreads) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int q0 = 0; q0 < a.k; q0 += kCombineBatch) {
+      float4 v[kCombineBatch];
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {
+        if (q0 + i < a.k) v[i] = __ldg(y + row_of[q0 + i] * h4 + c);
+      }
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {
+        if (q0 + i >= a.k) break;
+        const float w = w_of[q0 + i];
+        acc.x += v[i].x * w;
+        acc.y += v[i].y * w;
+        acc.z += v[i].z * w;
+        acc.w += v[i].w * w;
+      }
+    }
+    out[c] = acc;
+  }
+}
+
 }  // namespace
 
 void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   if (a.k <= 0 || a.k > a.n_experts) cuda_fatal(__FILE__, __LINE__, "launch_moe_route", "k " + std::to_string(a.k));
-  moe_route_kernel<<<(a.n + 127) / 128, 128, 0, stream>>>(a);
+  if (!a.reference && a.n_experts <= 32 * kRoutePerLane && a.k <= 32) {
+    moe_route_warp_kernel<<<(a.n + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream>>>(a);
+  } else {
+    moe_route_kernel<<<(a.n + 127) / 128, 128, 0, stream>>>(a);
+  }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -294,8 +423,10 @@ bool grouped_gemv_fits(const GroupedGemmArgs& a) {
 
 }  // namespace
 
-void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
-  if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
+namespace {
+
+// The kernel kAuto (or a.path) stands for on these arguments.
+GroupedGemmPath resolve_path(const GroupedGemmArgs& a) {
   // STRATA_MOE_GEMM=tiled makes kAuto take the tiled kernel, =simt the CUDA-core dispatch from
   // before the tensor-core kernel (the GEMV up to 256 rows per expert, else the tiled kernel):
   // benchmarks compare them in one run.
@@ -303,24 +434,26 @@ void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const char* v = std::getenv("STRATA_MOE_GEMM");
     return std::string(v != nullptr ? v : "");
   }();
+  if (a.path != GroupedGemmPath::kAuto) return a.path;
   const bool force_tiled = env_path == "tiled", no_mma = env_path == "simt";
-  const bool fits = grouped_gemv_fits(a);
-  GroupedGemmPath path = a.path;
-  if (path == GroupedGemmPath::kAuto) {
-    if (force_tiled) {
-      path = GroupedGemmPath::kTiled;
-    } else if (fits && a.rows_per_expert <= (no_mma ? 256 : kGroupedGemvMaxRows)) {
-      path = GroupedGemmPath::kGemv;
-    } else {
-      path = !no_mma && grouped_gemm_mma_fits(a) ? GroupedGemmPath::kMma : GroupedGemmPath::kTiled;
-    }
-  }
+  if (force_tiled) return GroupedGemmPath::kTiled;
+  if (grouped_gemv_fits(a) && a.rows_per_expert <= (no_mma ? 256 : kGroupedGemvMaxRows)) return GroupedGemmPath::kGemv;
+  return !no_mma && grouped_gemm_mma_fits(a) ? GroupedGemmPath::kMma : GroupedGemmPath::kTiled;
+}
+
+}  // namespace
+
+void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.rows_per_expert <= 0 || a.n <= 0 || a.n_experts <= 0) return;
+  const GroupedGemmPath path = resolve_path(a);
   if (path == GroupedGemmPath::kMma) {
     launch_grouped_gemm_mma(a, stream);
     return;
   }
   if (path == GroupedGemmPath::kGemv) {
-    if (!fits) cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");
+    if (!grouped_gemv_fits(a)) {
+      cuda_fatal(__FILE__, __LINE__, "launch_grouped_gemm", "the GEMV path needs k % 8 == 0, aligned bf16 x and w, no lo parts");
+    }
     const int64_t cols_per_block = int64_t(kGemvWarps) * kGemvCols;
     const dim3 grid(unsigned((a.n + cols_per_block - 1) / cols_per_block), unsigned(a.n_experts));
     grouped_gemv_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a);
@@ -335,7 +468,12 @@ void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
 void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   if (a.k <= 0 || a.k > 64) cuda_fatal(__FILE__, __LINE__, "launch_moe_combine", "k " + std::to_string(a.k));
-  moe_combine_kernel<<<a.n, 128, 0, stream>>>(a);
+  const bool vec = a.hidden % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+  if (vec && !a.reference) {
+    moe_combine_vec_kernel<<<a.n, kCombineThreads, 0, stream>>>(a);
+  } else {
+    moe_combine_kernel<<<a.n, 128, 0, stream>>>(a);
+  }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -33,6 +33,9 @@ struct MoeRouteArgs {
   int32_t k;                  // <= n_experts
   int32_t renormalize;
   const float* expert_scale;  // [n_experts] or null
+  // 0: a warp per token where n_experts <= 256 and k <= 32; 1: the thread-per-token kernel
+  // (the reference the tests compare against).
+  int32_t reference = 0;
 };
 void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
@@ -84,9 +87,18 @@ void launch_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream);
 
 // The kMma path (bf16 mma.sync, persistent over the (expert, row tile, column tile) list):
 // needs k % 8 == 0, n % 8 == 0, 16-byte aligned x, w and y, no lo parts, n_experts <= 4096.
-// warps: 4 (warp tiles of 64 x 64, the default) or 8 (64 x 32); tests and benchmarks take both.
+// Block tiles (rows x columns, warps): k128x128, 4 warps of 64 x 64 whose warps past a group's
+// last row skip their MMAs; k128x128w4, the same without the skipping (m16 tiles alternating
+// between the warp rows); k128x128w8, 8 warps of 64 x 32; k128x256, 8 warps of 64 x 64.
+// kAuto: k128x256 while rows_per_expert <= kMmaWideTileMaxRows (groups of a few dozen rows:
+// the step streams the active experts' weights, in half as many column tiles), else k128x128.
+// Tests and benchmarks take all four.
+enum class MmaTile : int32_t { kAuto = -1, k128x128 = 0, k128x128w4 = 1, k128x128w8 = 2, k128x256 = 3 };
+// bench_moe_gemm / bench_moe_layer, Qwen3-30B-A3B experts (128, top 8): 128 x 256 is 0.348
+// against 0.414 ms a layer at 512 tokens, 0.451 against 0.434 ms at 1024.
+inline constexpr int32_t kMmaWideTileMaxRows = 512;
 bool grouped_gemm_mma_fits(const GroupedGemmArgs& a);
-void launch_grouped_gemm_mma(const GroupedGemmArgs& a, cudaStream_t stream, int warps = 4);
+void launch_grouped_gemm_mma(const GroupedGemmArgs& a, cudaStream_t stream, MmaTile tile = MmaTile::kAuto);
 
 // out[t, :] = sum over j (ascending ids[t, j]) of weights[t, j] * y[slot_row[t * k + j], :].
 struct MoeCombineArgs {
@@ -98,6 +110,9 @@ struct MoeCombineArgs {
   int32_t n;
   int32_t k;                // <= 64
   int32_t hidden;
+  // 0: 16-byte loads where hidden % 4 == 0 and y and out are 16-byte aligned (the same sums in
+  // the same order); 1: the scalar kernel (the reference the tests compare against).
+  int32_t reference = 0;
 };
 void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
 
