@@ -29,7 +29,9 @@ import sys
 
 import numpy as np
 
-LINEAR = re.compile(r"\.(q|k|v|o|gate|up|down)_proj\.weight$")
+# The linear layers quantized: attention, MLP and expert projections, DeltaNet's fused inputs
+# and output (the small in_proj_a/b/ba, the router and norms stay float).
+LINEAR = re.compile(r"\.((q|k|v|o|gate|up|down)_proj|in_proj_(qkvz|qkv|z)|out_proj)\.weight$")
 
 # ---------------------------------------------------------------- safetensors (numpy)
 

@@ -230,4 +230,17 @@ std::vector<std::string> SafetensorsArchive::names() const {
   return v;
 }
 
+const TensorInfo* SafetensorsArchive::add_derived(TensorInfo info, std::shared_ptr<void> storage) const {
+  std::lock_guard<std::mutex> lock(derived_mu_);
+  const std::string name = info.name;
+  auto it = derived_.emplace(name, std::make_pair(std::move(info), std::move(storage))).first;
+  return &it->second.first;
+}
+
+const TensorInfo* SafetensorsArchive::find_derived(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(derived_mu_);
+  auto it = derived_.find(name);
+  return it == derived_.end() ? nullptr : &it->second.first;
+}
+
 }  // namespace strata

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,11 +62,19 @@ class SafetensorsArchive {
   size_t size() const { return tensors_.size(); }
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
 
+  // Tensors the loader derives from stored ones (a quantized weight dequantized to f32 for a
+  // family that slices it), owned here so that weights aliasing them live as long as the
+  // archive. The first one added under a name wins; find_derived returns null when absent.
+  const TensorInfo* add_derived(TensorInfo info, std::shared_ptr<void> storage) const;
+  const TensorInfo* find_derived(const std::string& name) const;
+
  private:
   Status add_file(const std::string& path, const std::vector<std::string>* expected_names);
 
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
+  mutable std::mutex derived_mu_;
+  mutable std::map<std::string, std::pair<TensorInfo, std::shared_ptr<void>>> derived_;  // guarded by derived_mu_
 };
 
 // Parses and validates one file's header against its mapping; appends its tensors to `out`.

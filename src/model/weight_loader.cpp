@@ -50,6 +50,21 @@ Result<WeightMatrix> pack_checkpoint_matrix(const TensorInfo& t, const void* src
 
 Result<const TensorInfo*> WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape) const {
   const std::string full = prefix_ + name;
+  // A quantized matrix a family reads whole (to slice it): its f32 dequantization, kept by the archive.
+  if (shape.size() == 2 && quant_ != nullptr && weight_is_quantized(*quant_, *archive_, full)) {
+    if (const TensorInfo* d = archive_->find_derived(full)) return d;
+    auto f = std::make_shared<std::vector<float>>();
+    auto q = dequantize_weight(*quant_, *archive_, full, shape[0], shape[1], f.get());
+    if (!q.ok()) return q.error();
+    TensorInfo info;
+    info.name = full;
+    info.dtype = DType::kF32;
+    info.shape = shape;
+    info.data = f->data();
+    info.n_bytes = f->size() * sizeof(float);
+    info.file = "(" + full + " dequantized)";
+    return archive_->add_derived(std::move(info), f);
+  }
   const TensorInfo* t = archive_->find(full);
   if (t == nullptr) return make_error(ErrorCode::kNotFound, "tensor '" + full + "' is missing from the checkpoint");
   if (t->shape != shape) {

@@ -34,7 +34,8 @@ class WeightLoader {
   const std::shared_ptr<const SafetensorsArchive>& archive() const { return archive_; }
   bool has(const std::string& name) const { return archive_->has(prefix_ + name); }
 
-  // The tensor `prefix + name`, checked against `shape`.
+  // The tensor `prefix + name`, checked against `shape`. A quantized matrix comes back
+  // dequantized to f32 (held by the archive until it goes), so a family may slice it.
   Result<const TensorInfo*> tensor(const std::string& name, const std::vector<int64_t>& shape) const;
   // A linear weight W [rows = n_out, cols = n_in]; a quantized one is dequantized to f32.
   Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) const;

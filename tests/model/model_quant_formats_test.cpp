@@ -70,6 +70,14 @@ const Case kCases[] = {
      "--format gptq --bits 4 --group-size 32 --act-order --seed 3", QuantFormat::kGptq},
     {"mlx4_g32_gemma3_tied", "tests/data/reference/models/gemma3-tiny", "--format mlx --bits 4 --group-size 32",
      QuantFormat::kMlxAffine},
+    // The hybrids slice some matrices whole (DeltaNet's fused inputs, the gated query).
+    {"fp8ct_channel_qwen35", "tests/data/reference/models/qwen35-tiny", "--format fp8-ct --strategy channel",
+     QuantFormat::kFp8Compressed},
+    {"mlx4_g32_qwen35", "tests/data/reference/models/qwen35-tiny", "--format mlx --bits 4 --group-size 32",
+     QuantFormat::kMlxAffine},
+    {"awq4_g32_qwen3next", "tests/data/reference/models/qwen3next-tiny", "--format awq --group-size 32", QuantFormat::kAwq},
+    {"gptq4_g32_sym_qwen3next", "tests/data/reference/models/qwen3next-tiny", "--format gptq --bits 4 --group-size 32 --sym",
+     QuantFormat::kGptq},
     // Mixture of experts, one tensor per expert (the router stays float): moe_intermediate 48
     // leaves GPTQ's down_proj a partial last group of 16.
     {"fp8ct_channel_qwen3moe", "tests/data/reference/models/qwen3moe-tiny", "--format fp8-ct --strategy channel",
@@ -178,7 +186,7 @@ TEST_F(QuantFormatTest, MissingCompanionTensorIsNamed) {
       {2, "model.embed_tokens.biases"},
       {6, "model.layers.1.mlp.down_proj.qzeros"},
       {9, "model.layers.0.self_attn.o_proj.scales"},
-      {13, "model.layers.1.mlp.experts.3.down_proj.g_idx"},
+      {17, "model.layers.1.mlp.experts.3.down_proj.g_idx"},
   };
   for (const auto& m : missing) {
     const Case& c = kCases[m.format_case];
