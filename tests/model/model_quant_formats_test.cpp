@@ -78,6 +78,11 @@ const Case kCases[] = {
     {"awq4_g32_qwen3next", "tests/data/reference/models/qwen3next-tiny", "--format awq --group-size 32", QuantFormat::kAwq},
     {"gptq4_g32_sym_qwen3next", "tests/data/reference/models/qwen3next-tiny", "--format gptq --bits 4 --group-size 32 --sym",
      QuantFormat::kGptq},
+    // Gemma 4 dense: per-layer head dims, shared KV, per-layer inputs (their projections stay float).
+    {"mlx4_g32_gemma4_tied", "tests/data/reference/models/gemma4-tiny", "--format mlx --bits 4 --group-size 32",
+     QuantFormat::kMlxAffine},
+    {"gptq8_g32_gemma4", "tests/data/reference/models/gemma4-tiny", "--format gptq --bits 8 --group-size 32 --act-order",
+     QuantFormat::kGptq},
     // Mixture of experts, one tensor per expert (the router stays float): moe_intermediate 48
     // leaves GPTQ's down_proj a partial last group of 16.
     {"fp8ct_channel_qwen3moe", "tests/data/reference/models/qwen3moe-tiny", "--format fp8-ct --strategy channel",
@@ -186,7 +191,7 @@ TEST_F(QuantFormatTest, MissingCompanionTensorIsNamed) {
       {2, "model.embed_tokens.biases"},
       {6, "model.layers.1.mlp.down_proj.qzeros"},
       {9, "model.layers.0.self_attn.o_proj.scales"},
-      {17, "model.layers.1.mlp.experts.3.down_proj.g_idx"},
+      {19, "model.layers.1.mlp.experts.3.down_proj.g_idx"},
   };
   for (const auto& m : missing) {
     const Case& c = kCases[m.format_case];
