@@ -744,7 +744,7 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
       continue;
     }
     seq.tokens.push_back(token);
-    emit_token(a, token, last, last == nullptr ? &rows : nullptr, last_row);
+    if (emit_token(a, token, last, last == nullptr ? &rows : nullptr, last_row)) fill_forced(a);
   }
 }
 

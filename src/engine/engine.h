@@ -77,6 +77,10 @@ struct EngineOptions : KvLimits {
   bool async_scheduling = true;
   // Speculative decoding (engine/speculative.h): --speculative, --num-draft-tokens, --draft-model.
   SpeculativeOptions speculative;
+  // Token fill for constrained requests (engine_grammar.cpp): where the grammar admits one
+  // token only, it is appended without sampling and run with the next step's forward. Off for
+  // requests with logprobs and for families with recurrent state. Same tokens either way.
+  bool token_fill = true;
 };
 
 // The model's kv_layout() with each layer's codec resolved from `config` (resolve_kv_codecs):
@@ -191,6 +195,10 @@ class Engine {
   void admit_grammar(Active& a);
   bool replay_grammar(Active& a, const std::vector<int32_t>& generated);
   int32_t sample_token(Active& a, const float* logits, int32_t vocab);
+  // Token fill: the one id a's mask admits (-1: none or several), and the loop appending such
+  // ids after a committed token (false once `a` has finished and is gone).
+  int32_t only_allowed_token(Active& a);
+  bool fill_forced(Active& a);
   // Overlapped steps (engine_async.cpp).
   void setup_overlap();
   void admit_overlap(Active& a);

@@ -6,6 +6,12 @@
 // only ever advances by committed tokens and a rejected draft needs no rollback. A checkpoint
 // stores the generated ids; resuming replays them through a fresh matcher, which gives the
 // state the uninterrupted run had (the matcher is a function of the tokens it accepted).
+//
+// Token fill: after a committed token, while the mask admits exactly one id (not a stop id),
+// that id is appended without sampling; the next step runs the filled span and the pending
+// token in one forward (the scheduler takes a decoding sequence's uncomputed tokens as a
+// chunk) and samples only at its end. A filled position consumes the RNG draw and enters the
+// penalty history as a sampled one would, so the output equals plain constrained decoding.
 #include <bit>
 #include <chrono>
 
@@ -70,6 +76,47 @@ int32_t Engine::sample_token(Active& a, const float* logits, int32_t vocab) {
   const int32_t token = a.sampler.sample(logits, vocab, &mask);
   STRATA_CHECK(a.matcher->accept_token(token), "the grammar accepts the token its mask allowed (" + std::to_string(token) + ")");
   return token;
+}
+
+int32_t Engine::only_allowed_token(Active& a) {
+  const auto t0 = Clock::now();
+  a.matcher->fill_next_token_bitmask(a.mask.data());
+  const int32_t n_ids = std::min(a.req.grammar->vocab().size(), a.sampler.effective_vocab(core_->runner.vocab()));
+  int32_t only = -1;
+  for (int32_t w = 0; w * 32 < n_ids; ++w) {
+    uint32_t bits = a.mask[size_t(w)];
+    if ((w + 1) * 32 > n_ids) bits &= (1u << (n_ids - w * 32)) - 1u;
+    if (bits == 0) continue;
+    if (only >= 0 || (bits & (bits - 1)) != 0) {
+      only = -1;
+      break;
+    }
+    only = w * 32 + std::countr_zero(bits);
+  }
+  core_->stats.grammar_mask.add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  return only;
+}
+
+bool Engine::fill_forced(Active& a) {
+  if (!a.matcher || !options_.token_fill || a.req.logprobs >= 0 || core_->runner.state_floats() > 0) return true;
+  const grammar::Vocabulary& v = a.req.grammar->vocab();
+  bool first = true;
+  while (a.n_generated < a.req.max_tokens && !a.matcher->is_complete()) {
+    const int32_t id = only_allowed_token(a);
+    if (id < 0 || v.is_stop(id)) break;
+    if (!a.sampler.params().greedy()) a.sampler.next_draw();  // the draw sample() would have taken
+    STRATA_CHECK(a.matcher->accept_token(id), "the grammar accepts the one token its mask allows");
+    a.seq.tokens.push_back(id);
+    ++a.fill_tokens;
+    ++core_->stats.fill_tokens;
+    if (first) {
+      ++a.fill_spans;
+      ++core_->stats.fill_spans;
+      first = false;
+    }
+    if (!emit_token(a, id, nullptr)) return false;  // finished: `a` is gone
+  }
+  return true;
 }
 
 }  // namespace strata

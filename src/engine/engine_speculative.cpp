@@ -208,6 +208,7 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   if (!a.ckpt_key.empty() && a.n_generated / options_.checkpoint_every > before / options_.checkpoint_every) {
     write_checkpoint(a);
   }
+  fill_forced(a);
 }
 
 }  // namespace strata

@@ -115,6 +115,8 @@ struct EngineStats {
   // Constrained decoding: the host time of each sampled token's grammar mask (fill and check).
   LatencyHistogram grammar_mask = LatencyHistogram::with_mask_bounds();
   int64_t grammar_requests = 0;  // admitted with a grammar
+  int64_t fill_tokens = 0;       // token fill: appended without sampling
+  int64_t fill_spans = 0;
 };
 
 }  // namespace strata

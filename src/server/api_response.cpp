@@ -374,6 +374,7 @@ class MessagesBuilder : public ResponseBuilder {
                                          {"cache_read_input_tokens", usage_.cached_tokens},
                                          {"cache_creation_input_tokens", 0}});
     if (usage_.speculative) msg["usage"]["speculation"] = speculation_json(usage_);
+    if (usage_.fill_spans > 0) msg["usage"]["fill"] = fill_json(usage_);
     return msg;
   }
 
@@ -438,8 +439,11 @@ json usage_json(const Usage& u) {
             {"total_tokens", u.prompt_tokens + u.completion_tokens},
             {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
   if (u.speculative) j["speculation"] = speculation_json(u);
+  if (u.fill_spans > 0) j["fill"] = fill_json(u);
   return j;
 }
+
+json fill_json(const Usage& u) { return {{"tokens", u.fill_tokens}, {"spans", u.fill_spans}}; }
 
 json speculation_json(const Usage& u) {
   return {{"draft_tokens", u.draft_tokens}, {"accepted_tokens", u.accepted_tokens}};

@@ -75,6 +75,8 @@ std::string anthropic_stop_reason(const FinishState& f, bool has_tool_calls);
 nlohmann::json usage_json(const Usage& u);
 // usage.speculation: {draft_tokens, accepted_tokens}, for requests that ran the speculative method.
 nlohmann::json speculation_json(const Usage& u);
+// Token fill of a constrained request: {tokens, spans} appended without sampling.
+nlohmann::json fill_json(const Usage& u);
 std::string sse_data(const nlohmann::json& j);
 std::string sse_event(const std::string& name, const nlohmann::json& j);
 // A fresh random id: prefix + 24 hex digits.

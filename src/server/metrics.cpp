@@ -147,6 +147,13 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   }
   histogram(os, "strata_time_to_first_token_seconds", "Submission to first generated token.", e.ttft, m);
   histogram(os, "strata_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", e.inter_token, m);
+  header(os, "strata_grammar_requests_total", "counter", "Requests admitted with a grammar (structured output).");
+  os << "strata_grammar_requests_total{" << m << "} " << e.grammar_requests << '\n';
+  header(os, "strata_fill_tokens_total", "counter", "Tokens a grammar forced, appended without sampling (token fill).");
+  os << "strata_fill_tokens_total{" << m << "} " << e.fill_tokens << '\n';
+  header(os, "strata_fill_spans_total", "counter", "Spans of filled tokens.");
+  os << "strata_fill_spans_total{" << m << "} " << e.fill_spans << '\n';
+  histogram(os, "strata_grammar_mask_seconds", "Host time of one token's grammar mask.", e.grammar_mask, m);
   return os.str();
 }
 

@@ -300,6 +300,52 @@ TEST(EngineGrammar, CheckpointResumeContinuesIdentically) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(EngineGrammar, TokenFillGivesPlainTokensInFewerSteps) {
+  ThreadPool pool(2);
+  EngineOptions off;
+  off.token_fill = false;
+  auto plain = demo_engine(pool, off);
+  auto fill = demo_engine(pool);
+  EngineOptions so;
+  so.speculative.method = "ngram";
+  so.speculative.num_draft_tokens = 4;
+  so.speculative.adaptive = false;
+  auto fill_spec = demo_engine(pool, so);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(fill, nullptr);
+  ASSERT_NE(fill_spec, nullptr);
+  // Long keys and a fixed tool-call frame: spans the grammar forces.
+  const std::string call =
+      R"({"type":"object","properties":{"name":{"const":"lookup_scripture"},"arguments":{"type":"object","properties":{"book_of_the_bible":{"enum":["Genesis","Exodus"]},"chapter_number":{"type":"integer","minimum":1,"maximum":50},"include_cross_references":{"type":"boolean"}},"required":["book_of_the_bible","chapter_number","include_cross_references"],"additionalProperties":false}},"required":["name","arguments"],"additionalProperties":false})";
+  GrammarSpec g{GrammarKind::kJsonSchema, call, {}};
+  g.json.strict = true;
+  g.json.prefix = "<tool_call>\n";
+  g.json.suffix = "\n</tool_call>";
+  int64_t filled = 0, spans = 0;
+  const int64_t steps_plain0 = plain->stats().steps, steps_fill0 = fill->stats().steps;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    GenerationRequest r = constrained(g, chat_prompt("Look it up."), seed, 160);
+    if (seed % 3 == 0) r.sampling.temperature = 0.0f;
+    if (seed % 4 == 1) r.sampling.repetition_penalty = 1.2f;  // the history sees filled tokens
+    const Outcome a = run(*plain, r);
+    const Outcome b = run(*fill, r);
+    const Outcome c = run(*fill_spec, r);
+    ASSERT_EQ(a.final.finish_reason, FinishReason::kStop) << text_of(a);
+    EXPECT_EQ(a.tokens, b.tokens) << "seed " << seed << ": " << text_of(a) << " vs " << text_of(b);
+    EXPECT_EQ(a.tokens, c.tokens) << "seed " << seed << " with speculation";
+    EXPECT_EQ(b.final.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(a.final.usage.fill_tokens, 0);
+    EXPECT_EQ(b.final.usage.completion_tokens, a.final.usage.completion_tokens);
+    filled += b.final.usage.fill_tokens;
+    spans += b.final.usage.fill_spans;
+    EXPECT_GT(b.final.usage.fill_tokens, 5) << text_of(b);
+  }
+  const int64_t steps_plain = plain->stats().steps - steps_plain0, steps_fill = fill->stats().steps - steps_fill0;
+  std::printf("token fill: %lld tokens in %lld spans; engine steps %lld without fill, %lld with\n", (long long)filled,
+              (long long)spans, (long long)steps_plain, (long long)steps_fill);
+  EXPECT_LT(steps_fill, steps_plain);
+}
+
 TEST(EngineGrammar, RefusesAGrammarWiderThanTheModel) {
   ThreadPool pool(2);
   auto e = demo_engine(pool);
