@@ -249,6 +249,10 @@ Err parse_openai_tools(const json& body, ApiRequest* out) {
         if (!p->is_object()) return wrong_type(f + ".function.parameters", *p, "an object (a JSON schema)");
         func["parameters"] = ojson::parse(p->dump());
       }
+      if (const json* st = find_field(*fn, "strict"); st && !st->is_null()) {
+        if (!st->is_boolean()) return wrong_type(f + ".function.strict", *st, "a boolean");
+        if (st->get<bool>()) out->strict_tools.push_back(name->get<std::string>());
+      }
       out->tools.push_back({{"type", "function"}, {"function", std::move(func)}});
     }
     if (out->tools.empty()) out->tools = nullptr;
@@ -375,15 +379,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
   std::optional<int32_t> n;
   if (auto e = read_int(body, "n", INT32_MIN, INT32_MAX, &n)) return e;
   if (n && *n != 1) return bad_field("n", "n must be 1 (one choice per request is supported), got " + std::to_string(*n));
-  if (const json* rf = find_field(body, "response_format")) {
-    if (!rf->is_object()) return wrong_type("response_format", *rf, "an object");
-    const json* t = find_field(*rf, "type");
-    if (!t || !t->is_string()) return bad_field("response_format", "response_format.type must be a string");
-    if (t->get<std::string>() != "text") {
-      return bad_field("response_format", "response_format type '" + t->get<std::string>() +
-                                              "' is not supported: only 'text' is (no constrained decoding yet)");
-    }
-  }
+  if (auto e = parse_output_constraint(body, &out->constraint)) return e;
   std::optional<int32_t> priority;
   if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &priority)) return e;
   out->priority = priority.value_or(0);

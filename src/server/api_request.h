@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/structured_output.h"
 
 namespace strata::server {
 
@@ -29,6 +30,10 @@ struct ApiRequest {
   nlohmann::ordered_json tools;  // null, or [{type: function, function: {name, description, parameters}}]
   std::string tool_choice = "auto";  // "none", "auto", "required" or "function"
   std::string tool_choice_name;      // tool_choice "function": the named tool
+  std::vector<std::string> strict_tools;  // tools whose function says strict: true
+  // The grammar the output must match (structured_output.h); nullopt: free text. A forced
+  // tool call (tool_choice required / a function) gets its grammar in prepare_request.
+  std::optional<OutputConstraint> constraint;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
 
   // Completions: a text prompt or token ids.

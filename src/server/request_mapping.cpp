@@ -53,7 +53,27 @@ Result<ServedModel> load_served_model(const std::string& dir, const std::string&
     return make_error(ErrorCode::kInvalidArgument, "--tool-parser must be auto, hermes, llama3, deepseek or none, got '" + tool_parser + "'");
   }
   m.reasoning = m.tokenizer.piece_to_id("<think>") >= 0 && m.tokenizer.piece_to_id("</think>") >= 0;
+  if (Status st = enable_structured_output(m, m.tokenizer.stop_ids(config.eos_ids)); !st.ok()) return st.error();
   return m;
+}
+
+Status enable_structured_output(ServedModel& m, const std::vector<int32_t>& stop_ids) {
+  const int32_t n = m.tokenizer.vocab_size();
+  std::vector<std::string> bytes(size_t(std::max(n, 0)));
+  std::vector<int32_t> special;
+  for (int32_t id = 0; id < n; ++id) {
+    bytes[size_t(id)] = m.tokenizer.token_bytes(id);
+    if (m.tokenizer.is_special(id)) special.push_back(id);
+  }
+  std::vector<int32_t> stops;
+  for (int32_t id : stop_ids) {
+    if (id >= 0 && id < n) stops.push_back(id);
+  }
+  auto v = grammar::Vocabulary::create(std::move(bytes), special, stops);
+  if (!v.ok()) return make_error(v.error().code, "the grammar vocabulary of model '" + m.name + "': " + v.error().message);
+  m.grammar_vocab = *v;
+  m.grammars = std::make_shared<grammar::GrammarCache>();
+  return Status();
 }
 
 SamplingParams resolve_sampling(const ApiRequest& r, const SamplingDefaults& cli, const SamplingDefaults& gen) {
@@ -99,9 +119,15 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
   if (tools && !m.template_renders_tools) {
     return bad_field("tools", "tools were given, but the chat template of model '" + m.name + "' does not render tools");
   }
+  std::optional<OutputConstraint> constraint = r.constraint;
   if (r.tool_choice == "required" || r.tool_choice == "function") {
-    return bad_field("tool_choice", "tool_choice '" + (r.tool_choice == "function" ? r.tool_choice_name : r.tool_choice) +
-                                        "' would need constrained decoding, which this server does not do; use 'auto'");
+    if (constraint) {
+      return bad_field(constraint->field, constraint->field + " cannot go with tool_choice '" + r.tool_choice +
+                                              "': a forced tool call has its own output format");
+    }
+    OutputConstraint call;
+    if (auto e = forced_tool_call_constraint(r, m.tool_format, &call)) return e;
+    constraint = std::move(call);
   }
   if (r.kind == ApiKind::kCompletion) {
     if (r.prompt_is_ids) {
@@ -126,6 +152,11 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
     if (!ids.ok()) return bad_field("messages", "messages: " + ids.error().message);
     g.prompt = std::move(ids).value();
     out->output.reasoning_starts_inside = m.reasoning && prompt_opens_reasoning(text);
+    if (constraint && out->output.reasoning_starts_inside) {
+      return bad_field(constraint->field, constraint->field + ": the prompt opens a reasoning section, and a constraint "
+                                          "starting after it is not supported yet (turn reasoning off, e.g. "
+                                          "chat_template_kwargs {\"enable_thinking\": false})");
+    }
     out->prompt_text = std::move(text);
   }
   const int64_t n_prompt = int64_t(g.prompt.size());
@@ -160,6 +191,9 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
       return bad_field("stop_token_ids", "stop_token_ids holds " + std::to_string(id) + ", outside the vocabulary [0, " +
                                              std::to_string(m.model_vocab) + ")");
     }
+  }
+  if (constraint) {
+    if (auto e = attach_constraint(*constraint, m, &g)) return e;
   }
   g.stop_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,7 +41,14 @@ struct ServedModel {
   bool reasoning = false;     // the vocabulary has <think> and </think>
   SamplingDefaults generation;  // from generation_config.json
   SamplingDefaults cli;         // from the command line (wins over generation)
+  // Constrained decoding: the tokenizer as the grammar engine sees it (stop ids: the engine's
+  // EOS ids) and the compile cache every request shares. Null: structured output is refused.
+  std::shared_ptr<const grammar::Vocabulary> grammar_vocab;
+  std::shared_ptr<grammar::GrammarCache> grammars;
 };
+
+// Builds m's grammar vocabulary (token bytes, special ids, `stop_ids`) and compile cache.
+Status enable_structured_output(ServedModel& m, const std::vector<int32_t>& stop_ids);
 
 // Loads the tokenizer and chat template of `dir` and derives the tool-call format ("auto":
 // from the template) and reasoning support.

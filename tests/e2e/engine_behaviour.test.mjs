@@ -75,8 +75,9 @@ test('tools reach a template that renders them; the model answers', async () => 
         { role: 'tool', tool_call_id: 'call_1', content: '18 C' }],
     });
     assert.equal(followUp.choices.length, 1);
-    await assert.rejects(c.chat.completions.create({ model: 'qwen3-synth', messages, tools, tool_choice: 'required', max_tokens: 2 }),
-      (e) => e.status === 400 && e.error.param === 'tool_choice');
+    // A forced call has its own output format: a response_format beside it is refused.
+    await assert.rejects(c.chat.completions.create({ model: 'qwen3-synth', messages, tools, tool_choice: 'required', max_tokens: 2,
+      response_format: { type: 'json_object' } }), (e) => e.status === 400 && e.error.param === 'response_format');
     assert.equal(await waitNoUsedBlocks(q.url), 0);
   } finally {
     await q.stop();

@@ -84,9 +84,16 @@ TEST(ApiRequest, ChatErrorsNameTheFieldAndTheValue) {
   EXPECT_NE(e.message.find("string"), std::string::npos);
   e = chat_error({{"messages", kMsgs}, {"n", 2}});
   EXPECT_EQ(e.param, "n");
-  e = chat_error({{"messages", kMsgs}, {"response_format", {{"type", "json_object"}}}});
-  EXPECT_EQ(e.param, "response_format");
-  EXPECT_NE(e.message.find("json_object"), std::string::npos);
+  e = chat_error({{"messages", kMsgs}, {"response_format", {{"type", "xml"}}}});
+  EXPECT_EQ(e.param, "response_format.type");
+  EXPECT_NE(e.message.find("xml"), std::string::npos);
+  e = chat_error({{"messages", kMsgs}, {"response_format", {{"type", "json_schema"}}}});
+  EXPECT_EQ(e.param, "response_format.json_schema");
+  e = chat_error({{"messages", kMsgs}, {"guided_regex", "a"}, {"structured_outputs", {{"choice", {"a"}}}}});
+  EXPECT_EQ(e.param, "guided_regex");
+  EXPECT_NE(e.message.find("both constrain"), std::string::npos);
+  e = chat_error({{"messages", kMsgs}, {"guided_choice", json::array()}});
+  EXPECT_EQ(e.param, "guided_choice");
   e = chat_error({{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}}}});
   EXPECT_EQ(e.param, "messages[0].content[0].type");
   EXPECT_NE(e.message.find("image_url"), std::string::npos);
@@ -104,6 +111,34 @@ TEST(ApiRequest, ChatErrorsNameTheFieldAndTheValue) {
   EXPECT_EQ(e.param, "tool_choice");
   e = chat_error(json::array());
   EXPECT_EQ(e.param, "body");
+}
+
+TEST(ApiRequest, ParsesOutputConstraints) {
+  using strata::grammar::GrammarKind;
+  const json msgs = {{{"role", "user"}, {"content", "hi"}}};
+  ApiRequest r;
+  ASSERT_FALSE(parse_chat_request({{"messages", msgs}}, kLimits, &r).has_value());
+  EXPECT_FALSE(r.constraint.has_value());
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  ASSERT_FALSE(parse_chat_request({{"messages", msgs}, {"response_format", {{"type", "json_schema"},
+                                   {"json_schema", {{"name", "s"}, {"schema", schema}, {"strict", true}}}}}}, kLimits, &r));
+  ASSERT_TRUE(r.constraint.has_value());
+  EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kJsonSchema);
+  EXPECT_TRUE(r.constraint->spec.json.strict);
+  EXPECT_EQ(json::parse(r.constraint->spec.text), schema);
+  EXPECT_EQ(r.constraint->field, "response_format.json_schema.schema");
+  ASSERT_FALSE(parse_chat_request({{"messages", msgs}, {"response_format", {{"type", "json_object"}}}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kJsonObject);
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"structured_outputs", {{"regex", "[a-z]+"}}}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kRegex);
+  EXPECT_EQ(r.constraint->spec.text, "[a-z]+");
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"guided_choice", {"yes", "no"}}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kChoice);
+  EXPECT_EQ(json::parse(r.constraint->spec.text), json({"yes", "no"}));
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"guided_json", "{\"type\":\"string\"}"}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.text, "{\"type\":\"string\"}");
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"guided_grammar", "root ::= \"a\""}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kEbnf);
 }
 
 TEST(ApiRequest, CompletionPromptForms) {
