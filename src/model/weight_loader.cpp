@@ -92,6 +92,12 @@ Result<WeightMatrix> WeightLoader::matrix(const std::string& name, int64_t rows,
 Result<std::vector<float>> WeightLoader::vector(const std::string& name, int64_t n) const { return f32(name, {n}); }
 
 Result<std::vector<float>> WeightLoader::f32(const std::string& name, const std::vector<int64_t>& shape) const {
+  if (shape.size() == 2) {  // a quantized matrix: dequantized here, not kept by the archive
+    std::vector<float> f;
+    auto q = dequantized(name, shape[0], shape[1], &f);
+    if (!q.ok()) return q.error();
+    if (*q) return f;
+  }
   auto t = tensor(name, shape);
   if (!t.ok()) return t.error();
   std::vector<float> v(size_t((*t)->numel()));

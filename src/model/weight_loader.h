@@ -41,7 +41,7 @@ class WeightLoader {
   Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) const;
   // A 1-D tensor [n] as f32.
   Result<std::vector<float>> vector(const std::string& name, int64_t n) const;
-  // Any tensor of the given shape as f32, row-major.
+  // Any tensor of the given shape as f32, row-major (a quantized matrix dequantized).
   Result<std::vector<float>> f32(const std::string& name, const std::vector<int64_t>& shape) const;
   // An embedding table [rows, cols], left in its checkpoint dtype (a quantized one: f32).
   Result<EmbeddingTable> embedding(const std::string& name, int64_t rows, int64_t cols) const;

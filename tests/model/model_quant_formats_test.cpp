@@ -19,6 +19,7 @@
 #include "golden_cases.h"
 #include "model/quant.h"
 #include "model/registry.h"
+#include "model/weight_loader.h"
 #include "model/single_sequence.h"
 
 namespace strata {
@@ -135,6 +136,18 @@ TEST_P(QuantFormatTest, LogitsEqualDequantizedModel) {
   EXPECT_EQ(bq.loaded, bf.stored) << c.name;
   EXPECT_EQ(bq.parameters, bf.parameters) << c.name;
   EXPECT_LT(bq.stored, bf.stored) << c.name;
+  // WeightLoader::f32 (what a device backend uploads) reads a quantized matrix as its f32 twin.
+  const ModelConfig& qc = (*q)->config();
+  const WeightLoader wq(*qa, qc.weight_prefix, qc.quant), wf(*fa, (*f)->config().weight_prefix);
+  for (const char* name : {"layers.0.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight", "embed_tokens.weight"}) {
+    const TensorInfo* t = (*fa)->find(qc.weight_prefix + name);
+    if (t == nullptr) continue;  // a MoE layer's experts, a hybrid's DeltaNet layer
+    auto a = wq.f32(name, t->shape);
+    auto b = wf.f32(name, t->shape);
+    ASSERT_TRUE(a.ok()) << c.name << " " << name << ": " << a.error().to_string();
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(*a, *b) << c.name << " " << name;
+  }
   const int32_t vocab = (*q)->config().vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {{1, 17, 42, 99, 250, 7, 3}, {5}, {2, 60, 61, 62, 63, 64, 65, 66, 67, 300, 11}};
   for (size_t p = 0; p < prompts.size(); ++p) {
