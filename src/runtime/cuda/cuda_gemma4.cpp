@@ -163,7 +163,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_gemma4(const ModelConfig&
   STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, tied, 0) + *extra));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  const WeightLoader w(archive, m->cfg_.weight_prefix);
+  const WeightLoader w(archive, m->cfg_.weight_prefix, m->cfg_.quant);
   auto manifest = gemma4_manifest(m->cfg_, g4);
   if (!manifest.ok()) return manifest.error();
   const WeightManifest& M = *manifest;

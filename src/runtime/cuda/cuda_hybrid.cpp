@@ -183,7 +183,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   STRATA_RETURN_IF_ERROR(m->take_weight_arena(*bytes));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  const WeightLoader w(archive, m->cfg_.weight_prefix);
+  const WeightLoader w(archive, m->cfg_.weight_prefix, m->cfg_.quant);
   // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
   B.split = WeightSplit::for_checkpoint(*archive, options, m->cfg_.model_type);
   auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {

@@ -400,7 +400,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
   B.split = WeightSplit::for_checkpoint(**archive, options, m->cfg_.model_type);
   if (B.split->on()) m->fused_ok_ = false;
-  CheckpointSink sink(WeightLoader(*archive, m->cfg_.weight_prefix), A, *B.split);
+  CheckpointSink sink(WeightLoader(*archive, m->cfg_.weight_prefix, m->cfg_.quant), A, *B.split);
   STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
   for (const auto& t : types) {
     if (t != "full_attention" && t != "sliding_attention") {
