@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { startServer, BINARY } from './lib/server.mjs';
-import { findChromium, launch } from './lib/browser.mjs';
+import { BrowserGone, findChromium, launch } from './lib/browser.mjs';
 
 const KEY = 'page-key';
 const chromium = findChromium();
@@ -25,6 +25,19 @@ after(async () => {
 });
 
 test('the page loads, shows status and streams a chat answer', { skip: SKIP }, async () => {
+  try {
+    await pageSession();
+  } catch (e) {
+    // A browser that dies under the test says nothing of the page: once more in a new one.
+    if (!(e instanceof BrowserGone)) throw e;
+    console.log(`# chromium went away (${e.message.split('\n')[0]}); once more with a new browser`);
+    await browser.close();
+    browser = await launch(chromium);
+    await pageSession();
+  }
+});
+
+async function pageSession() {
   // The HTML is public; the API calls it makes are not.
   const html = await fetch(server.url + '/');
   assert.equal(html.status, 200);
@@ -67,4 +80,4 @@ test('the page loads, shows status and streams a chat answer', { skip: SKIP }, a
   const png = await page.screenshot();
   assert.ok(png.length > 10000 && png.subarray(1, 4).toString() === 'PNG');
   writeFileSync(path.join(dir, 'status_page.png'), png);
-});
+}

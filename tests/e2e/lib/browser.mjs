@@ -16,6 +16,9 @@ export function findChromium() {
   return null;
 }
 
+// The browser process ended or its DevTools connection closed under a call.
+export class BrowserGone extends Error {}
+
 export async function launch(binary, { width = 1280, height = 900 } = {}) {
   if (typeof WebSocket === 'undefined') throw new Error('this Node.js has no WebSocket: run with --experimental-websocket (run.sh does)');
   const profile = mkdtempSync(path.join(tmpdir(), 'strata-chromium-'));
@@ -36,6 +39,16 @@ export async function launch(binary, { width = 1280, height = 900 } = {}) {
   await new Promise((resolve, reject) => { ws.onopen = resolve; ws.onerror = () => reject(new Error('cannot connect to ' + wsUrl)); });
   let nextId = 1;
   const pending = new Map();
+  // A browser that goes away fails every call in flight and every later one (BrowserGone),
+  // with what it printed, instead of leaving them waiting.
+  let gone = null;
+  const fail = (why) => {
+    if (!gone) gone = new BrowserGone(`${why}\n${stderr.slice(-4000)}`);
+    for (const p of pending.values()) p.reject(gone);
+    pending.clear();
+  };
+  proc.on('exit', (code, signal) => fail(`chromium exited (code ${code}, signal ${signal})`));
+  ws.onclose = () => fail('the DevTools connection closed');
   ws.onmessage = (m) => {
     const msg = JSON.parse(m.data);
     const p = msg.id && pending.get(msg.id);
@@ -45,8 +58,13 @@ export async function launch(binary, { width = 1280, height = 900 } = {}) {
     else p.resolve(msg.result);
   };
   const send = (method, params = {}, sessionId) => new Promise((resolve, reject) => {
+    if (gone) return reject(gone);
     const id = nextId++;
-    pending.set(id, { resolve, reject, method });
+    const timer = setTimeout(() => {
+      pending.delete(id);
+      reject(new Error(`${method}: no answer from chromium in 30 s`));
+    }, 30000);
+    pending.set(id, { resolve: (v) => { clearTimeout(timer); resolve(v); }, reject: (e) => { clearTimeout(timer); reject(e); }, method });
     ws.send(JSON.stringify({ id, method, params, ...(sessionId ? { sessionId } : {}) }));
   });
   const { targetId } = await send('Target.createTarget', { url: 'about:blank' });
@@ -81,6 +99,7 @@ export async function launch(binary, { width = 1280, height = 900 } = {}) {
   return {
     page,
     async close() {
+      ws.onclose = null;
       try { ws.close(); } catch { /* closing anyway */ }
       proc.kill('SIGKILL');
       await new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r() : proc.on('exit', r)));
