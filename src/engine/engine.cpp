@@ -640,9 +640,9 @@ void Engine::step() {
       if (span.logits_all) {
         // A verify of a request whose every token is the plain argmax reads the executor's
         // greedy tokens (a GPU: no [k + 1, vocab] transfer).
-        const bool argmax_verify = span.n_draft > 0 && core_->runner.device_argmax() &&
-                                   argmax_only(core_->active.at(span.seq->id)->req, core_->active.at(span.seq->id)->sampler,
-                                               core_->runner.vocab());
+        const Active& a = *core_->active.at(span.seq->id);
+        const bool argmax_verify =
+            span.n_draft > 0 && core_->runner.device_argmax() && argmax_only(a.req, a.sampler, core_->runner.vocab());
         want.insert(want.end(), size_t(span.n_tokens), uint8_t(argmax_verify ? 0 : 1));
         if (device_sampling) samples.resize(want.size());
       } else if (span.sample) {

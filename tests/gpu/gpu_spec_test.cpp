@@ -24,43 +24,11 @@ namespace {
 
 using namespace strata::gpu_test;
 using test::drain;
-using test::mix;
 using test::Outcome;
-
-// A prompt that repeats itself (n-gram lookup finds continuations) or is random.
-std::vector<int32_t> prompt_of(int i, int32_t n, bool repeating, int32_t vocab) {
-  std::vector<int32_t> p;
-  const int32_t period = 5 + i % 7;
-  for (int32_t k = 0; k < n; ++k) {
-    const uint64_t key = repeating ? uint64_t(i) * 131 + uint64_t(k % period) : uint64_t(i) * 7919 + uint64_t(k);
-    p.push_back(int32_t(3 + mix(key) % uint64_t(vocab - 3)));
-  }
-  return p;
-}
 
 std::vector<GenerationRequest> workload(int32_t vocab) {
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 12; ++i) {
-    GenerationRequest r;
-    r.id = "req-" + std::to_string(i);
-    const int32_t n_prompt = i % 5 == 4 ? 90 + 7 * i : 8 + int32_t(mix(uint64_t(i)) % 40);
-    r.prompt = prompt_of(i, n_prompt, i % 3 != 2, vocab);
-    r.max_tokens = 12 + (i * 7) % 29;
-    r.ignore_eos = true;
-    if (i % 2 == 0) {
-      r.sampling.temperature = 0.0f;
-    } else {
-      r.sampling.temperature = 0.8f;
-      r.sampling.top_p = 0.9f;
-      r.sampling.seed = uint64_t(1000 + i);
-      r.sampling.has_seed = true;
-    }
-    if (i % 4 == 1) r.sampling.repetition_penalty = 1.3f;
-    if (i % 6 == 3) r.sampling.frequency_penalty = 0.5f;
-    if (i == 2 || i == 5) r.logprobs = 3;
-    if (i % 7 == 6) r.speculative = false;
-    reqs.push_back(std::move(r));
-  }
+  for (int i = 0; i < 12; ++i) reqs.push_back(test::spec_request(i, vocab, 90));
   return reqs;
 }
 

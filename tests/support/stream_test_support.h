@@ -1,5 +1,6 @@
 // Helpers the engine tests share on the CPU and the GPU: read a request's stream to its end,
-// greedy requests, deterministic prompt ids. Needs no test data paths.
+// greedy requests, deterministic prompt ids, the speculation tests' workload. Needs no test
+// data paths.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -56,6 +57,42 @@ inline uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// A prompt that repeats itself (n-gram lookup finds continuations) or is random.
+inline std::vector<int32_t> spec_prompt(int i, int32_t n, bool repeating, int32_t vocab) {
+  std::vector<int32_t> p;
+  const int32_t period = 5 + i % 7;
+  for (int32_t k = 0; k < n; ++k) {
+    const uint64_t key = repeating ? uint64_t(i) * 131 + uint64_t(k % period) : uint64_t(i) * 7919 + uint64_t(k);
+    p.push_back(int32_t(3 + mix(key) % uint64_t(vocab - 3)));
+  }
+  return p;
+}
+
+// Request i of the speculation tests' mixed workload: greedy and seeded, repetition and
+// frequency penalties, logprobs, one opted out; every fifth prompt long (long_prompt + 7 i
+// tokens, prefilling in chunks beside decodes), the rest 8-47 tokens.
+inline GenerationRequest spec_request(int i, int32_t vocab, int32_t long_prompt) {
+  GenerationRequest r;
+  r.id = "req-" + std::to_string(i);
+  const int32_t n_prompt = i % 5 == 4 ? long_prompt + 7 * i : 8 + int32_t(mix(uint64_t(i)) % 40);
+  r.prompt = spec_prompt(i, n_prompt, i % 3 != 2, vocab);
+  r.max_tokens = 12 + (i * 7) % 29;
+  r.ignore_eos = true;
+  if (i % 2 == 0) {
+    r.sampling.temperature = 0.0f;
+  } else {
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.seed = uint64_t(1000 + i);
+    r.sampling.has_seed = true;
+  }
+  if (i % 4 == 1) r.sampling.repetition_penalty = 1.3f;  // penalties see every accepted token
+  if (i % 6 == 3) r.sampling.frequency_penalty = 0.5f;
+  if (i == 2 || i == 5) r.logprobs = 3;
+  if (i % 7 == 6) r.speculative = false;  // opted out
+  return r;
 }
 
 // n prompt ids in [3, vocab) from an xorshift stream seeded by salt (ids 0-2 are pad, bos, eos).
