@@ -324,6 +324,7 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
   if (auto e = read_float(body, "repetition_penalty", &out->repetition_penalty)) return e;
   if (auto e = read_int(body, "top_k", -1, INT32_MAX, &out->top_k)) return e;
   if (out->top_k && *out->top_k < 0) out->top_k = 0;  // -1: off, as vLLM spells it
+  if (auto e = read_bool(body, "return_tokens_as_token_ids", &out->tokens_as_ids)) return e;
   std::optional<float> pp, fp;
   if (auto e = read_float(body, "presence_penalty", &pp)) return e;
   if (auto e = read_float(body, "frequency_penalty", &fp)) return e;

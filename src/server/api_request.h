@@ -56,6 +56,7 @@ struct ApiRequest {
   bool speculative = true;  // false: opt out of the server's speculative decoding
   bool skip_special_tokens = true;
   int32_t logprobs = -1;  // -1: none; else top-N alternatives per token (0..20)
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): logprob tokens as "token_id:N"
 
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -40,6 +40,15 @@ class OpenAiBase : public ResponseBuilder {
   }
 
  protected:
+  // A token as logprobs name it: its text, or "token_id:N" when the request set
+  // return_tokens_as_token_ids (text offsets still count the text).
+  std::string token_label(int32_t id) const {
+    return c_.tokens_as_ids ? "token_id:" + std::to_string(id) : token_text(tok_, id);
+  }
+
+ public:
+
+ protected:
   json chunk_base(const char* object) const {
     json j = {{"id", c_.id}, {"object", object}, {"created", c_.created}, {"model", c_.model}};
     return j;
@@ -152,10 +161,10 @@ class ChatBuilder : public OpenAiBase {
     json out = json::array();
     if (c_.logprobs < 0) return out;
     for (const auto& lp : lps) {
-      const std::string t = token_text(tok_, lp.chosen.token);
+      const std::string t = token_label(lp.chosen.token);
       json top = json::array();
       for (const auto& alt : lp.top) {
-        const std::string at = token_text(tok_, alt.token);
+        const std::string at = token_label(alt.token);
         top.push_back({{"token", at}, {"logprob", finite_logprob(alt.logprob)}, {"bytes", bytes_of(at)}});
       }
       out.push_back({{"token", t}, {"logprob", finite_logprob(lp.chosen.logprob)}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
@@ -229,7 +238,7 @@ class CompletionBuilder : public OpenAiBase {
 
   void push_token(json& lp, int32_t id, const json& logprob, const json& top) {
     const std::string t = token_text(tok_, id);
-    lp["tokens"].push_back(t);
+    lp["tokens"].push_back(token_label(id));
     lp["token_logprobs"].push_back(logprob);
     lp["top_logprobs"].push_back(top);
     lp["text_offset"].push_back(offset_);
@@ -238,7 +247,7 @@ class CompletionBuilder : public OpenAiBase {
 
   json top_map(const TokenLogprobs& lp) const {
     json top = json::object();
-    for (const auto& alt : lp.top) top[token_text(tok_, alt.token)] = finite_logprob(alt.logprob);
+    for (const auto& alt : lp.top) top[token_label(alt.token)] = finite_logprob(alt.logprob);
     return top;
   }
 

@@ -25,6 +25,7 @@ struct ResponseContext {
   int64_t created = 0; // unix seconds
   bool include_usage = false;  // OpenAI streams: a last chunk with usage
   int32_t logprobs = -1;       // -1: none
+  bool tokens_as_ids = false;  // logprob tokens as "token_id:N" (return_tokens_as_token_ids)
   bool echo = false;           // completions: the prompt text comes first
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;

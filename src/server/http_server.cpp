@@ -504,6 +504,7 @@ void HttpServer::install_routes() {
                                 : std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
       ctx.include_usage = r.include_usage;
       ctx.logprobs = r.logprobs;
+      ctx.tokens_as_ids = r.tokens_as_ids;
       ctx.echo = r.echo;
       ctx.prompt_text = p.prompt_text;
       ctx.prompt_ids = p.generation.prompt;

@@ -111,6 +111,33 @@ test('logprobs: chat format and completions format with echo', async () => {
   for (let i = 1; i < lp.text_offset.length; ++i) assert.ok(lp.text_offset[i] >= lp.text_offset[i - 1]);
 });
 
+test('return_tokens_as_token_ids names logprob tokens by id, the same ids as the tokens', async () => {
+  const base = { model: 'strata-demo', messages: [{ role: 'user', content: PROMPT }], max_tokens: 6, temperature: 0,
+    logprobs: true, top_logprobs: 2, ignore_eos: true };
+  const plain = await client.chat.completions.create(base);
+  const byId = await client.chat.completions.create({ ...base, return_tokens_as_token_ids: true });
+  assert.equal(byId.choices[0].message.content, plain.choices[0].message.content);
+  const ids = byId.choices[0].logprobs.content.map((e) => e.token);
+  assert.equal(ids.length, 6);
+  for (const t of ids) assert.match(t, /^token_id:\d+$/);
+  const res = await fetch(server.url + '/detokenize', {
+    method: 'POST', headers: { ...AUTH, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ tokens: ids.map((t) => Number(t.slice(9))) }),
+  });
+  assert.equal(res.status, 200);
+  assert.equal((await res.json()).prompt, plain.choices[0].message.content);
+
+  const c = await client.completions.create({ model: 'strata-demo', prompt: PROMPT, max_tokens: 4, temperature: 0, logprobs: 1,
+    ignore_eos: true, return_tokens_as_token_ids: true });
+  for (const t of c.choices[0].logprobs.tokens) assert.match(t, /^token_id:\d+$/);
+  const bad = await fetch(server.url + '/v1/completions', {
+    method: 'POST', headers: { ...AUTH, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: PROMPT, max_tokens: 1, return_tokens_as_token_ids: 'yes' }),
+  });
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, 'return_tokens_as_token_ids');
+});
+
 test('stop strings end the text and never leak into the stream', async () => {
   const base = { model: 'strata-demo', prompt: PROMPT, max_tokens: 40, temperature: 0, ignore_eos: true };
   const full = (await client.completions.create(base)).choices[0].text;

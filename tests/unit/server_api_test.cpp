@@ -383,6 +383,56 @@ TEST(ResponseBuilder, ChatStreamAndBody) {
   EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }
 
+// return_tokens_as_token_ids (vLLM's field): logprob entries name tokens "token_id:N", in the
+// chat and completion shapes alike; the completion's text offsets still count the text.
+TEST(ResponseBuilder, TokensAsTokenIds) {
+  ApiRequest r;
+  ASSERT_FALSE(parse_chat_request({{"messages", kMsgs}, {"logprobs", true}, {"return_tokens_as_token_ids", true}}, kLimits, &r));
+  EXPECT_TRUE(r.tokens_as_ids);
+  ASSERT_FALSE(parse_chat_request({{"messages", kMsgs}}, kLimits, &r));
+  EXPECT_FALSE(r.tokens_as_ids);
+  ApiError e = chat_error({{"messages", kMsgs}, {"return_tokens_as_token_ids", "yes"}});
+  EXPECT_EQ(e.param, "return_tokens_as_token_ids");
+  ASSERT_FALSE(parse_completion_request({{"prompt", "a"}, {"logprobs", 1}, {"return_tokens_as_token_ids", true}}, kLimits, &r));
+  EXPECT_TRUE(r.tokens_as_ids);
+
+  const tokenizer::Tokenizer& tok = tokenizer::testing::reference_tokenizer("qwen3");
+  const int32_t a = 9707, b = 1879, alt = 13;
+  const std::string ta = tok.decode(&a, 1, false), tb = tok.decode(&b, 1, false);
+  ASSERT_FALSE(ta.empty());
+  OutputDelta d;
+  d.content = ta + tb;
+  d.tokens = {a, b};
+  d.logprobs = {{{a, -0.5f}, {{a, -0.5f}, {alt, -1.5f}}}, {{b, -0.25f}, {{b, -0.25f}, {alt, -2.0f}}}};
+  FinishState f;
+  f.usage = {1, 2, 0};
+  for (bool as_ids : {false, true}) {
+    ResponseContext c;
+    c.id = "chatcmpl-1";
+    c.logprobs = 1;
+    c.tokens_as_ids = as_ids;
+    auto chat = make_response_builder(ApiKind::kChat, c, tok);
+    chat->start();
+    chat->finish(d, {}, f);
+    const json content = chat->body()["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(content.size(), 2u);
+    EXPECT_EQ(content[0]["token"], as_ids ? "token_id:9707" : ta);
+    EXPECT_EQ(content[1]["token"], as_ids ? "token_id:1879" : tb);
+    EXPECT_EQ(content[0]["top_logprobs"][1]["token"], as_ids ? "token_id:13" : tok.decode(&alt, 1, false));
+    EXPECT_FLOAT_EQ(content[1]["logprob"].get<float>(), -0.25f);
+
+    c.id = "cmpl-1";
+    auto cmpl = make_response_builder(ApiKind::kCompletion, c, tok);
+    cmpl->start();
+    cmpl->finish(d, {}, f);
+    const json lp = cmpl->body()["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), 2u);
+    EXPECT_EQ(lp["tokens"][0], as_ids ? "token_id:9707" : ta);
+    EXPECT_EQ(lp["text_offset"][1], int64_t(ta.size()));
+    EXPECT_TRUE(lp["top_logprobs"][0].contains(as_ids ? "token_id:13" : tok.decode(&alt, 1, false)));
+  }
+}
+
 TEST(ResponseBuilder, ToolCallsAndAnthropicEvents) {
   const tokenizer::Tokenizer& tok = tokenizer::testing::reference_tokenizer("qwen3");
   auto b = make_response_builder(ApiKind::kChat, ResponseContext{}, tok);
