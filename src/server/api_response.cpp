@@ -46,9 +46,6 @@ class OpenAiBase : public ResponseBuilder {
     return c_.tokens_as_ids ? "token_id:" + std::to_string(id) : token_text(tok_, id);
   }
 
- public:
-
- protected:
   json chunk_base(const char* object) const {
     json j = {{"id", c_.id}, {"object", object}, {"created", c_.created}, {"model", c_.model}};
     return j;
