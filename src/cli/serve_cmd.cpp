@@ -378,7 +378,7 @@ void register_serve(CLI::App& app) {
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + v; },
           "N >= 0"));
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
-  cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek or none")->capture_default_str();
+  cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek, qwen3_coder, mistral, gemma4 or none")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
       ->capture_default_str();
   cmd->add_option("--kv-config", a->kv_config,

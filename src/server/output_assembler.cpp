@@ -6,8 +6,8 @@ OutputAssembler::OutputAssembler(const tokenizer::Tokenizer& tokenizer, OutputOp
     : options_(std::move(options)),
       decoder_(tokenizer, options_.skip_special),
       stop_(options_.stop),
-      tools_(options_.tools),
-      tool_stream_(options_.tools) {
+      tools_(options_.tools, options_.tool_types),
+      tool_stream_(options_.tools, options_.tool_types) {
   if (options_.reasoning) reasoning_.emplace(options_.reasoning_starts_inside);
 }
 

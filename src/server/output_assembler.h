@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ struct OutputOptions {
   bool reasoning = false;               // split <think>...</think> off
   bool reasoning_starts_inside = false; // the prompt opened <think> already
   ToolCallFormat tools = ToolCallFormat::kNone;  // kNone: no tool parsing
+  std::shared_ptr<const ToolParamTypes> tool_types;  // the request's tools' parameter types
 };
 
 struct OutputDelta {

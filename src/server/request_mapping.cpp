@@ -50,7 +50,8 @@ Result<ServedModel> load_served_model(const std::string& dir, const std::string&
     m.tool_format = detect_tool_call_format(*src);
   }
   if (tool_parser != "auto" && !parse_tool_call_format(tool_parser, &m.tool_format)) {
-    return make_error(ErrorCode::kInvalidArgument, "--tool-parser must be auto, hermes, llama3, deepseek or none, got '" + tool_parser + "'");
+    return make_error(ErrorCode::kInvalidArgument, "--tool-parser must be auto, hermes, llama3, deepseek, qwen3_coder, mistral, "
+                                                   "gemma4 or none, got '" + tool_parser + "'");
   }
   m.reasoning = m.tokenizer.piece_to_id("<think>") >= 0 && m.tokenizer.piece_to_id("</think>") >= 0;
   if (Status st = enable_structured_output(m, m.tokenizer.stop_ids(config.eos_ids)); !st.ok()) return st.error();
@@ -207,8 +208,9 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
   o.stop = r.stop;
   o.reasoning = m.reasoning && r.kind != ApiKind::kCompletion;
   o.tools = tools ? m.tool_format : ToolCallFormat::kNone;
-  // DeepSeek writes its call markers as special tokens; they must survive decoding.
-  o.skip_special = r.skip_special_tokens && o.tools != ToolCallFormat::kDeepSeek;
+  if (o.tools == ToolCallFormat::kQwen3Coder) o.tool_types = std::make_shared<const ToolParamTypes>(tool_param_types(r.tools));
+  // DeepSeek, Mistral and Gemma 4 write their call markers as special tokens; they must survive decoding.
+  o.skip_special = r.skip_special_tokens && !tool_markers_are_special(o.tools);
   return std::nullopt;
 }
 

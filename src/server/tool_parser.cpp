@@ -7,6 +7,7 @@
 
 #include "server/json_guard.h"
 #include "server/stop_matcher.h"
+#include "server/tool_formats.h"
 
 namespace strata::server {
 
@@ -22,6 +23,30 @@ constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kXmlFunctionEnd = "</function>";
+constexpr std::string_view kXmlParam = "<parameter=";
+constexpr std::string_view kXmlParamEnd = "</parameter>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kGemmaCall = "<|tool_call>";
+constexpr std::string_view kGemmaCallEnd = "<tool_call|>";
+constexpr std::string_view kGemmaCallPrefix = "call:";
+constexpr std::string_view kGemmaResponse = "<|tool_response>";
+constexpr std::string_view kGemmaTurnEnd = "<turn|>";
+
+// The markers that open the first call of each format: the filter holds text back from there.
+std::vector<std::string_view> call_markers(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return {kHermesOpen};
+    case ToolCallFormat::kDeepSeek: return {kDsCallsBegin, kDsCallBegin};
+    case ToolCallFormat::kQwen3Coder: return {kHermesOpen, kXmlFunction};
+    case ToolCallFormat::kMistral: return {kMistralCalls};
+    case ToolCallFormat::kGemma4: return {kGemmaCall};
+    default: return {};
+  }
+}
 
 std::string trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -170,12 +195,188 @@ ToolParse parse_deepseek(std::string_view text) {
   return r;
 }
 
+
+// Content around calls: the pieces joined, each trimmed, as parse_hermes does.
+void add_content(std::string* content, std::string_view piece) {
+  std::string t = trim(piece);
+  if (!t.empty()) {
+    if (!content->empty()) *content += "\n";
+    *content += t;
+  }
+}
+
+// One <function=NAME>...</function> block from text[pos] (at "<function="); *end is past it.
+bool parse_xml_function(std::string_view text, size_t pos, const ToolParamTypes* types, ToolCall* out, size_t* end) {
+  const size_t name_at = pos + kXmlFunction.size();
+  const size_t gt = text.find('>', name_at);
+  if (gt == std::string_view::npos) return false;
+  out->name = trim(text.substr(name_at, gt - name_at));
+  if (out->name.empty() || out->name.find('<') != std::string::npos) return false;
+  size_t close = text.find(kXmlFunctionEnd, gt);
+  // A call cut off by the token limit still ends at its </tool_call> or at the end of the text.
+  const size_t body_end = close != std::string_view::npos ? close : std::min(text.find(kHermesClose, gt), text.size());
+  *end = close != std::string_view::npos ? close + kXmlFunctionEnd.size() : body_end;
+  const std::string_view body = text.substr(gt + 1, body_end - gt - 1);
+  ojson args = ojson::object();
+  size_t p = body.find(kXmlParam);
+  while (p != std::string_view::npos) {
+    const size_t key_at = p + kXmlParam.size();
+    const size_t kgt = body.find('>', key_at);
+    if (kgt == std::string_view::npos) return false;
+    const std::string key = trim(body.substr(key_at, kgt - key_at));
+    if (key.empty()) return false;
+    // A value ends at its </parameter>; one the model left open ends at the next parameter.
+    size_t vend = body.find(kXmlParamEnd, kgt);
+    const size_t next = body.find(kXmlParam, kgt);
+    if (vend == std::string_view::npos || (next != std::string_view::npos && next < vend)) vend = std::min(next, body.size());
+    const std::string_view raw = xml_param_text(body.substr(kgt + 1, vend - kgt - 1));
+    args[key] = xml_param_value(raw, declared_param_type(types, out->name, key));
+    p = body.find(kXmlParam, vend);
+  }
+  out->arguments = args.dump();
+  return true;
+}
+
+ToolParse parse_qwen3_xml(std::string_view text, const ToolParamTypes* types) {
+  const size_t first = text.find(kXmlFunction);
+  if (first == std::string_view::npos) return ToolParse{std::string(text), {}};
+  ToolParse r;
+  // The <tool_call> around the first function (when there is one) is not content.
+  size_t head = text.rfind(kHermesOpen, first);
+  if (head == std::string_view::npos || trim(text.substr(head + kHermesOpen.size(), first - head - kHermesOpen.size())) != "") {
+    head = first;
+  }
+  add_content(&r.content, text.substr(0, head));
+  size_t pos = first;
+  while (pos != std::string_view::npos) {
+    ToolCall call;
+    size_t end = 0;
+    if (!parse_xml_function(text, pos, types, &call, &end)) return ToolParse{std::string(text), {}};
+    r.calls.push_back(std::move(call));
+    const size_t next = text.find(kXmlFunction, end);
+    std::string between(text.substr(end, next == std::string_view::npos ? std::string_view::npos : next - end));
+    for (std::string_view tag : {kHermesClose, kHermesOpen}) {
+      for (size_t t = between.find(tag); t != std::string::npos; t = between.find(tag)) between.erase(t, tag.size());
+    }
+    add_content(&r.content, between);
+    pos = next;
+  }
+  return r;
+}
+
+// End (exclusive) of the JSON array starting at text[0] == '['; npos when it never closes.
+size_t json_array_end(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') ++depth;
+    else if ((c == ']' || c == '}') && --depth == 0) return i + 1;
+  }
+  return std::string_view::npos;
+}
+
+ToolParse parse_mistral(std::string_view text) {
+  size_t pos = text.find(kMistralCalls);
+  if (pos == std::string_view::npos) return ToolParse{std::string(text), {}};
+  ToolParse r;
+  add_content(&r.content, text.substr(0, pos));
+  while (pos != std::string_view::npos) {
+    std::string_view t = text.substr(pos + kMistralCalls.size());
+    size_t b = 0;
+    while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
+    t.remove_prefix(b);
+    size_t used = 0;  // bytes of t the call(s) took
+    if (!t.empty() && t[0] == '[') {
+      // [{"name": ..., "arguments": {...}, "id": ...}, ...]
+      const size_t end = json_array_end(t);
+      if (end == std::string_view::npos) return ToolParse{std::string(text), {}};
+      const auto list = parse_ordered_json_bounded(t.substr(0, end), kDefaultMaxJsonDepth);
+      if (!list || !list->is_array() || list->empty()) return ToolParse{std::string(text), {}};
+      for (const auto& c : *list) {
+        ToolCall call;
+        if (!call_from_json(c, &call)) return ToolParse{std::string(text), {}};
+        r.calls.push_back(std::move(call));
+      }
+      used = end;
+    } else {
+      // NAME[ARGS]{...}, NAME[CALL_ID]ID[ARGS]{...}, or NAME{...} where the [ARGS] token was dropped.
+      const size_t brace = t.find('{');
+      if (brace == std::string_view::npos) return ToolParse{std::string(text), {}};
+      std::string_view head = t.substr(0, brace);
+      const size_t args_tag = head.find(kMistralArgs);
+      if (args_tag != std::string_view::npos) {
+        if (trim(head.substr(args_tag + kMistralArgs.size())) != "") return ToolParse{std::string(text), {}};
+        head = head.substr(0, args_tag);
+      }
+      if (const size_t id_tag = head.find(kMistralCallId); id_tag != std::string_view::npos) head = head.substr(0, id_tag);
+      ToolCall call;
+      call.name = trim(head);
+      if (call.name.empty() || call.name.find_first_of("[]{}\"") != std::string::npos) return ToolParse{std::string(text), {}};
+      const size_t end = json_object_end(t.substr(brace));
+      if (end == std::string_view::npos) return ToolParse{std::string(text), {}};
+      const auto args = parse_ordered_json_bounded(t.substr(brace, end), kDefaultMaxJsonDepth);
+      if (!args || !args->is_object()) return ToolParse{std::string(text), {}};
+      call.arguments = args->dump();
+      r.calls.push_back(std::move(call));
+      used = brace + end;
+    }
+    const size_t after = size_t(t.data() - text.data()) + used;
+    pos = text.find(kMistralCalls, after);
+    add_content(&r.content, text.substr(after, pos == std::string_view::npos ? std::string_view::npos : pos - after));
+  }
+  return r;
+}
+
+ToolParse parse_gemma4(std::string_view text) {
+  size_t pos = text.find(kGemmaCall);
+  if (pos == std::string_view::npos) return ToolParse{std::string(text), {}};
+  ToolParse r;
+  add_content(&r.content, text.substr(0, pos));
+  while (pos != std::string_view::npos) {
+    size_t p = pos + kGemmaCall.size();
+    while (p < text.size() && std::isspace(static_cast<unsigned char>(text[p]))) ++p;
+    if (text.substr(p, kGemmaCallPrefix.size()) != kGemmaCallPrefix) return ToolParse{std::string(text), {}};
+    p += kGemmaCallPrefix.size();
+    const size_t brace = text.find('{', p);
+    if (brace == std::string_view::npos) return ToolParse{std::string(text), {}};
+    ToolCall call;
+    call.name = trim(text.substr(p, brace - p));
+    if (call.name.empty() || call.name.find_first_of("<>,:") != std::string::npos) return ToolParse{std::string(text), {}};
+    size_t q = brace;
+    ojson args;
+    if (gemma4_value(text, &q, &args) != Scan::kDone || !args.is_object()) return ToolParse{std::string(text), {}};
+    call.arguments = args.dump();
+    r.calls.push_back(std::move(call));
+    while (q < text.size() && std::isspace(static_cast<unsigned char>(text[q]))) ++q;
+    if (text.substr(q, kGemmaCallEnd.size()) == kGemmaCallEnd) q += kGemmaCallEnd.size();
+    pos = text.find(kGemmaCall, q);
+    // The model opens the tool's response after its calls; that marker and a turn end are not content.
+    std::string between(text.substr(q, pos == std::string_view::npos ? std::string_view::npos : pos - q));
+    for (std::string_view tag : {kGemmaResponse, kGemmaTurnEnd}) {
+      for (size_t t = between.find(tag); t != std::string::npos; t = between.find(tag)) between.erase(t, tag.size());
+    }
+    add_content(&r.content, between);
+  }
+  return r;
+}
+
 }  // namespace
 
 bool parse_tool_call_format(const std::string& name, ToolCallFormat* out) {
   if (name == "hermes" || name == "qwen") *out = ToolCallFormat::kHermes;
   else if (name == "llama3" || name == "llama3_json") *out = ToolCallFormat::kLlama3;
   else if (name == "deepseek" || name == "deepseek_v3") *out = ToolCallFormat::kDeepSeek;
+  else if (name == "qwen3_coder" || name == "qwen3_xml") *out = ToolCallFormat::kQwen3Coder;
+  else if (name == "mistral") *out = ToolCallFormat::kMistral;
+  else if (name == "gemma4") *out = ToolCallFormat::kGemma4;
   else if (name == "none") *out = ToolCallFormat::kNone;
   else return false;
   return true;
@@ -186,11 +387,24 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3: return "llama3";
     case ToolCallFormat::kDeepSeek: return "deepseek";
+    case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
+    case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kGemma4: return "gemma4";
     default: return "none";
   }
 }
 
+bool tool_markers_are_special(ToolCallFormat f) {
+  return f == ToolCallFormat::kDeepSeek || f == ToolCallFormat::kMistral || f == ToolCallFormat::kGemma4;
+}
+
 ToolCallFormat detect_tool_call_format(std::string_view tmpl) {
+  // Qwen3-Coder's template writes <tool_call> too: the XML body decides first.
+  if (tmpl.find(kXmlFunction) != std::string_view::npos && tmpl.find(kXmlParam) != std::string_view::npos) {
+    return ToolCallFormat::kQwen3Coder;
+  }
+  if (tmpl.find(kGemmaCall) != std::string_view::npos) return ToolCallFormat::kGemma4;
+  if (tmpl.find(kMistralCalls) != std::string_view::npos) return ToolCallFormat::kMistral;
   if (tmpl.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
   if (tmpl.find(kDsCallsBegin) != std::string_view::npos || tmpl.find(kDsCallBegin) != std::string_view::npos) {
     return ToolCallFormat::kDeepSeek;
@@ -201,8 +415,11 @@ ToolCallFormat detect_tool_call_format(std::string_view tmpl) {
   return ToolCallFormat::kNone;
 }
 
-ToolParse parse_tool_calls(ToolCallFormat format, std::string_view text) {
+ToolParse parse_tool_calls(ToolCallFormat format, std::string_view text, const ToolParamTypes* types) {
   switch (format) {
+    case ToolCallFormat::kQwen3Coder: return parse_qwen3_xml(text, types);
+    case ToolCallFormat::kMistral: return parse_mistral(text);
+    case ToolCallFormat::kGemma4: return parse_gemma4(text);
     case ToolCallFormat::kHermes: return parse_hermes(text);
     case ToolCallFormat::kLlama3: return parse_llama3(text);
     case ToolCallFormat::kDeepSeek: return parse_deepseek(text);
@@ -228,17 +445,17 @@ std::string ToolCallFilter::push(std::string_view text) {
     passed_any_ = true;
     return std::exchange(held_, std::string());
   }
-  const std::string_view marker = format_ == ToolCallFormat::kHermes ? kHermesOpen : kDsCallsBegin;
-  size_t pos = held_.find(marker);
-  if (format_ == ToolCallFormat::kDeepSeek) pos = std::min(pos, held_.find(kDsCallBegin));
+  const std::vector<std::string_view> markers = call_markers(format_);
+  size_t pos = std::string::npos;
+  for (std::string_view m : markers) pos = std::min(pos, held_.find(m));
   if (pos != std::string::npos) {
     capturing_ = true;
     std::string out = held_.substr(0, pos);
     held_.erase(0, pos);
     return out;
   }
-  size_t keep = partial_suffix_length(held_, marker);
-  if (format_ == ToolCallFormat::kDeepSeek) keep = std::max(keep, partial_suffix_length(held_, kDsCallBegin));
+  size_t keep = 0;
+  for (std::string_view m : markers) keep = std::max(keep, partial_suffix_length(held_, m));
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;
@@ -247,7 +464,7 @@ std::string ToolCallFilter::push(std::string_view text) {
 ToolParse ToolCallFilter::finish() {
   std::string rest = std::exchange(held_, std::string());
   if (!capturing_) return ToolParse{std::move(rest), {}};
-  return parse_tool_calls(format_, rest);
+  return parse_tool_calls(format_, rest, types_.get());
 }
 
 }  // namespace strata::server

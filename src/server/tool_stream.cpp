@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/tool_formats.h"
+
 namespace strata::server {
 
 namespace {
@@ -12,6 +14,14 @@ constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kXmlFunctionEnd = "</function>";
+constexpr std::string_view kXmlParam = "<parameter=";
+constexpr std::string_view kXmlParamEnd = "</parameter>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kGemmaCall = "<|tool_call>";
 
 // A step of header reading: matched, cannot match, or the text ends before it can tell.
 enum class Match { kYes, kNo, kMore };
@@ -114,7 +124,155 @@ Match deepseek_header(std::string_view t, size_t* p, std::string* name) {
   return Match::kYes;
 }
 
+// The rest of a JSON object from t[*p] to its closing '}' (strings skipped); *p ends after it.
+Match close_object(std::string_view t, size_t* p) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = *p; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (depth-- == 0) {
+        if (c != '}') return Match::kNo;
+        *p = i + 1;
+        return Match::kYes;
+      }
+    }
+  }
+  return Match::kMore;
+}
+
+// Mistral: [TOOL_CALLS]NAME[ARGS]{ (or NAME[CALL_ID]ID[ARGS]{, or NAME{) from the next marker at
+// or after *p, or [TOOL_CALLS][{"name": ..., "arguments": { opening a JSON list (*list set).
+// `in_list`: the previous call's arguments closed inside such a list; the next one follows a ','.
+Match mistral_header(std::string_view t, size_t* p, bool in_list, bool* list, std::string* name) {
+  size_t q = *p;
+  Match m;
+  if (in_list) {
+    if ((m = close_object(t, &q)) != Match::kYes) return m;
+    q = skip_space(t, q);
+    if (q >= t.size()) return Match::kMore;
+    if (t[q] != ',') return Match::kNo;  // ']': the list ends, and the stream with it
+    ++q;
+    if ((m = object_header(t, &q, name)) != Match::kYes) return m;
+    *p = q;
+    return Match::kYes;
+  }
+  const size_t at = t.find(kMistralCalls, q);
+  if (at == std::string_view::npos) return Match::kMore;
+  q = skip_space(t, at + kMistralCalls.size());
+  if (q >= t.size()) return Match::kMore;
+  if (t[q] == '[') {
+    *list = true;
+    ++q;
+    if ((m = object_header(t, &q, name)) != Match::kYes) return m;
+    *p = q;
+    return Match::kYes;
+  }
+  const size_t brace = t.find('{', q);
+  if (brace == std::string_view::npos) return Match::kMore;
+  std::string_view head = t.substr(q, brace - q);
+  if (const size_t a = head.find(kMistralArgs); a != std::string_view::npos) head = head.substr(0, a);
+  if (const size_t c = head.find(kMistralCallId); c != std::string_view::npos) head = head.substr(0, c);
+  *name = trim(head);
+  if (name->empty() || name->find_first_of("[]{}\"") != std::string::npos) return Match::kNo;
+  *p = brace;
+  return Match::kYes;
+}
+
+// Gemma 4: <|tool_call>call:NAME{ from the next call marker at or after *p; *p ends past the '{'.
+Match gemma4_header(std::string_view t, size_t* p, std::string* name) {
+  const size_t at = t.find(kGemmaCall, *p);
+  if (at == std::string_view::npos) return Match::kMore;
+  size_t q = skip_space(t, at + kGemmaCall.size());
+  Match m;
+  if ((m = literal(t, &q, "call:")) != Match::kYes) return m;
+  const size_t brace = t.find('{', q);
+  if (brace == std::string_view::npos) return t.find_first_of("<>,:", q) == std::string_view::npos ? Match::kMore : Match::kNo;
+  *name = trim(t.substr(q, brace - q));
+  if (name->empty() || name->find_first_of("<>,:") != std::string::npos) return Match::kNo;
+  *p = brace + 1;
+  return Match::kYes;
+}
+
+// Qwen3-Coder: <function=NAME> from the next one at or after *p; *p ends past the '>'.
+Match xml_header(std::string_view t, size_t* p, std::string* name) {
+  const size_t at = t.find(kXmlFunction, *p);
+  if (at == std::string_view::npos) return Match::kMore;
+  const size_t gt = t.find('>', at);
+  if (gt == std::string_view::npos) return Match::kMore;
+  *name = trim(t.substr(at + kXmlFunction.size(), gt - at - kXmlFunction.size()));
+  if (name->empty() || name->find('<') != std::string::npos) return Match::kNo;
+  *p = gt + 1;
+  return Match::kYes;
+}
+
 }  // namespace
+
+std::string ToolCallStreamer::read_pairs(std::string_view t, bool* closed) {
+  using ojson = nlohmann::ordered_json;
+  std::string piece;
+  auto add = [&](const std::string& key, const ojson& v) {
+    if (n_pairs_++ > 0) piece += ',';
+    piece += ojson(key).dump() + ":" + v.dump();
+  };
+  for (;;) {
+    if (format_ == ToolCallFormat::kGemma4) {
+      size_t q = skip_space(t, cursor_);
+      if (q >= t.size()) break;
+      if (t[q] == '}') {
+        cursor_ = q + 1;
+        *closed = true;
+        return piece + "}";
+      }
+      if (n_pairs_ > 0) {
+        if (t[q] != ',') {
+          state_ = State::kWhole;
+          break;
+        }
+        ++q;
+      }
+      std::string key;
+      ojson v;
+      Scan s = gemma4_key(t, &q, &key);
+      if (s == Scan::kDone) s = gemma4_value(t, &q, &v);
+      if (s == Scan::kBad) state_ = State::kWhole;
+      if (s != Scan::kDone) break;
+      add(key, v);
+      cursor_ = q;
+      continue;
+    }
+    // kQwen3Coder: <parameter=K>\nVALUE\n</parameter> ... </function>
+    const size_t param = t.find(kXmlParam, cursor_);
+    const size_t end = t.find(kXmlFunctionEnd, cursor_);
+    if (end != std::string_view::npos && (param == std::string_view::npos || end < param)) {
+      cursor_ = end + kXmlFunctionEnd.size();
+      *closed = true;
+      return piece + "}";
+    }
+    if (param == std::string_view::npos) break;
+    const size_t gt = t.find('>', param);
+    if (gt == std::string_view::npos) break;
+    const std::string key = trim(t.substr(param + kXmlParam.size(), gt - param - kXmlParam.size()));
+    if (key.empty()) {
+      state_ = State::kWhole;
+      break;
+    }
+    // The value ends at its </parameter>, or (left open) at the next parameter or the call's end.
+    size_t vend = std::min({t.find(kXmlParamEnd, gt), t.find(kXmlParam, gt), t.find(kXmlFunctionEnd, gt)});
+    if (vend == std::string_view::npos) break;
+    add(key, xml_param_value(xml_param_text(t.substr(gt + 1, vend - gt - 1)), declared_param_type(types_.get(), name_, key)));
+    cursor_ = t.substr(vend, kXmlParamEnd.size()) == kXmlParamEnd ? vend + kXmlParamEnd.size() : vend;
+  }
+  return piece;
+}
 
 bool ToolCallStreamer::read_header(std::string_view t) {
   size_t p = cursor_;
@@ -143,6 +301,11 @@ bool ToolCallStreamer::read_header(std::string_view t) {
       break;
     }
     case ToolCallFormat::kDeepSeek: m = deepseek_header(t, &p, &name_); break;
+    case ToolCallFormat::kQwen3Coder: m = xml_header(t, &p, &name_); break;
+    case ToolCallFormat::kGemma4: m = gemma4_header(t, &p, &name_); break;
+    case ToolCallFormat::kMistral:
+      m = mistral_header(t, &p, list_ && state_ == State::kAfterCall, &list_, &name_);
+      break;
     default: break;
   }
   if (m == Match::kNo) state_ = State::kWhole;
@@ -167,12 +330,21 @@ std::vector<ToolCallDelta> ToolCallStreamer::update(std::string_view t) {
       state_ = State::kArguments;
       depth_ = 0;
       in_string_ = escaped_ = false;
+      n_pairs_ = 0;
+      if (format_ == ToolCallFormat::kQwen3Coder || format_ == ToolCallFormat::kGemma4) {
+        out.back().arguments = "{";
+        streamed_.back() = "{";
+      }
     }
-    // kArguments: pass the object through, whitespace outside strings dropped.
     std::string piece;
     bool closed = false;
+    if (format_ == ToolCallFormat::kQwen3Coder || format_ == ToolCallFormat::kGemma4) {
+      piece = read_pairs(t, &closed);
+    }
+    // kArguments of the JSON formats: pass the object through, whitespace outside strings dropped.
     size_t i = cursor_;
-    for (; i < t.size() && !closed; ++i) {
+    const bool json_args = format_ != ToolCallFormat::kQwen3Coder && format_ != ToolCallFormat::kGemma4;
+    for (; json_args && i < t.size() && !closed; ++i) {
       const char c = t[i];
       if (in_string_) {
         piece += c;
@@ -187,7 +359,7 @@ std::vector<ToolCallDelta> ToolCallStreamer::update(std::string_view t) {
       else if (c == '{' || c == '[') ++depth_;
       else if ((c == '}' || c == ']') && --depth_ == 0) closed = true;
     }
-    cursor_ = i;
+    if (json_args) cursor_ = i;
     if (!piece.empty()) {
       streamed_.back() += piece;
       if (!out.empty() && out.back().index == int(streamed_.size()) - 1) {

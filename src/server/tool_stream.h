@@ -2,12 +2,15 @@
 // OpenAI streams them: a call's name as soon as it is complete, then its arguments in pieces.
 // It reads the text ToolCallFilter holds back (everything from the first call marker on) and
 // understands each format's call header (tool_parser.h); the arguments object is passed through
-// with the whitespace outside strings dropped, which is how the parsed call prints it. The
+// with the whitespace outside strings dropped, which is how the parsed call prints it. Formats
+// whose arguments are not JSON (Qwen3-Coder XML, Gemma 4) send each argument as JSON once it is
+// complete, converted as the whole parse converts it. The
 // parse of the whole text at the end stays the authority: finish() sends what the stream has
 // not shown yet of those calls (all of a call whose header had an unexpected shape).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,7 +28,8 @@ struct ToolCallDelta {
 
 class ToolCallStreamer {
  public:
-  explicit ToolCallStreamer(ToolCallFormat format) : format_(format) {}
+  explicit ToolCallStreamer(ToolCallFormat format, std::shared_ptr<const ToolParamTypes> types = nullptr)
+      : format_(format), types_(std::move(types)) {}
 
   // The held-back call text so far (it only grows); returns the deltas it adds.
   std::vector<ToolCallDelta> update(std::string_view captured);
@@ -37,8 +41,11 @@ class ToolCallStreamer {
   // Reads a call header at or after cursor_; true when found (name_, cursor_ at the arguments).
   // Sets state_ kWhole when the text cannot be a header this streamer knows.
   bool read_header(std::string_view text);
+  // kQwen3Coder, kGemma4: the arguments completed since cursor_, as JSON; *closed at the call's end.
+  std::string read_pairs(std::string_view text, bool* closed);
 
   ToolCallFormat format_;
+  std::shared_ptr<const ToolParamTypes> types_;  // kQwen3Coder: how its text values become JSON
   State state_ = State::kHeader;
   size_t cursor_ = 0;  // bytes of the captured text consumed
   std::string name_;
@@ -46,6 +53,8 @@ class ToolCallStreamer {
   int depth_ = 0;
   bool in_string_ = false;
   bool escaped_ = false;
+  size_t n_pairs_ = 0;  // arguments sent of the call being read (pair formats)
+  bool list_ = false;   // kMistral: the calls are one JSON list
   std::vector<std::string> streamed_;  // per call started: the arguments text sent
   std::vector<std::string> names_;     // per call started: its name
 };

@@ -151,11 +151,137 @@ TEST(ToolParser, DeepSeekV3AndV31Formats) {
   EXPECT_EQ(p.content, "Sure.");
 }
 
+// Tools as a request declares them; Qwen3-Coder's values take their JSON types from here.
+const nlohmann::ordered_json kWeatherTools = nlohmann::ordered_json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+    "hours": {"type": "array", "items": {"type": "number"}}, "where": {"type": "object"},
+    "zip": {"type": ["string", "null"]}, "scale": {"type": "number"}}}}},
+  {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+])");
+
+// As Qwen/Qwen3-Coder-30B-A3B-Instruct's chat_template.jinja (Hugging Face) renders an assistant
+// turn: '\n<tool_call>\n<function=' + name + '>\n', per argument '<parameter=' + k + '>\n' +
+// value + '\n</parameter>\n', then '</function>\n</tool_call>'; values that are not mappings or
+// lists go through `| string`, so a boolean reads True. Qwen3.5's template writes the same body.
+TEST(ToolParser, Qwen3CoderXmlTypedBySchema) {
+  const std::string text =
+      "I'll look that up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=hours>\n[9, 12.5]\n"
+      "</parameter>\n<parameter=where>\n{\"lat\": 40.7, \"lon\": -74.0}\n</parameter>\n<parameter=zip>\n10001\n</parameter>\n"
+      "<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+      "</function>\n</tool_call>";
+  const ToolParamTypes types = tool_param_types(kWeatherTools);
+  ToolParse p = parse_tool_calls(ToolCallFormat::kQwen3Coder, text, &types);
+  ASSERT_EQ(p.calls.size(), 2u);
+  // A string type stays text even when it reads as a number; an undeclared parameter is text.
+  expect_call(p.calls[0], "get_weather",
+              {{"city", "New York"}, {"days", 3}, {"metric", true}, {"hours", {9, 12.5}},
+               {"where", {{"lat", 40.7}, {"lon", -74.0}}}, {"zip", "10001"}, {"note", "line one\nline two"}});
+  EXPECT_EQ(p.calls[0].arguments.substr(0, 28), "{\"city\":\"New York\",\"days\":3,") << "the order the model wrote";
+  expect_call(p.calls[1], "get_time", nlohmann::json::object());
+  EXPECT_EQ(p.content, "I'll look that up.");
+  // Without the schema every value is text; a value that does not parse as its type stays text.
+  p = parse_tool_calls(ToolCallFormat::kQwen3Coder, text);
+  expect_call(p.calls[0], "get_weather",
+              {{"city", "New York"}, {"days", "3"}, {"metric", "True"}, {"hours", "[9, 12.5]"},
+               {"where", "{\"lat\": 40.7, \"lon\": -74.0}"}, {"zip", "10001"}, {"note", "line one\nline two"}});
+  p = parse_tool_calls(ToolCallFormat::kQwen3Coder,
+                       "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n<parameter=scale>\n"
+                       "null\n</parameter>\n</function>\n</tool_call>",
+                       &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "get_weather", {{"days", "three"}, {"scale", nullptr}});
+}
+
+TEST(ToolParser, Qwen3CoderLenientAndInvalidShapes) {
+  // A parameter left open ends at the next one; a bare <function=...> without <tool_call> is a call.
+  ToolParse p = parse_tool_calls(ToolCallFormat::kQwen3Coder,
+                                 "<function=f>\n<parameter=a>\nx\n<parameter=b>\ny\n</parameter>\n</function>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "f", {{"a", "x"}, {"b", "y"}});
+  // No name: not a call, the text stays content.
+  const std::string bad = "<tool_call>\n<function=>\n</function>\n</tool_call>";
+  p = parse_tool_calls(ToolCallFormat::kQwen3Coder, bad);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, bad);
+}
+
+// Mistral-7B-Instruct-v0.3's chat template (mistralai/Mistral-7B-Instruct-v0.3,
+// tokenizer_config.json) writes "[TOOL_CALLS] [" + each call's function|tojson without its last
+// brace + ', "id": "' + id + '"}' + "]"; the 2025 templates (chat_template.jinja of Ministral 3 and
+// Devstral Small 2) write '[TOOL_CALLS]' + name + '[ARGS]' + arguments|tojson once per call, and
+// the mid-2025 ones name + '[CALL_ID]' + id + '[ARGS]' + arguments.
+TEST(ToolParser, MistralListAndArgsForms) {
+  ToolParse p = parse_tool_calls(ToolCallFormat::kMistral,
+                                 "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abc123def\"}, "
+                                 "{\"name\": \"get_time\", \"arguments\": {}, \"id\": \"xyz987uvw\"}]");
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Paris"}});
+  expect_call(p.calls[1], "get_time", nlohmann::json::object());
+  EXPECT_EQ(p.content, "");
+  p = parse_tool_calls(ToolCallFormat::kMistral,
+                       "Let me check.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": [1, 2]}"
+                       "[TOOL_CALLS]get_time[ARGS]{}");
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Paris"}, {"days", {1, 2}}});
+  expect_call(p.calls[1], "get_time", nlohmann::json::object());
+  EXPECT_EQ(p.content, "Let me check.");
+  p = parse_tool_calls(ToolCallFormat::kMistral, "[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{\"city\": \"Rome\"}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "get_weather", {{"city", "Rome"}});
+  for (const std::string bad : {"[TOOL_CALLS]get_weather[ARGS]{\"city\": ", "[TOOL_CALLS] [{\"arguments\": {}}]",
+                                "[TOOL_CALLS][ARGS]{}"}) {
+    p = parse_tool_calls(ToolCallFormat::kMistral, bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+}
+
+// Gemma 4's chat template (google/gemma-4-E4B-it, chat_template.jinja) writes each call as
+// '<|tool_call>call:' + name + '{' + for key in arguments|dictsort: key + ':' +
+// format_argument(value, escape_keys=False) + '}<tool_call|>': strings between <|"|> tokens,
+// booleans true/false, numbers bare, mappings {k:v} with bare keys, lists [a,b]; calls follow one
+// another with no separator, and the model then opens <|tool_response>.
+TEST(ToolParser, Gemma4CallFormat) {
+  const std::string text =
+      "Checking both.<|tool_call>call:get_weather{city:<|\"|>Paris, \"the\" city {of light}<|\"|>,days:3,"
+      "hours:[9,12.5],metric:true,where:{lat:48.85,name:<|\"|>centre<|\"|>},zip:null}<tool_call|>"
+      "<|tool_call>call:get_time{}<tool_call|><|tool_response>";
+  ToolParse p = parse_tool_calls(ToolCallFormat::kGemma4, text);
+  ASSERT_EQ(p.calls.size(), 2u);
+  expect_call(p.calls[0], "get_weather",
+              {{"city", "Paris, \"the\" city {of light}"}, {"days", 3}, {"hours", {9, 12.5}}, {"metric", true},
+               {"where", {{"lat", 48.85}, {"name", "centre"}}}, {"zip", nullptr}});
+  expect_call(p.calls[1], "get_time", nlohmann::json::object());
+  EXPECT_EQ(p.content, "Checking both.");
+  for (const std::string bad : {"<|tool_call>call:f{a:<|\"|>open}<tool_call|>", "<|tool_call>f{a:1}<tool_call|>",
+                                "<|tool_call>call:{a:1}<tool_call|>"}) {
+    p = parse_tool_calls(ToolCallFormat::kGemma4, bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+}
+
 TEST(ToolParser, DetectsTheFormatFromTheTemplate) {
   EXPECT_EQ(detect_tool_call_format("{{- '<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(detect_tool_call_format("'<｜tool▁calls▁begin｜>'"), ToolCallFormat::kDeepSeek);
   EXPECT_EQ(detect_tool_call_format("{\"name\": function name, \"parameters\": ...}<|eot_id|>"), ToolCallFormat::kLlama3);
   EXPECT_EQ(detect_tool_call_format("{{ messages }}"), ToolCallFormat::kNone);
+  // The lines of each published template that spell its call format (sources as above).
+  EXPECT_EQ(detect_tool_call_format("{{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
+                                    "{{- '<parameter=' + args_name + '>\\n' }}{{- '</function>\\n</tool_call>' }}"),
+            ToolCallFormat::kQwen3Coder);
+  EXPECT_EQ(detect_tool_call_format("{{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}"),
+            ToolCallFormat::kMistral);
+  EXPECT_EQ(detect_tool_call_format("{{- \"[TOOL_CALLS] [\" }}{%- set out = tool_call.function|tojson %}"), ToolCallFormat::kMistral);
+  EXPECT_EQ(detect_tool_call_format("{{- '<|tool_call>call:' + function['name'] + '{' -}}{{- '}<tool_call|>' -}}"),
+            ToolCallFormat::kGemma4);
+  for (const char* name : {"qwen3_coder", "mistral", "gemma4"}) {
+    ToolCallFormat f = ToolCallFormat::kNone;
+    ASSERT_TRUE(parse_tool_call_format(name, &f)) << name;
+    EXPECT_STREQ(tool_call_format_name(f), name);
+  }
 }
 
 // Streaming through the filter gives the same content and calls as parsing the whole text.
@@ -183,6 +309,13 @@ TEST(ToolCallFilter, StreamingMatchesWholeParsing) {
   check_filter(ToolCallFormat::kLlama3, "Plain answer {not a call}");
   check_filter(ToolCallFormat::kDeepSeek,
                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  check_filter(ToolCallFormat::kQwen3Coder, "Sure.\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>");
+  check_filter(ToolCallFormat::kQwen3Coder, "a <function without a call");
+  check_filter(ToolCallFormat::kMistral, "Sure.[TOOL_CALLS]f[ARGS]{\"a\": 1}");
+  check_filter(ToolCallFormat::kMistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": 1}}]");
+  check_filter(ToolCallFormat::kMistral, "no [TOOL call here");
+  check_filter(ToolCallFormat::kGemma4, "Sure.<|tool_call>call:f{a:<|\"|>x<|\"|>}<tool_call|>");
+  check_filter(ToolCallFormat::kGemma4, "plain <|tool text");
 }
 
 TEST(ToolCallFilter, ContentBeforeACallStreamsAtOnce) {

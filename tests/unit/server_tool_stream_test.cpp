@@ -39,9 +39,10 @@ void add_deltas(const std::vector<ToolCallDelta>& deltas, Streamed* s) {
 
 // Feeds `text` to a filter and a streamer in pieces of `step` bytes, as the assembler does;
 // the streamed calls must equal the whole parse.
-Streamed stream_text(ToolCallFormat f, const std::string& text, size_t step) {
-  ToolCallFilter filter(f);
-  ToolCallStreamer streamer(f);
+Streamed stream_text(ToolCallFormat f, const std::string& text, size_t step,
+                     std::shared_ptr<const ToolParamTypes> types = nullptr) {
+  ToolCallFilter filter(f, types);
+  ToolCallStreamer streamer(f, types);
   Streamed s;
   for (size_t at = 0; at < text.size(); at += step) {
     filter.push(text.substr(at, step));
@@ -49,7 +50,7 @@ Streamed stream_text(ToolCallFormat f, const std::string& text, size_t step) {
   }
   const ToolParse end = filter.finish();
   add_deltas(streamer.finish(end.calls), &s);
-  const ToolParse whole = parse_tool_calls(f, text);
+  const ToolParse whole = parse_tool_calls(f, text, types.get());
   EXPECT_EQ(s.names.size(), whole.calls.size()) << text;
   for (size_t i = 0; i < whole.calls.size() && i < s.names.size(); ++i) {
     EXPECT_EQ(s.names[i], whole.calls[i].name);
@@ -112,6 +113,73 @@ TEST(ToolCallStreamer, Llama3AndDeepSeekFormats) {
                     step);
     EXPECT_EQ(s.names, (std::vector<std::string>{"get_weather", "get_time"}));
   }
+}
+
+// How many deltas carried arguments before the whole text had arrived.
+size_t deltas_before_end(ToolCallFormat f, const std::string& text, std::shared_ptr<const ToolParamTypes> types = nullptr) {
+  ToolCallFilter filter(f, types);
+  ToolCallStreamer streamer(f, types);
+  size_t n = 0;
+  for (size_t at = 0; at + 1 < text.size(); ++at) {
+    filter.push(text.substr(at, 1));
+    for (const auto& d : streamer.update(filter.captured())) n += d.arguments.empty() ? 0 : 1;
+  }
+  return n;
+}
+
+// Qwen3-Coder XML as Qwen/Qwen3-Coder-30B-A3B-Instruct's chat_template.jinja renders it (see
+// server_parsers_test.cpp): each parameter streams as JSON, typed by the schema, once it closes.
+TEST(ToolCallStreamer, Qwen3CoderParametersStreamAsTypedJson) {
+  const auto types = std::make_shared<const ToolParamTypes>(tool_param_types(nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
+      "path": {"type": "string"}, "mode": {"type": "integer"}, "append": {"type": "boolean"}}}}}])")));
+  const std::string text =
+      "Writing it.\n<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/a \"b\".txt\n</parameter>\n"
+      "<parameter=content>\ndef f():\n    return {'x': 1}\n</parameter>\n<parameter=mode>\n644\n</parameter>\n"
+      "<parameter=append>\nfalse\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=write_file>\n"
+      "<parameter=path>\nb\n</parameter>\n</function>\n</tool_call>";
+  for (size_t step : {1, 2, 5, 9, 1000}) {
+    const Streamed s = stream_text(ToolCallFormat::kQwen3Coder, text, step, types);
+    ASSERT_EQ(s.names, (std::vector<std::string>{"write_file", "write_file"}));
+    EXPECT_EQ(s.arguments[0],
+              "{\"path\":\"/tmp/a \\\"b\\\".txt\",\"content\":\"def f():\\n    return {'x': 1}\",\"mode\":644,\"append\":false}");
+    EXPECT_EQ(s.arguments[1], "{\"path\":\"b\"}");
+  }
+  EXPECT_GE(deltas_before_end(ToolCallFormat::kQwen3Coder, text, types), 6u) << "one delta per parameter at least";
+}
+
+// Mistral, both forms (templates cited in server_parsers_test.cpp): the arguments object streams
+// through as it is written.
+TEST(ToolCallStreamer, MistralBothForms) {
+  const std::string list =
+      "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}, \"id\": \"abc123def\"}, "
+      "{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}, \"id\": \"xyz987uvw\"}]";
+  const std::string args =
+      "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": [1, 2]}[TOOL_CALLS]get_time[CALL_ID]abc123def[ARGS]{\"tz\": \"CET\"}";
+  for (size_t step : {1, 3, 7, 1000}) {
+    for (const std::string& text : {list, args}) {
+      const Streamed s = stream_text(ToolCallFormat::kMistral, text, step);
+      ASSERT_EQ(s.names, (std::vector<std::string>{"get_weather", "get_time"})) << text;
+      EXPECT_EQ(s.arguments[0], "{\"city\":\"Paris\",\"days\":[1,2]}");
+    }
+  }
+  EXPECT_GT(deltas_before_end(ToolCallFormat::kMistral, args), 20u);
+  EXPECT_GT(deltas_before_end(ToolCallFormat::kMistral, list), 20u);
+}
+
+// Gemma 4 (google/gemma-4-E4B-it, chat_template.jinja; see server_parsers_test.cpp): each
+// top-level argument streams as JSON once its value is complete.
+TEST(ToolCallStreamer, Gemma4ArgumentsStreamAsJson) {
+  const std::string text =
+      "<|tool_call>call:get_weather{city:<|\"|>Paris, {\"centre\"}<|\"|>,days:3,where:{lat:48.85,tags:[<|\"|>a<|\"|>,true]},"
+      "zip:null}<tool_call|><|tool_call>call:get_time{}<tool_call|><|tool_response>";
+  for (size_t step : {1, 2, 4, 11, 1000}) {
+    const Streamed s = stream_text(ToolCallFormat::kGemma4, text, step);
+    ASSERT_EQ(s.names, (std::vector<std::string>{"get_weather", "get_time"}));
+    EXPECT_EQ(s.arguments[0], "{\"city\":\"Paris, {\\\"centre\\\"}\",\"days\":3,\"where\":{\"lat\":48.85,\"tags\":[\"a\",true]},\"zip\":null}");
+    EXPECT_EQ(s.arguments[1], "{}");
+  }
+  EXPECT_GE(deltas_before_end(ToolCallFormat::kGemma4, text), 5u);
 }
 
 TEST(ToolCallStreamer, ShapesItDoesNotKnowComeWholeAtTheEnd) {
