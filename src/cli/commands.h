@@ -10,6 +10,7 @@ namespace strata::cli {
 int& exit_code();
 
 void register_generate(CLI::App& app);
+void register_embed(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_serve(CLI::App& app);

@@ -68,7 +68,9 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
     }
     if (d.gpu_memory_fraction) log::warn("--gpu-memory-fraction has no effect on --device cpu");
     if (d.deterministic) log::info("--deterministic: the cpu engine's kernels are batch-invariant already");
-    auto m = load_model(dir, pool);
+    LoadOptions lo;
+    lo.hidden_output = d.embed;
+    auto m = load_model(dir, pool, lo);
     if (!m.ok()) return m.error();
     out.model = std::move(m).value();
     out.identity.model_dir = dir;
@@ -76,6 +78,10 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
     return out;
   }
 #ifdef STRATA_WITH_CUDA
+  if (d.embed) {
+    return make_error(ErrorCode::kUnsupported,
+                      "--task embed runs on --device cpu only (the GPU executor's head writes logits); add --device cpu");
+  }
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
   STRATA_RETURN_IF_ERROR(cuda::check_cuda_engine_support(*cfg, eo->kv_codecs));
@@ -108,6 +114,22 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
 #else
   return make_error(ErrorCode::kInternal, "unreachable: cuda device without CUDA");
 #endif
+}
+
+Result<bool> resolve_embed_task(const std::string& task, const std::string& dir, PoolingConfig* pooling) {
+  if (task != "auto" && task != "generate" && task != "embed") {
+    return make_error(ErrorCode::kInvalidArgument, "--task must be auto, generate or embed, got '" + task + "'");
+  }
+  if (task == "generate") return false;
+  auto p = load_pooling_config(dir);
+  if (!p.ok()) return p.error();
+  if (!p->present) {
+    if (task == "auto") return false;
+    p->present = true;  // a decoder embedding model without sentence-transformers modules
+    p->normalize = true;
+  }
+  *pooling = std::move(p).value();
+  return true;
 }
 
 std::string state_identity_for(const EngineModel& m, const EngineOptions& eo) {

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/state_identity.h"
+#include "model/pooling.h"
 
 namespace strata::cli {
 
@@ -23,6 +24,7 @@ struct DeviceArgs {
   std::string load_format = "auto";         // auto (the checkpoint) or dummy (random weights)
   bool deterministic = false;               // batch-invariant kernels (cuda; the cpu engine always is)
   bool no_async_scheduling = false;         // steps one at a time (EngineOptions::async_scheduling off)
+  bool embed = false;                       // load as a pooling model (--task embed; cpu only so far)
   const CLI::App* cmd = nullptr;            // to tell an explicit --kv-cache-bytes from its default
 };
 
@@ -41,6 +43,11 @@ struct EngineModel {
 // --kv-cache-bytes when given, else --gpu-memory-fraction (default 0.9), and eo->kv_codecs
 // becomes bf16 (after refusing any other codec); eo->kv_blocks is the device pool.
 Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& dir, ThreadPool& pool, EngineOptions* eo);
+
+// --task auto|generate|embed of `dir`: whether it is served for embeddings, and its pooling
+// config (auto: embed when DIR/modules.json has a Pooling module; embed without one:
+// last-token pooling, normalized).
+Result<bool> resolve_embed_task(const std::string& task, const std::string& dir, PoolingConfig* pooling);
 
 // EngineOptions::model_identity for `m` (engine/state_identity.h): the weights
 // are hashed when eo keeps state past the process (a disk tier, checkpoints), with the hash

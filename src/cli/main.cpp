@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off");
   app.parse_complete_callback([&] { strata::log::set_level(log_level); });
   strata::cli::register_generate(app);
+  strata::cli::register_embed(app);
   strata::cli::register_inspect(app);
   strata::cli::register_tokenize(app);
   strata::cli::register_serve(app);

@@ -60,6 +60,7 @@ struct ServeArgs {
   int32_t checkpoint_every = 0;
   std::string checkpoint_dir;
   std::string tool_parser = "auto";
+  std::string task = "auto";
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
   std::string kv_quant_start = "auto";
@@ -182,6 +183,11 @@ int run_serve(ServeArgs a) {
     auto spec = make_speculative_options(a.spec, a.model_dir, none, /*load=*/false);
     if (!spec.ok()) return fail(spec.error());
   }
+  PoolingConfig pooling;
+  auto embed = resolve_embed_task(a.task, a.model_dir, &pooling);
+  if (!embed.ok()) return fail(embed.error());
+  a.dev.embed = *embed;
+  if (a.dev.embed && a.dev.device == "auto") a.dev.device = "cpu";
   if (a.supervise) return run_supervised(a);
 
   // SIGINT/SIGTERM go to one waiting thread; block them before any other thread starts.
@@ -234,6 +240,16 @@ int run_serve(ServeArgs a) {
   const int32_t max_len_guess = a.kv.max_model_len > 0 ? a.kv.max_model_len : cfg.max_position;
   auto served = server::load_served_model(a.model_dir, name, cfg, max_len_guess, a.tool_parser);
   if (!served.ok()) return fail(served.error());
+  if (a.dev.embed) {
+    if (pooling.dimension > 0 && pooling.dimension != cfg.hidden) {
+      return fail(make_error(ErrorCode::kInvalidArgument, a.model_dir + ": the Pooling module's word_embedding_dimension " +
+                                                              std::to_string(pooling.dimension) + " differs from hidden_size " +
+                                                              std::to_string(cfg.hidden)));
+    }
+    pooling.dimension = cfg.hidden;
+    served->embedding = true;
+    served->pooling = pooling;
+  }
   eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
 
   auto engine = Engine::create(std::move(model->model), eo, std::move(model->executor));
@@ -297,7 +313,10 @@ int run_serve(ServeArgs a) {
                                   std::to_string((*engine)->n_kv_quant_blocks()) + " codec blocks"
                             : std::string(),
             served->max_model_len,
-            server::tool_call_format_name(served->tool_format), served->reasoning ? ", reasoning" : "");
+            server::tool_call_format_name(served->tool_format),
+            std::string(served->reasoning ? ", reasoning" : "") +
+                (served->embedding ? ", embeddings: last-token pooling" + std::string(served->pooling.normalize ? ", normalized" : "")
+                                   : std::string()));
   // Under --supervise a stopped engine loop (a device fault) ends this process: the
   // supervisor restarts it and re-sends what was in flight.
   std::atomic<bool> serving{true};
@@ -378,6 +397,10 @@ void register_serve(CLI::App& app) {
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + v; },
           "N >= 0"));
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
+  cmd->add_option("--task", a->task,
+                  "auto, generate or embed: embed serves /v1/embeddings (last-token pooling; auto: when the model "
+                  "directory has sentence-transformers modules with a Pooling module)")
+      ->capture_default_str();
   cmd->add_option("--tool-parser", a->tool_parser, "auto, hermes, llama3, deepseek, qwen3_coder, mistral, gemma4 or none")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")
       ->capture_default_str();

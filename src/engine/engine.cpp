@@ -461,6 +461,17 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
     }
   }
   if (r.max_tokens < 1) return bad("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
+  if (r.embed != model_->config().hidden_output) {
+    return bad(r.embed ? "the model is not served for embeddings (serve it with --task embed)"
+                       : "the model is served for embeddings (--task embed): it does not generate");
+  }
+  if (r.embed) {
+    if (r.logprobs >= 0 || r.prompt_logprobs || r.grammar != nullptr) {
+      return bad("an embedding request takes no logprobs, prompt logprobs or grammar");
+    }
+    r.max_tokens = 1;  // its KV reservation: the prompt's blocks
+    r.speculative = false;
+  }
   const int64_t n_prompt = int64_t(r.prompt.size());
   if (n_prompt + r.max_tokens > max_model_len_) {
     return bad("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
@@ -486,7 +497,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
     r.sampling.vocab_limit = r.sampling.vocab_limit > 0 ? std::min(r.sampling.vocab_limit, r.vocab_limit) : r.vocab_limit;
   }
   std::string ckpt_key;
-  if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs) {
+  if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs && !r.embed) {
     ckpt_key = checkpoint_key(r, eos_ids_, !r.sampling.has_seed);
   }
   if (!r.sampling.has_seed) {
@@ -728,6 +739,12 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
     const size_t last_row = first_row + size_t(n_rows - 1);
     const int32_t host_row = rows.host_row[last_row];
     const float* last = host_row >= 0 ? logits + size_t(host_row) * size_t(vocab) : nullptr;
+    if (a.req.embed) {
+      STRATA_CHECK(last != nullptr, "an embed row has host rows");
+      a.embedding.assign(last, last + vocab);
+      finish(a, FinishReason::kStop, "");
+      continue;
+    }
     // Without host logits the row is the executor's sampled token (a RowSample) or its greedy
     // token (argmax_only said so).
     const int32_t device_token = rows.sampled.empty() ? StepRows::kNotSampled : rows.sampled.at(last_row);
@@ -827,6 +844,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   e.usage.accepted_tokens = a.spec_accepted;
   e.usage.fill_tokens = a.fill_tokens;
   e.usage.fill_spans = a.fill_spans;
+  e.embedding = std::move(a.embedding);
   a.channel->push(std::move(e));
   ++core_->stats.finished[int(reason)];
   core_->stats.prompt_tokens += a.seq.n_prompt;

@@ -60,6 +60,7 @@ struct Engine::Active {
   std::vector<uint32_t> mask;  // [vocab.mask_words()]
   int32_t fill_tokens = 0;     // token fill: forced tokens appended without sampling
   int32_t fill_spans = 0;
+  std::vector<float> embedding;  // an embed request's pooled row, handed out by finish()
 };
 
 struct Engine::Core {
@@ -134,7 +135,7 @@ struct Engine::Core {
 // the row, no logprobs): an executor may then hand back that token without the logits.
 inline bool argmax_only(const GenerationRequest& r, const Sampler& sampler, int32_t vocab) {
   const SamplingParams& p = sampler.params();
-  return r.logprobs < 0 && r.grammar == nullptr && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+  return !r.embed && r.logprobs < 0 && r.grammar == nullptr && p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && (p.vocab_limit <= 0 || p.vocab_limit >= vocab);
 }
 

@@ -36,6 +36,9 @@ struct GenerationRequest {
   // vocabulary must be the model's tokenizer's, with the engine's EOS ids among its stop ids.
   std::shared_ptr<const grammar::TokenMaskCache> grammar;
   std::string grammar_key;
+  // Embedding: the request runs its prompt only and finishes with the final hidden state of
+  // its last token (last-token pooling; only on an engine whose model has hidden_output).
+  bool embed = false;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -70,6 +73,9 @@ struct StreamEvent {
   std::string message;     // kError: what failed
   int32_t stop_token = -1; // kStop by a stop id or EOS: that id
   Usage usage;             // final events only
+  // Final event of an embed request that finished with kStop: the last prompt token's final
+  // hidden state [hidden] f32, as the model wrote it (not normalized).
+  std::vector<float> embedding;
 };
 
 // Fixed buckets (ms, upper bounds), cumulative since the engine started; Prometheus style.

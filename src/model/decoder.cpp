@@ -94,7 +94,7 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
     cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);
   }
 
-  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, opw, &lm_head_, spec_.final_softcap}, rows_,
+  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, opw, &lm_head_, spec_.final_softcap, config_.hidden_output}, rows_,
                   logits);
 }
 

@@ -257,7 +257,7 @@ void Gemma4Model::forward(const StepBatch& batch, KvStorage& kv, StateStorage* /
     }
   }
 
-  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, false, &lm_head_, config_.final_softcap}, rows_,
+  lm_head_forward(pool_, batch, x_.data(), hidden, LmHeadWeights{&final_norm_, eps, false, &lm_head_, config_.final_softcap, config_.hidden_output}, rows_,
                   logits);
 }
 

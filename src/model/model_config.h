@@ -75,11 +75,16 @@ struct ModelConfig {
   int32_t default_do_sample = -1;  // -1 unset, 0 false (greedy), 1 true
   // Quantized weights (quantization_config, or MLX's quantization); never null after parsing.
   std::shared_ptr<const QuantConfig> quant;
+  // Pooling (embedding) models: forward writes each row's final-normed hidden state
+  // [rows, hidden] in place of logits (the LM head is not applied). Set by LoadOptions.
+  bool hidden_output = false;
   // The text model's config object as read (after unwrapping a multimodal wrapper).
   std::shared_ptr<const nlohmann::json> text_json;
 
   // RoPE of a layer type: its override when the config has one, else `rope`.
   const RopeConfig& rope_for(const std::string& layer_type) const;
+  // Floats per output row of Model::forward: the vocabulary, or hidden_output's hidden size.
+  int32_t output_width() const { return hidden_output ? hidden : vocab_size; }
   bool is_sliding(int layer) const { return layer < int(layer_types.size()) && layer_types[layer] == "sliding_attention"; }
 };
 

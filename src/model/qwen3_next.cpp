@@ -133,7 +133,7 @@ void HybridModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* s
     add_inplace(x_.data(), branch_.data(), n * H);
   }
 
-  lm_head_forward(pool_, batch, x_.data(), H, LmHeadWeights{&final_norm_, eps, true, &lm_head_, 0.0f}, rows_,
+  lm_head_forward(pool_, batch, x_.data(), H, LmHeadWeights{&final_norm_, eps, true, &lm_head_, 0.0f, config_.hidden_output}, rows_,
                   logits);
 }
 

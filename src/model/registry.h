@@ -47,6 +47,8 @@ struct LoadOptions {
   // default SDPA attention silently drops this cap, and the reference goldens were computed
   // that way; false reproduces that behaviour.
   bool attn_softcap = true;
+  // Load as a pooling model: forward's rows are final hidden states (ModelConfig::hidden_output).
+  bool hidden_output = false;
 };
 
 // Loads a Hugging Face model directory.

@@ -80,6 +80,7 @@ class StepExecutor {
   // engine ends the step's requests).
   virtual const StepRows& run(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
                               std::span<const RowSample> samples) = 0;
+  // Floats per logit row: the vocabulary, or a pooling model's hidden size (output_width()).
   virtual int32_t vocab() const = 0;
   // Blocks of the full-attention KV pool the block ids index.
   virtual int32_t n_kv_blocks() const = 0;

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "server/api_response.h"
 #include "server/connection_watch.h"
+#include "server/embeddings.h"
 #include "server/http_errors.h"
 #include "server/http_listener.h"
 #include "server/json_guard.h"
@@ -632,6 +633,29 @@ void HttpServer::install_routes() {
           });
     };
   };
+  s.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
+    auto fail = [&](const ApiError& e) {
+      write_error(req, res, e);
+      metrics_.count_request(req.path, e.status);
+    };
+    json body;
+    if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
+    if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
+    EmbeddingsRequest r;
+    if (auto e = parse_embeddings_request(body, model_, ParseLimits{{model_.name}, options_.max_json_depth}, &r)) return fail(*e);
+    static std::atomic<uint64_t> counter{0};
+    const int fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
+    std::vector<std::vector<float>> vectors;
+    Usage usage;
+    if (auto e = run_embeddings(engine_, model_, r, "embd-" + std::to_string(counter.fetch_add(1)),
+                                [fd] { return peer_closed(fd); }, &vectors, &usage)) {
+      if (e->status == 499) metrics_.count_disconnect();
+      return fail(*e);
+    }
+    metrics_.count_usage(usage);
+    write_json(res, embeddings_response(r, vectors, model_.name));
+    metrics_.count_request(req.path, 200);
+  });
   s.Post("/v1/chat/completions", generate(ApiKind::kChat));
   s.Post("/v1/completions", generate(ApiKind::kCompletion));
   s.Post("/v1/messages", generate(ApiKind::kMessages));

@@ -12,6 +12,7 @@
 
 #include "engine/request.h"
 #include "model/model_config.h"
+#include "model/pooling.h"
 #include "server/api_error.h"
 #include "server/api_request.h"
 #include "server/output_assembler.h"
@@ -45,6 +46,10 @@ struct ServedModel {
   // EOS ids) and the compile cache every request shares. Null: structured output is refused.
   std::shared_ptr<const grammar::Vocabulary> grammar_vocab;
   std::shared_ptr<grammar::GrammarCache> grammars;
+  // Served for embeddings (strata serve --task embed): /v1/embeddings answers, generation
+  // endpoints refuse; the pooling config of the checkpoint's sentence-transformers modules.
+  bool embedding = false;
+  PoolingConfig pooling;
 };
 
 // Builds m's grammar vocabulary (token bytes, special ids, `stop_ids`) and compile cache.

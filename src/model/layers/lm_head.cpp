@@ -25,6 +25,10 @@ void lm_head_forward(ThreadPool& pool, const StepBatch& batch, const float* x, i
     t0 += s.n_tokens;
   }
   STRATA_CHECK(r == n_rows, "logit rows disagree with StepBatch::n_logit_rows()");
+  if (w.hidden_output) {
+    cpu::rms_norm(pool, rows.data(), w.final_norm->data(), logits, n_rows, hidden, w.eps, w.one_plus_w);
+    return;
+  }
   cpu::rms_norm(pool, rows.data(), w.final_norm->data(), rows.data(), n_rows, hidden, w.eps, w.one_plus_w);
   cpu::matmul(pool, rows.data(), n_rows, *w.lm_head, nullptr, logits);
   softcap_inplace(logits, n_rows * w.lm_head->rows, w.final_softcap);

@@ -14,7 +14,7 @@ ModelRunner::ModelRunner(Model& model, const std::vector<KvLayerSpec>& layout, i
       window_paged_(n_window_blocks > 0),
       n_layers_(int(layout.size())),
       state_layout_(model.state_layout()),
-      vocab_(model.config().vocab_size) {
+      vocab_(model.config().output_width()) {
   for (const auto& s : state_layout_) {
     if (s.has_state) state_floats_ += s.conv_floats + s.recurrent_floats;
   }
