@@ -142,6 +142,24 @@ Err arguments_value(const std::string& s, const std::string& field, int max_dept
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<ApiError> read_reasoning_effort(const json& o, const char* key, const std::string& field, std::string* out) {
+  const json* v = find_field(o, key);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_string()) return wrong_type(field, *v, "a string");
+  const std::string s = v->get<std::string>();
+  for (const char* a : kReasoningEfforts) {
+    if (s == a) {
+      *out = s;
+      return std::nullopt;
+    }
+  }
+  return bad_field(field, field + " must be one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh', got " + json_excerpt(*v));
+}
+
+namespace {
+
 Err parse_openai_messages(const json& body, int max_json_depth, ApiRequest* out) {
   const json* msgs = find_field(body, "messages");
   if (!msgs) return bad_field("messages", "messages is required");
@@ -419,6 +437,7 @@ std::optional<ApiError> parse_chat_request(const json& body, const ParseLimits& 
     if (!kw->is_object()) return wrong_type("chat_template_kwargs", *kw, "an object");
     out->chat_template_kwargs = ojson::parse(kw->dump());
   }
+  if (auto e = read_reasoning_effort(body, "reasoning_effort", "reasoning_effort", &out->reasoning_effort)) return e;
   return std::nullopt;
 }
 

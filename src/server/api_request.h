@@ -35,6 +35,9 @@ struct ApiRequest {
   // tool call (tool_choice required / a function) gets its grammar in prepare_request.
   std::optional<OutputConstraint> constraint;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  // reasoning_effort (chat) or reasoning.effort (Responses): none, minimal, low, medium, high or
+  // xhigh; "" when not given. The template sees it as reasoning_effort (request_mapping.cpp).
+  std::string reasoning_effort;
 
   // Completions: a text prompt or token ids.
   bool prompt_is_ids = false;
@@ -69,6 +72,11 @@ struct ParseLimits {
   std::vector<std::string> model_names;  // accepted values of "model" (empty: any)
   int max_json_depth = 256;              // JSON texts inside the body (tool-call arguments)
 };
+
+inline constexpr const char* kReasoningEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+// The effort at o[key] (absent or null: *out untouched), one of kReasoningEfforts; errors name `field`.
+std::optional<ApiError> read_reasoning_effort(const nlohmann::json& o, const char* key, const std::string& field,
+                                              std::string* out);
 
 // Each fills *out and returns nullopt, or returns the error.
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ParseLimits& limits, ApiRequest* out);

@@ -101,6 +101,15 @@ std::optional<ApiError> render_chat_prompt(const ApiRequest& r, const ServedMode
   }
   ojson ctx = ojson::object();
   for (auto it = r.chat_template_kwargs.begin(); it != r.chat_template_kwargs.end(); ++it) ctx[it.key()] = it.value();
+  if (!r.reasoning_effort.empty()) {
+    // gpt-oss templates print reasoning_effort into the system message; Qwen3's and Gemma 4's
+    // switch thinking with enable_thinking, which "none"/"minimal" turn off unless the request's
+    // chat_template_kwargs say otherwise.
+    ctx["reasoning_effort"] = r.reasoning_effort;
+    if ((r.reasoning_effort == "none" || r.reasoning_effort == "minimal") && !ctx.contains("enable_thinking")) {
+      ctx["enable_thinking"] = false;
+    }
+  }
   ctx["messages"] = r.messages;
   const bool tools = !r.tools.is_null() && r.tool_choice != "none";
   if (tools) ctx["tools"] = r.tools;

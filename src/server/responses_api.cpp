@@ -325,7 +325,7 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
   }
   if (const json* r = find_field(body, "reasoning")) {
     if (!r->is_object()) return wrong_type("reasoning", *r, "an object");
-    if (auto e = one_of(*r, "effort", "reasoning.effort", {"none", "minimal", "low", "medium", "high", "xhigh"})) return e;
+    if (auto e = read_reasoning_effort(*r, "effort", "reasoning.effort", &api.reasoning_effort)) return e;
     if (auto e = one_of(*r, "summary", "reasoning.summary", {"auto", "concise", "detailed"})) return e;
     if (const json* ef = find_field(*r, "effort")) echo["reasoning"]["effort"] = *ef;
     if (const json* s = find_field(*r, "summary")) echo["reasoning"]["summary"] = *s;
