@@ -620,6 +620,7 @@ void Engine::step() {
     Active& a = *core_->active.at(span.seq->id);
     if (a.in_queue) {
       a.in_queue = false;
+      a.first_scheduled = Clock::now();
       queue_.left_queue();
     }
   }
@@ -844,6 +845,8 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   e.usage.accepted_tokens = a.spec_accepted;
   e.usage.fill_tokens = a.fill_tokens;
   e.usage.fill_spans = a.fill_spans;
+  e.queued_ms = std::chrono::duration<double, std::milli>(a.first_scheduled.value_or(Clock::now()) - a.submitted).count();
+  e.preemptions = a.seq.n_preemptions;
   e.embedding = std::move(a.embedding);
   a.channel->push(std::move(e));
   ++core_->stats.finished[int(reason)];

@@ -34,6 +34,7 @@ struct Engine::Active {
   Clock::time_point submitted, last_token;
   Sequence seq;
   bool in_queue = true;  // counted in the queue depth until first admitted
+  std::optional<Clock::time_point> first_scheduled;  // the step that first scheduled it
   bool prompt_logprobs_sent = false;
   std::vector<TokenLogprobs> prompt_lp;
   int32_t n_generated = 0;

@@ -76,6 +76,11 @@ struct StreamEvent {
   // Final event of an embed request that finished with kStop: the last prompt token's final
   // hidden state [hidden] f32, as the model wrote it (not normalized).
   std::vector<float> embedding;
+  // Final events only: ms from submit() to the first step that scheduled the request (its
+  // first prefill chunk; the whole life when it never left the queue), and how often the
+  // scheduler preempted it for lack of KV blocks.
+  double queued_ms = 0.0;
+  int32_t preemptions = 0;
 };
 
 // Fixed buckets (ms, upper bounds), cumulative since the engine started; Prometheus style.

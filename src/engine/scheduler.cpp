@@ -159,6 +159,7 @@ void Scheduler::preempt(Sequence* seq, double now, StepPlan& plan) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   waiting_.push_back(seq);
   plan.preempted.push_back(seq->id);
+  ++seq->n_preemptions;
   ++n_preemptions_;
 }
 

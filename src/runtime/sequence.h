@@ -44,6 +44,7 @@ struct Sequence {
   bool prompt_logprobs = false;   // wants logits at every prompt position
   int32_t prompt_logprob_pos = 0; // next prompt position whose logits are still needed
   int32_t cached_tokens = -1;     // prefix-cache hit at first admission; -1: not admitted yet
+  int32_t n_preemptions = 0;      // times the scheduler preempted it (its KV released, recomputed later)
 
   SeqState state = SeqState::kWaiting;
 

@@ -1,5 +1,6 @@
 #include "server/request_trace.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "server/api_response.h"
@@ -51,13 +52,25 @@ void RequestTrace::on_event(const StreamEvent& ev, Clock::time_point t) {
     ended_ = t;
     if (!first_token_) first_token_ = t;  // the first sampled token ended it (EOS)
     usage_ = ev.usage;
+    queued_ms_ = ev.queued_ms;
+    preemptions_ = ev.preemptions;
   }
 }
 
 nlohmann::json RequestTrace::to_json() const {
   nlohmann::json j = {{"request_id", id_}};
   if (submitted_) j["prepare_ms"] = ms_between(arrived_, *submitted_);
-  if (submitted_ && first_token_) j["queued_prefill_ms"] = ms_between(*submitted_, *first_token_);
+  if (submitted_ && first_token_) {
+    // The engine times the queue from inside submit(), a little before submitted_: the split
+    // is clamped so that queued_ms + prefill_ms == queued_prefill_ms.
+    const double both = ms_between(*submitted_, *first_token_);
+    j["queued_prefill_ms"] = both;
+    if (queued_ms_) {
+      const double queued = std::min(both, std::round(*queued_ms_ * 1000.0) / 1000.0);
+      j["queued_ms"] = queued;
+      j["prefill_ms"] = std::round((both - queued) * 1000.0) / 1000.0;
+    }
+  }
   if (first_token_ && ended_) j["decode_ms"] = ms_between(*first_token_, *ended_);
   if (ended_) j["total_ms"] = ms_between(arrived_, *ended_);
   j["prompt_tokens"] = usage_.prompt_tokens;
@@ -65,6 +78,7 @@ nlohmann::json RequestTrace::to_json() const {
   j["computed_tokens"] = usage_.prompt_tokens - usage_.cached_tokens;
   j["generated_tokens"] = usage_.completion_tokens;
   j["token_events"] = n_events_;
+  j["preemptions"] = preemptions_;
   return j;
 }
 
@@ -74,7 +88,7 @@ std::string RequestTrace::log_line(const std::string& method, const std::string&
   if (!finish.empty()) s += " finish=" + finish;
   const nlohmann::json j = to_json();
   for (const char* k : {"prompt_tokens", "cached_tokens", "computed_tokens", "generated_tokens", "prepare_ms",
-                        "queued_prefill_ms", "decode_ms", "total_ms"}) {
+                        "queued_ms", "prefill_ms", "queued_prefill_ms", "decode_ms", "total_ms", "preemptions"}) {
     if (j.contains(k)) s += std::string(" ") + k + "=" + j[k].dump();
   }
   return s;

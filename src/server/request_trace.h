@@ -1,9 +1,10 @@
 // Per-request traces: the X-Request-Id every answer carries (the client's when it is sane, else
 // a fresh one), and for a generation the times and token counts the server sees: from arrival
-// to submission (template and tokenization), submission to the first token (queued and
-// prefilling together: the engine does not report the split per request), the first token to the
-// end (decoding), and the prompt's cached and computed tokens. One structured log line per
-// request; under usage.strata when the request sets "strata": {"trace": true}.
+// to submission (template and tokenization), submission to the first token (queued_prefill_ms),
+// split by the engine's report of the step that first scheduled the request into queued_ms and
+// prefill_ms, the first token to the end (decoding), preemptions, and the prompt's cached and
+// computed tokens. One structured log line per request; under usage.strata when the request sets
+// "strata": {"trace": true}.
 #pragma once
 
 #include <chrono>
@@ -37,7 +38,7 @@ class RequestTrace {
   // Every event of the request's stream, in order.
   void on_event(const StreamEvent& ev, Clock::time_point t = Clock::now());
 
-  // {"request_id", "queued_prefill_ms", ...}: what usage.strata.trace shows.
+  // {"request_id", "queued_ms", "prefill_ms", ...}: what usage.strata.trace shows.
   nlohmann::json to_json() const;
   // key=value pairs for the log: "request id=... path=... status=... ttft_ms=...".
   std::string log_line(const std::string& method, const std::string& path, int status, const std::string& finish) const;
@@ -47,6 +48,8 @@ class RequestTrace {
   Clock::time_point arrived_;
   std::optional<Clock::time_point> submitted_, first_token_, ended_;
   Usage usage_;
+  std::optional<double> queued_ms_;  // the final event's: submit to the first scheduled step
+  int32_t preemptions_ = 0;
   int64_t n_events_ = 0;  // token events
 };
 

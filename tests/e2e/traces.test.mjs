@@ -1,6 +1,7 @@
 // Per-request traces through the official openai client: X-Request-Id taken from the client
 // or generated, echoed on every answer and in the request's log line; "strata": {"trace": true}
-// adds the request's times and cached/computed prompt tokens under usage.strata.trace.
+// adds the request's times (queued, prefilling, decoding), preemptions and cached/computed prompt
+// tokens under usage.strata.trace.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -8,7 +9,8 @@ import { startServer } from './lib/server.mjs';
 
 let server, client;
 before(async () => {
-  server = await startServer(['--max-model-len', '1024']);
+  // One sequence at a time, so that a second request waits in the queue for the first.
+  server = await startServer(['--max-model-len', '1024', '--max-num-seqs', '1']);
   client = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
 });
 after(async () => { assert.equal(await server.stop(), 0); });
@@ -27,7 +29,7 @@ test('X-Request-Id: the client\'s is echoed and logged; a bad one is replaced', 
   assert.equal(response.headers.get('x-request-id'), 'e2e-trace-1');
   assert.equal(data.usage.strata, undefined, 'no trace unless asked');
   const line = await logged('e2e-trace-1');
-  assert.match(line, /method=POST path=\/v1\/chat\/completions status=200 finish=(length|stop) prompt_tokens=\d+ cached_tokens=\d+ computed_tokens=\d+ generated_tokens=\d+ prepare_ms=[\d.]+ queued_prefill_ms=[\d.]+ decode_ms=[\d.]+ total_ms=[\d.]+/);
+  assert.match(line, /method=POST path=\/v1\/chat\/completions status=200 finish=(length|stop) prompt_tokens=\d+ cached_tokens=\d+ computed_tokens=\d+ generated_tokens=\d+ prepare_ms=[\d.]+ queued_ms=[\d.]+ prefill_ms=[\d.]+ queued_prefill_ms=[\d.]+ decode_ms=[\d.]+ total_ms=[\d.]+ preemptions=0/);
 
   const bad = await fetch(server.url + '/v1/models', { headers: { 'X-Request-Id': 'no spaces allowed' } });
   const id = bad.headers.get('x-request-id');
@@ -50,8 +52,10 @@ test('strata.trace puts times and cached tokens under usage, streamed or not', a
   assert.equal(t.cached_tokens, again.usage.prompt_tokens_details.cached_tokens);
   assert.equal(t.computed_tokens, t.prompt_tokens - t.cached_tokens);
   assert.equal(t.generated_tokens, again.usage.completion_tokens);
-  for (const k of ['prepare_ms', 'queued_prefill_ms', 'decode_ms', 'total_ms']) assert.ok(t[k] >= 0, k);
+  for (const k of ['prepare_ms', 'queued_ms', 'prefill_ms', 'queued_prefill_ms', 'decode_ms', 'total_ms']) assert.ok(t[k] >= 0, k);
+  assert.ok(Math.abs(t.queued_ms + t.prefill_ms - t.queued_prefill_ms) < 0.01, 'queued and prefill split queued_prefill');
   assert.ok(t.total_ms >= t.queued_prefill_ms + t.decode_ms - 0.01);
+  assert.equal(t.preemptions, 0);
 
   const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
   let usage = null;
@@ -66,4 +70,18 @@ test('strata.trace puts times and cached tokens under usage, streamed or not', a
     (e) => e.status === 400 && e.error.param === 'strata.trace' && /"yes"/.test(e.message));
   await assert.rejects(client.responses.create({ model: 'strata-demo', input: 'x', strata: [] }),
     (e) => e.status === 400 && e.error.param === 'strata');
+});
+
+test('a request waiting for the only sequence slot counts that wait as queued, not prefill', async () => {
+  const first = client.chat.completions.create({ model: 'strata-demo', messages: [{ role: 'user', content: PROMPT }],
+    max_tokens: 200, temperature: 0, ignore_eos: true, strata: { trace: true } });
+  await new Promise((r) => setTimeout(r, 50));  // the first one is running
+  const second = await client.chat.completions.create({ model: 'strata-demo', messages: [{ role: 'user', content: PROMPT + ', again' }],
+    max_tokens: 2, temperature: 0, strata: { trace: true } });
+  const a = (await first).usage.strata.trace, b = second.usage.strata.trace;
+  console.log(`first: queued ${a.queued_ms} prefill ${a.prefill_ms} decode ${a.decode_ms}; second: queued ${b.queued_ms} prefill ${b.prefill_ms} ms`);
+  // The second waited until the first's 200 tokens were decoded.
+  assert.ok(b.queued_ms > 0.5 * a.decode_ms - 50, `queued ${b.queued_ms} ms while the first decoded for ${a.decode_ms} ms`);
+  assert.ok(b.prefill_ms < b.queued_ms, `prefill ${b.prefill_ms} ms, queued ${b.queued_ms} ms`);
+  assert.ok(a.queued_ms < a.prefill_ms + a.decode_ms);
 });

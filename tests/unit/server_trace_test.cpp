@@ -49,11 +49,16 @@ TEST(RequestTrace, TimesAndTokensFromTheStream) {
   StreamEvent end;
   end.final = true;
   end.usage = {40, 3, 32};
+  end.queued_ms = 4.0;  // the engine scheduled it 4 ms after submit: 6 ms of prefill to the first token
+  end.preemptions = 1;
   t.on_event(end, t0 + milliseconds(20));
   const json j = t.to_json();
   EXPECT_EQ(j["request_id"], "r1");
   EXPECT_DOUBLE_EQ(j["prepare_ms"].get<double>(), 2.0);
   EXPECT_DOUBLE_EQ(j["queued_prefill_ms"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(j["queued_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(j["prefill_ms"].get<double>(), 6.0);
+  EXPECT_EQ(j["preemptions"], 1);
   EXPECT_DOUBLE_EQ(j["decode_ms"].get<double>(), 8.0);
   EXPECT_DOUBLE_EQ(j["total_ms"].get<double>(), 20.0);
   EXPECT_EQ(j["cached_tokens"], 32);
@@ -62,7 +67,8 @@ TEST(RequestTrace, TimesAndTokensFromTheStream) {
   EXPECT_EQ(j["token_events"], 2);
   EXPECT_EQ(t.log_line("POST", "/v1/chat/completions", 200, "stop"),
             "request id=r1 method=POST path=/v1/chat/completions status=200 finish=stop prompt_tokens=40 cached_tokens=32 "
-            "computed_tokens=8 generated_tokens=3 prepare_ms=2.0 queued_prefill_ms=10.0 decode_ms=8.0 total_ms=20.0");
+            "computed_tokens=8 generated_tokens=3 prepare_ms=2.0 queued_ms=4.0 prefill_ms=6.0 queued_prefill_ms=10.0 decode_ms=8.0 total_ms=20.0 "
+            "preemptions=1");
 
   // Ended by its first sampled token (EOS): no token event, decoding took no time.
   RequestTrace eos("r2", t0);
@@ -70,6 +76,24 @@ TEST(RequestTrace, TimesAndTokensFromTheStream) {
   eos.on_event(end, t0 + milliseconds(5));
   EXPECT_DOUBLE_EQ(eos.to_json()["queued_prefill_ms"].get<double>(), 5.0);
   EXPECT_DOUBLE_EQ(eos.to_json()["decode_ms"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(eos.to_json()["queued_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(eos.to_json()["prefill_ms"].get<double>(), 1.0);
+}
+
+TEST(RequestTrace, QueuedSplitIsClampedToTheFirstToken) {
+  // The engine's clock starts inside submit(), before the server's: a queue longer than the
+  // server saw counts whole as queued, with no prefill left over.
+  const auto t0 = RequestTrace::Clock::now();
+  RequestTrace t("r3", t0);
+  t.submitted(t0);
+  StreamEvent end;
+  end.final = true;
+  end.queued_ms = 7.5;
+  t.on_event(end, t0 + milliseconds(7));
+  const json j = t.to_json();
+  EXPECT_DOUBLE_EQ(j["queued_ms"].get<double>(), 7.0);
+  EXPECT_DOUBLE_EQ(j["prefill_ms"].get<double>(), 0.0);
+  EXPECT_EQ(j["preemptions"], 0);
 }
 
 }  // namespace
