@@ -396,8 +396,8 @@ Err parse_openai_common(const json& body, ApiRequest* out) {
     }
   }
   std::optional<int32_t> n;
-  if (auto e = read_int(body, "n", INT32_MIN, INT32_MAX, &n)) return e;
-  if (n && *n != 1) return bad_field("n", "n must be 1 (one choice per request is supported), got " + std::to_string(*n));
+  if (auto e = read_int(body, "n", 1, kMaxChoices, &n)) return e;
+  out->n = n.value_or(1);
   if (auto e = parse_output_constraint(body, &out->constraint)) return e;
   std::optional<int32_t> priority;
   if (auto e = read_int(body, "priority", INT32_MIN, INT32_MAX, &priority)) return e;
@@ -487,8 +487,15 @@ std::optional<ApiError> parse_completion_request(const json& body, const ParseLi
   if (auto e = read_int(body, "logprobs", 0, 20, &lp)) return e;
   if (lp) out->logprobs = *lp;
   std::optional<int32_t> best_of;
-  if (auto e = read_int(body, "best_of", INT32_MIN, INT32_MAX, &best_of)) return e;
-  if (best_of && *best_of != 1) return bad_field("best_of", "best_of must be 1, got " + std::to_string(*best_of));
+  if (auto e = read_int(body, "best_of", 1, kMaxChoices, &best_of)) return e;
+  if (best_of) {
+    if (*best_of < out->n) {
+      return bad_field("best_of", "best_of must be at least n (" + std::to_string(out->n) + "), got " + std::to_string(*best_of));
+    }
+    // As vLLM: the candidates are ranked only once all have ended, so nothing can stream.
+    if (out->stream && *best_of > 1) return bad_field("best_of", "best_of " + std::to_string(*best_of) + " cannot be used with stream");
+    out->best_of = *best_of;
+  }
   std::string suffix;
   if (auto e = read_string(body, "suffix", &suffix)) return e;
   if (!suffix.empty()) return bad_field("suffix", "suffix is not supported (no fill-in-the-middle)");

@@ -61,6 +61,11 @@ struct ApiRequest {
   int32_t logprobs = -1;  // -1: none; else top-N alternatives per token (0..20)
   bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): logprob tokens as "token_id:N"
 
+  // Choices (chat and completions): n returned, best_of generated (completions; 0: n). Choice
+  // i samples with seed + i (ChoiceSet in http_server.cpp).
+  int32_t n = 1;
+  int32_t best_of = 0;
+
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int32_t priority = 0;
@@ -72,6 +77,8 @@ struct ParseLimits {
   std::vector<std::string> model_names;  // accepted values of "model" (empty: any)
   int max_json_depth = 256;              // JSON texts inside the body (tool-call arguments)
 };
+
+inline constexpr int32_t kMaxChoices = 128;  // n and best_of at most
 
 inline constexpr const char* kReasoningEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
 // The effort at o[key] (absent or null: *out untouched), one of kReasoningEfforts; errors name `field`.

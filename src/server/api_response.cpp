@@ -1,5 +1,6 @@
 #include "server/api_response.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -102,10 +103,11 @@ class ChatBuilder : public OpenAiBase {
     finish_reason_ = openai_finish_reason(f, !calls.empty());
     usage_ = f.usage;
     out += chunk(json::object(), nullptr, finish_reason_);
-    out += usage_chunk("chat.completion.chunk", f.usage);
-    out += "data: [DONE]\n\n";
+    if (!c_.shared_stream) out += stream_end(f.usage);
     return out;
   }
+
+  std::string stream_end(const Usage& u) const override { return usage_chunk("chat.completion.chunk", u) + "data: [DONE]\n\n"; }
 
   json body() const override {
     json msg = {{"role", "assistant"}};
@@ -113,7 +115,7 @@ class ChatBuilder : public OpenAiBase {
     if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
     if (!calls_.empty()) msg["tool_calls"] = calls_;
     msg["refusal"] = nullptr;  // strata never refuses; OpenAI's clients read the field
-    json choice = {{"index", 0}, {"message", msg}};
+    json choice = {{"index", c_.choice_index}, {"message", msg}};
     choice["logprobs"] = c_.logprobs >= 0 ? json{{"content", logprobs_}, {"refusal", nullptr}} : json(nullptr);
     choice["finish_reason"] = finish_reason_;
     json j = {{"id", c_.id}, {"object", "chat.completion"}, {"created", c_.created}, {"model", c_.model}};
@@ -125,7 +127,7 @@ class ChatBuilder : public OpenAiBase {
  private:
   std::string chunk(const json& delta, const json& logprobs, const json& finish_reason) const {
     json j = chunk_base("chat.completion.chunk");
-    json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+    json choice = {{"index", c_.choice_index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
     j["choices"] = json::array({choice});
     add_usage_null(j);
     return sse_data(j);
@@ -213,13 +215,14 @@ class CompletionBuilder : public OpenAiBase {
     finish_reason_ = openai_finish_reason(f, false);
     usage_ = f.usage;
     out += chunk("", nullptr, finish_reason_);
-    out += usage_chunk("text_completion", f.usage);
-    out += "data: [DONE]\n\n";
+    if (!c_.shared_stream) out += stream_end(f.usage);
     return out;
   }
 
+  std::string stream_end(const Usage& u) const override { return usage_chunk("text_completion", u) + "data: [DONE]\n\n"; }
+
   json body() const override {
-    json choice = {{"index", 0}, {"text", text_}};
+    json choice = {{"index", c_.choice_index}, {"text", text_}};
     choice["logprobs"] = c_.logprobs >= 0 ? all_lp_ : json(nullptr);
     choice["finish_reason"] = finish_reason_;
     json j = {{"id", c_.id}, {"object", "text_completion"}, {"created", c_.created}, {"model", c_.model}};
@@ -274,7 +277,7 @@ class CompletionBuilder : public OpenAiBase {
 
   std::string chunk(const std::string& text, const json& logprobs, const json& finish_reason) const {
     json j = chunk_base("text_completion");
-    json choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+    json choice = {{"index", c_.choice_index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
     j["choices"] = json::array({choice});
     add_usage_null(j);
     return sse_data(j);
@@ -437,6 +440,53 @@ std::string anthropic_stop_reason(const FinishState& f, bool has_tool_calls) {
   if (f.stop_string) return "stop_sequence";
   if (f.reason == FinishReason::kLength) return "max_tokens";
   return "end_turn";
+}
+
+Usage sum_choice_usage(const std::vector<Usage>& choices) {
+  Usage total;
+  if (choices.empty()) return total;
+  total = choices[0];
+  for (size_t i = 1; i < choices.size(); ++i) {
+    const Usage& u = choices[i];
+    total.completion_tokens += u.completion_tokens;
+    total.speculative = total.speculative || u.speculative;
+    total.draft_tokens += u.draft_tokens;
+    total.accepted_tokens += u.accepted_tokens;
+    total.fill_tokens += u.fill_tokens;
+    total.fill_spans += u.fill_spans;
+  }
+  return total;
+}
+
+json merge_choice_bodies(const std::vector<json>& bodies, const Usage& usage) {
+  if (bodies.empty()) return json::object();
+  json out = bodies[0];
+  json choices = json::array();
+  for (const json& b : bodies) {
+    for (const json& c : b.value("choices", json::array())) {
+      json choice = c;
+      choice["index"] = int(choices.size());
+      choices.push_back(std::move(choice));
+    }
+  }
+  out["choices"] = std::move(choices);
+  // The first body's usage keeps its extensions (the strata trace); its counts become the sum's.
+  json u = usage_json(usage);
+  if (out.contains("usage") && out["usage"].is_object()) {
+    for (auto it = u.begin(); it != u.end(); ++it) out["usage"][it.key()] = it.value();
+  } else {
+    out["usage"] = std::move(u);
+  }
+  return out;
+}
+
+std::vector<size_t> best_candidates(const std::vector<double>& cumulative_logprobs, size_t n) {
+  std::vector<size_t> order(cumulative_logprobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cumulative_logprobs[a] > cumulative_logprobs[b]; });
+  order.resize(std::min(n, order.size()));
+  return order;
 }
 
 json usage_json(const Usage& u) {

@@ -29,6 +29,10 @@ struct ResponseContext {
   bool echo = false;           // completions: the prompt text comes first
   std::string prompt_text;
   std::vector<int32_t> prompt_ids;
+  // n > 1 (chat and completions): one builder per choice, each writing its own index; the
+  // choices share one stream, so finish() leaves the usage chunk and [DONE] to stream_end().
+  int32_t choice_index = 0;
+  bool shared_stream = false;
 };
 
 struct FinishState {
@@ -55,6 +59,9 @@ class ResponseBuilder {
   virtual nlohmann::json body() const = 0;
   // An error after the stream started: an SSE error event (and the stream's end).
   virtual std::string stream_error(const ApiError& e) const = 0;
+  // The end of a stream the choices share (shared_stream): the usage chunk over all of them,
+  // when asked, and [DONE].
+  virtual std::string stream_end(const Usage&) const { return ""; }
   // A field added under usage (the strata trace), set before finish().
   void set_usage_extension(const std::string& key, nlohmann::json value) { usage_ext_[key] = std::move(value); }
 
@@ -72,6 +79,16 @@ std::unique_ptr<ResponseBuilder> make_response_builder(ApiKind kind, ResponseCon
 std::string openai_finish_reason(const FinishState& f, bool has_tool_calls);
 // Anthropic's stop_reason: end_turn, max_tokens, stop_sequence, tool_use.
 std::string anthropic_stop_reason(const FinishState& f, bool has_tool_calls);
+
+// The usage of an answer of several choices: the prompt once (the first choice's prompt and
+// cached counts), the completion tokens of every choice generated.
+Usage sum_choice_usage(const std::vector<Usage>& choices);
+// The non-streaming answer of several choices: the first body with the choices of all bodies,
+// in order and numbered 0.., and the usage given.
+nlohmann::json merge_choice_bodies(const std::vector<nlohmann::json>& bodies, const Usage& usage);
+// best_of: the indices of the n candidates with the highest cumulative logprob (the sum of their
+// chosen tokens' logprobs), best first; ties keep the earlier candidate first.
+std::vector<size_t> best_candidates(const std::vector<double>& cumulative_logprobs, size_t n);
 
 nlohmann::json usage_json(const Usage& u);
 // usage.speculation: {draft_tokens, accepted_tokens}, for requests that ran the speculative method.

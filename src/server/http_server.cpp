@@ -9,9 +9,12 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <random>
 
 #include "core/log.h"
 #include "server/api_response.h"
@@ -209,6 +212,292 @@ bool stream_parts(Generation& gen, httplib::DataSink& sink, Engine& engine, Serv
   write(tail + part("end"));
   sink.done();
   return true;
+}
+
+// n > 1 or best_of (chat and completions): one engine request per choice, each with its own
+// assembler and builder. Choice 0 goes first; the others are submitted once it has sampled its
+// first token, so its prompt's full blocks are published and their admission is a prefix hit
+// (the last, partial block and at least the prompt's last token are computed again per choice).
+class ChoiceSet {
+ public:
+  // Sums of generated tokens over the choices past this answer 400.
+  static constexpr int64_t kMaxTokens = int64_t(1) << 18;
+
+  ChoiceSet(Engine& engine, const ServedModel& model, ApiKind kind, const ApiRequest& r, PreparedRequest p,
+            const ResponseContext& ctx)
+      : engine_(engine), base_(std::move(p.generation)), n_out_(r.n), rank_(r.best_of > r.n) {
+    const int32_t n_gen = std::max(r.n, r.best_of);
+    // Ranking needs each candidate's chosen-token logprobs; the answer shows them only if asked.
+    if (rank_) base_.logprobs = std::max(base_.logprobs, 0);
+    // Unseeded choices get a drawn base seed: identical requests with seeds the engine draws
+    // would share one checkpoint key, and a choice could resume from another's checkpoint.
+    if (!base_.sampling.has_seed) {
+      std::random_device rd;
+      base_.sampling.seed = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+      base_.sampling.has_seed = true;
+    }
+    for (int32_t i = 0; i < n_gen; ++i) {
+      auto g = std::make_shared<Generation>();
+      ResponseContext c = ctx;
+      c.choice_index = i;
+      c.shared_stream = true;
+      g->assembler = std::make_unique<OutputAssembler>(model.tokenizer, p.output);
+      g->builder = make_response_builder(kind, std::move(c), model.tokenizer);
+      gens_.push_back(std::move(g));
+    }
+    fins_.resize(gens_.size());
+    ended_.assign(gens_.size(), false);
+    chosen_lp_.resize(gens_.size());
+  }
+
+  Generation& first() { return *gens_[0]; }
+
+  // Choice i as the engine runs it: its own id, and with a seed, seed + i (reproducible per
+  // choice, different between choices).
+  GenerationRequest request(size_t i) const {
+    GenerationRequest g = base_;
+    if (i > 0) g.id = base_.id + "-" + std::to_string(i);
+    if (g.sampling.has_seed) g.sampling.seed = base_.sampling.seed + uint64_t(i);
+    return g;
+  }
+
+  Status submit(size_t i) {
+    auto s = engine_.submit(request(i));
+    if (!s.ok()) return s.error();
+    gens_[i]->stream = std::move(s).value();
+    return Status{};
+  }
+
+  // Every builder's opening text (chat: one role chunk per choice).
+  std::string start() {
+    std::string out;
+    for (auto& g : gens_) out += g->builder->start();
+    return out;
+  }
+
+  // Feeds what the streams have (waiting up to `wait` when none has anything); returns the SSE
+  // text. done() once every choice ended; failed() holds the first error.
+  std::string poll(std::chrono::milliseconds wait) {
+    std::string out;
+    bool any = false;
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      if (ended_[i] || !gens_[i]->stream) continue;
+      while (auto ev = gens_[i]->stream->next(std::chrono::milliseconds(0))) {
+        any = true;
+        out += on_event(i, *ev);
+        if (ended_[i]) break;
+      }
+    }
+    if (!any && !done()) {
+      // One wait serves one stream: with several live, it is kept short so that the others'
+      // tokens are not held back behind it.
+      size_t live = 0;
+      for (size_t i = 0; i < gens_.size(); ++i) live += !ended_[i] && gens_[i]->stream;
+      if (live > 1) wait = std::min(wait, std::chrono::milliseconds(2));
+      for (size_t i = 0; i < gens_.size(); ++i) {
+        if (ended_[i] || !gens_[i]->stream) continue;
+        if (auto ev = gens_[i]->stream->next(wait)) out += on_event(i, *ev);
+        break;
+      }
+    }
+    return out;
+  }
+
+  bool done() const { return std::all_of(ended_.begin(), ended_.end(), [](bool e) { return e; }); }
+  const std::optional<ApiError>& failed() const { return error_; }
+  bool engine_lost() const { return engine_lost_; }
+
+  void cancel_all() {
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      if (gens_[i]->stream && !ended_[i] && !gens_[i]->cancel_sent) {
+        gens_[i]->cancel_sent = true;
+        gens_[i]->stream->cancel();
+      }
+    }
+  }
+
+  void count_usage(ServerMetrics& metrics) const {
+    // Each choice is one engine request: the metrics count its prompt, cached tokens and all.
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      if (gens_[i]->stream) metrics.count_usage(fins_[i].usage);
+    }
+  }
+
+  Usage usage() const {
+    std::vector<Usage> us;
+    for (const auto& f : fins_) us.push_back(f.usage);
+    return sum_choice_usage(us);
+  }
+
+  std::string stream_end() const { return gens_[0]->builder->stream_end(usage()); }
+
+  // The non-streaming answer: every choice, or the n best of the best_of candidates.
+  json body() const {
+    std::vector<size_t> order;
+    if (rank_) {
+      std::vector<double> cum(gens_.size(), 0.0);
+      for (size_t i = 0; i < gens_.size(); ++i) {
+        const size_t n = std::min(chosen_lp_[i].size(), size_t(std::max(gens_[i]->assembler->n_tokens(), 0)));
+        for (size_t k = 0; k < n; ++k) cum[i] += chosen_lp_[i][k];
+      }
+      order = best_candidates(cum, size_t(n_out_));
+    } else {
+      for (size_t i = 0; i < gens_.size(); ++i) order.push_back(i);
+    }
+    std::vector<json> bodies;
+    for (size_t i : order) bodies.push_back(gens_[i]->builder->body());
+    json out = merge_choice_bodies(bodies, usage());
+    const json first = gens_[0]->builder->body();
+    if (first.contains("usage") && first["usage"].contains("strata")) out["usage"]["strata"] = first["usage"]["strata"];
+    return out;
+  }
+
+ private:
+  std::string on_event(size_t i, const StreamEvent& ev) {
+    Generation& g = *gens_[i];
+    for (const auto& lp : ev.logprobs) chosen_lp_[i].push_back(std::isfinite(lp.chosen.logprob) ? lp.chosen.logprob : -9999.0);
+    bool final = false;
+    std::string out = g.feed(ev, &final, &fins_[i]);
+    if (i == 0 && !rest_submitted_ && (!ev.tokens.empty() || final)) submit_rest();
+    if (!final) return out;
+    ended_[i] = true;
+    const FinishState& fin = fins_[i];
+    if (fin.reason == FinishReason::kError && !fin.stop_string) {
+      if (!error_) {
+        ApiError e;
+        e.status = 500;
+        e.message = "generation failed: " + fin.error;
+        error_ = e;
+        engine_lost_ = !engine_.alive();
+      }
+      cancel_all();
+      return out;
+    }
+    return out + g.complete(fin);
+  }
+
+  void submit_rest() {
+    rest_submitted_ = true;
+    for (size_t i = 1; i < gens_.size(); ++i) {
+      if (error_) {
+        ended_[i] = true;  // never submitted
+        continue;
+      }
+      Status s = submit(i);
+      if (s.ok()) continue;
+      ApiError e = api_error_from(s.error());
+      if (e.status == 429) e.message = s.error().message + "; retry later";
+      error_ = e;
+      ended_[i] = true;
+      cancel_all();
+    }
+  }
+
+  Engine& engine_;
+  GenerationRequest base_;
+  int32_t n_out_;
+  bool rank_;
+  std::vector<std::shared_ptr<Generation>> gens_;
+  std::vector<FinishState> fins_;
+  std::vector<bool> ended_;
+  std::vector<std::vector<double>> chosen_lp_;  // per choice, per generated token
+  bool rest_submitted_ = false;
+  std::optional<ApiError> error_;
+  bool engine_lost_ = false;
+};
+
+// The checks of an answer of several choices that need the prepared request.
+std::optional<ApiError> check_choices(const ApiRequest& r, const PreparedRequest& p, bool stream_parts) {
+  const int32_t n_gen = std::max(r.n, r.best_of);
+  const char* field = r.best_of > r.n ? "best_of" : "n";
+  const int64_t total = int64_t(n_gen) * p.generation.max_tokens;
+  if (total > ChoiceSet::kMaxTokens) {
+    return bad_field(field, std::string(field) + " (" + std::to_string(n_gen) + ") x max_tokens (" +
+                                std::to_string(p.generation.max_tokens) + ") = " + std::to_string(total) +
+                                " tokens, more than this server generates for one request (" +
+                                std::to_string(ChoiceSet::kMaxTokens) + ")");
+  }
+  if (stream_parts && r.stream) {
+    return bad_field("n", "n " + std::to_string(r.n) + " with stream is not supported under --supervise");
+  }
+  return std::nullopt;
+}
+
+// Answers a request of several choices (ChoiceSet) with one body or one shared stream.
+void serve_choices(Engine& engine, const ServedModel& model, ServerMetrics& metrics, bool supervised,
+                   const httplib::Request& req, httplib::Response& res, ApiKind kind, const ApiRequest& r,
+                   PreparedRequest p, const ResponseContext& ctx, RequestTrace::Clock::time_point arrived,
+                   bool trace_in_usage) {
+  auto set = std::make_shared<ChoiceSet>(engine, model, kind, r, std::move(p), ctx);
+  if (Status s = set->submit(0); !s.ok()) {
+    ApiError e = api_error_from(s.error());
+    if (s.error().code == ErrorCode::kUnsupported) e.status = 503;
+    if (e.status == 429) e.message = s.error().message + "; retry later";
+    write_error(req, res, e);
+    metrics.count_request(req.path, e.status);
+    return;
+  }
+  Generation& first = set->first();
+  first.trace.emplace(res.get_header_value(kRequestIdHeader), arrived);
+  first.trace->submitted();
+  first.trace_in_usage = trace_in_usage;
+  first.method = req.method;
+  first.path = req.path;
+  const int fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
+  metrics.count_request(req.path, 200);
+
+  if (!r.stream) {
+    set->start();
+    auto checked = std::chrono::steady_clock::now();
+    bool cancelled = false;
+    while (!set->done()) {
+      set->poll(kPoll);
+      if (!cancelled && std::chrono::steady_clock::now() - checked >= kPoll) {
+        checked = std::chrono::steady_clock::now();
+        if (peer_closed(fd)) {
+          cancelled = true;
+          set->cancel_all();
+          metrics.count_disconnect();
+        }
+      }
+    }
+    set->count_usage(metrics);
+    if (const auto& e = set->failed()) {
+      if (supervised && set->engine_lost()) res.set_header(kEngineDownHeader, "1");
+      write_error(req, res, *e);
+      return;
+    }
+    write_json(res, set->body());
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [set, fd, &metrics](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+        auto vanish = [&] {
+          set->cancel_all();
+          metrics.count_disconnect();
+          return false;
+        };
+        if (!write(set->start())) return vanish();
+        while (!set->done()) {
+          const std::string text = set->poll(kPoll);
+          if (text.empty() && peer_closed(fd)) return vanish();
+          if (!write(text)) return vanish();
+        }
+        set->count_usage(metrics);
+        if (const auto& e = set->failed()) {
+          write(set->first().builder->stream_error(*e));
+        } else {
+          write(set->stream_end());
+        }
+        sink.done();
+        return true;
+      },
+      [set](bool) { set->cancel_all(); });
 }
 
 }  // namespace
@@ -491,6 +780,10 @@ void HttpServer::install_routes() {
       if (!r.seed && sup.seed) r.seed = sup.seed;
       PreparedRequest p;
       if (auto e = prepare_request(r, model_, &p)) return fail(*e);
+      const bool choices = r.n > 1 || r.best_of > 1;
+      if (choices) {
+        if (auto e = check_choices(r, p, sup.stream_parts)) return fail(*e);
+      }
       if (!engine_.alive()) {
         ApiError e;
         e.status = 503;
@@ -510,6 +803,11 @@ void HttpServer::install_routes() {
       ctx.prompt_text = p.prompt_text;
       ctx.prompt_ids = p.generation.prompt;
       p.generation.id = ctx.id;
+      if (choices) {
+        serve_choices(engine_, model_, metrics_, options_.supervised, req, res, kind, r, std::move(p), ctx, arrived,
+                      trace_in_usage);
+        return;
+      }
       auto submitted = engine_.submit(std::move(p.generation));
       if (!submitted.ok()) {
         ApiError e = api_error_from(submitted.error());

@@ -82,8 +82,11 @@ TEST(ApiRequest, ChatErrorsNameTheFieldAndTheValue) {
   e = chat_error({{"messages", kMsgs}, {"max_tokens", "ten"}});
   EXPECT_EQ(e.param, "max_tokens");
   EXPECT_NE(e.message.find("string"), std::string::npos);
-  e = chat_error({{"messages", kMsgs}, {"n", 2}});
-  EXPECT_EQ(e.param, "n");
+  for (const json& bad_n : {json(0), json(-1), json(129), json("2"), json(1.5)}) {
+    e = chat_error({{"messages", kMsgs}, {"n", bad_n}});
+    EXPECT_EQ(e.param, "n") << bad_n;
+    EXPECT_NE(e.message.find(bad_n.dump()), std::string::npos) << e.message;
+  }
   e = chat_error({{"messages", kMsgs}, {"response_format", {{"type", "xml"}}}});
   EXPECT_EQ(e.param, "response_format.type");
   EXPECT_NE(e.message.find("xml"), std::string::npos);
@@ -156,9 +159,34 @@ TEST(ApiRequest, CompletionPromptForms) {
   EXPECT_EQ(completion_error({{"prompt", ""}}).param, "prompt");
   EXPECT_EQ(completion_error({{"prompt", {1, -2}}}).param, "prompt");
   EXPECT_EQ(completion_error({{"prompt", 5}}).param, "prompt");
-  EXPECT_EQ(completion_error({{"prompt", "x"}, {"best_of", 3}}).param, "best_of");
+  EXPECT_EQ(completion_error({{"prompt", "x"}, {"best_of", 0}}).param, "best_of");
+  EXPECT_EQ(completion_error({{"prompt", "x"}, {"best_of", "3"}}).param, "best_of");
+  EXPECT_EQ(completion_error({{"prompt", "x"}, {"n", 0}}).param, "n");
   EXPECT_EQ(completion_error({{"prompt", "x"}, {"suffix", "y"}}).param, "suffix");
   EXPECT_EQ(completion_error(json::object()).param, "prompt");
+}
+
+TEST(ApiRequest, ChoicesAndBestOf) {
+  ApiRequest r;
+  ASSERT_FALSE(parse_chat_request({{"messages", kMsgs}}, kLimits, &r));
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(r.best_of, 0);
+  ASSERT_FALSE(parse_chat_request({{"messages", kMsgs}, {"n", 128}, {"stream", true}}, kLimits, &r));
+  EXPECT_EQ(r.n, 128);
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"n", 2}, {"best_of", 3}}, kLimits, &r));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 3);
+  // best_of 1 (or equal to n) ranks nothing, so it may stream.
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"best_of", 1}, {"stream", true}}, kLimits, &r));
+  ApiError e = completion_error({{"prompt", "x"}, {"n", 3}, {"best_of", 2}});
+  EXPECT_EQ(e.param, "best_of");
+  EXPECT_NE(e.message.find("at least n (3), got 2"), std::string::npos) << e.message;
+  e = completion_error({{"prompt", "x"}, {"best_of", 3}, {"stream", true}});
+  EXPECT_EQ(e.param, "best_of");
+  EXPECT_NE(e.message.find("stream"), std::string::npos) << e.message;
+  e = completion_error({{"prompt", "x"}, {"best_of", 129}});
+  EXPECT_EQ(e.param, "best_of");
+  EXPECT_NE(e.message.find("129"), std::string::npos) << e.message;
 }
 
 TEST(ApiRequest, AnthropicMessagesBecomeChatMessages) {
@@ -381,6 +409,80 @@ TEST(ResponseBuilder, ChatStreamAndBody) {
   EXPECT_EQ(body["object"], "chat.completion");
   EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello");
   EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+// n > 1: each choice's builder writes its index and leaves the usage chunk and [DONE] to the
+// shared end; the body merges the choices, counting the prompt once.
+TEST(ResponseBuilder, ChoicesShareOneStreamAndOneBody) {
+  const tokenizer::Tokenizer& tok = tokenizer::testing::reference_tokenizer("qwen3");
+  for (ApiKind kind : {ApiKind::kChat, ApiKind::kCompletion}) {
+    std::vector<std::unique_ptr<ResponseBuilder>> builders;
+    std::vector<Usage> usages;
+    std::string sse;
+    for (int i = 0; i < 3; ++i) {
+      ResponseContext c;
+      c.id = "x-1";
+      c.include_usage = true;
+      c.choice_index = i;
+      c.shared_stream = true;
+      builders.push_back(make_response_builder(kind, c, tok));
+      sse += builders.back()->start();
+    }
+    for (int i = 0; i < 3; ++i) {
+      OutputDelta d;
+      d.content = "choice" + std::to_string(i);
+      FinishState f;
+      f.reason = i == 1 ? FinishReason::kLength : FinishReason::kStop;
+      f.usage = {10, 2 + i, 8};
+      usages.push_back(f.usage);
+      const std::string text = builders[size_t(i)]->finish(d, {}, f);
+      EXPECT_EQ(text.find("[DONE]"), std::string::npos);
+      sse += text;
+    }
+    const Usage total = sum_choice_usage(usages);
+    EXPECT_EQ(total.prompt_tokens, 10);
+    EXPECT_EQ(total.cached_tokens, 8);
+    EXPECT_EQ(total.completion_tokens, 2 + 3 + 4);
+    sse += builders[0]->stream_end(total);
+    ASSERT_EQ(sse.substr(sse.size() - 14), "data: [DONE]\n\n");
+    std::vector<int> finishes(3, 0);
+    json usage_chunk;
+    size_t pos = 0;
+    while (pos < sse.size()) {
+      const size_t end = sse.find("\n\n", pos);
+      ASSERT_NE(end, std::string::npos);
+      const std::string ev = sse.substr(pos, end - pos);
+      pos = end + 2;
+      if (ev == "data: [DONE]") continue;
+      const json j = json::parse(ev.substr(6));
+      if (j["choices"].empty()) {
+        usage_chunk = j;
+        continue;
+      }
+      const json& c = j["choices"][0];
+      if (!c["finish_reason"].is_null()) ++finishes[size_t(c["index"].get<int>())];
+    }
+    EXPECT_EQ(finishes, (std::vector<int>{1, 1, 1}));
+    EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 9);
+    EXPECT_EQ(usage_chunk["usage"]["prompt_tokens"], 10);
+
+    std::vector<json> bodies;
+    for (auto& b : builders) bodies.push_back(b->body());
+    // best_of: candidates 2 and 0 in that order become choices 0 and 1.
+    const std::vector<size_t> best = best_candidates({-3.0, -7.5, -1.25}, 2);
+    EXPECT_EQ(best, (std::vector<size_t>{2, 0}));
+    EXPECT_EQ(best_candidates({-1.0, -1.0, -2.0}, 3), (std::vector<size_t>{0, 1, 2}));
+    const json body = merge_choice_bodies({bodies[best[0]], bodies[best[1]]}, total);
+    ASSERT_EQ(body["choices"].size(), 2u);
+    EXPECT_EQ(body["choices"][0]["index"], 0);
+    EXPECT_EQ(body["choices"][1]["index"], 1);
+    const char* text_key = kind == ApiKind::kChat ? "message" : "text";
+    const json& c0 = body["choices"][0][text_key];
+    EXPECT_EQ(kind == ApiKind::kChat ? c0["content"] : c0, "choice2");
+    EXPECT_EQ(body["usage"]["completion_tokens"], 9);
+    EXPECT_EQ(body["usage"]["total_tokens"], 19);
+    EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+  }
 }
 
 // return_tokens_as_token_ids (vLLM's field): logprob entries name tokens "token_id:N", in the
