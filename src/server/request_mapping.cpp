@@ -1,5 +1,7 @@
 #include "server/request_mapping.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include "sampling/sampling_params.h"
@@ -18,6 +20,36 @@ std::string leading_field(const std::string& message) {
 
 std::string prompt_field(const ApiRequest& r) {
   return r.kind == ApiKind::kCompletion ? "prompt" : r.kind == ApiKind::kResponses ? "input" : "messages";
+}
+
+// Mistral's templates accept only tool-call ids of 9 letters and digits (they raise on others),
+// while clients send back the ids this server or another gave them: every other id becomes 9
+// base-62 digits of its hash, the same for a call and the result that names it, and the same on
+// every turn so the prompt prefix stays cacheable.
+std::string mistral_call_id(const std::string& id) {
+  const bool ok = id.size() == 9 && std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+  if (ok) return id;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
+  static constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  std::string out(9, '0');
+  for (char& c : out) {
+    c = kDigits[h % 62];
+    h /= 62;
+  }
+  return out;
+}
+
+ojson with_mistral_call_ids(ojson messages) {
+  for (auto& m : messages) {
+    if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) *id = mistral_call_id(id->get<std::string>());
+    if (auto calls = m.find("tool_calls"); calls != m.end() && calls->is_array()) {
+      for (auto& c : *calls) {
+        if (auto id = c.find("id"); id != c.end() && id->is_string()) *id = mistral_call_id(id->get<std::string>());
+      }
+    }
+  }
+  return messages;
 }
 
 }  // namespace
@@ -110,7 +142,7 @@ std::optional<ApiError> render_chat_prompt(const ApiRequest& r, const ServedMode
       ctx["enable_thinking"] = false;
     }
   }
-  ctx["messages"] = r.messages;
+  ctx["messages"] = m.tool_format == ToolCallFormat::kMistral ? with_mistral_call_ids(r.messages) : r.messages;
   const bool tools = !r.tools.is_null() && r.tool_choice != "none";
   if (tools) ctx["tools"] = r.tools;
   ctx["add_generation_prompt"] = true;
