@@ -84,9 +84,15 @@ std::string_view xml_param_text(std::string_view raw) {
   return raw;
 }
 
+bool xml_type_is_text(const std::string& type) {
+  return type.empty() || type == "string" || type == "str" || type == "text" || type == "enum";
+}
+
+std::string dump_json(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
 ojson xml_param_value(std::string_view raw, const std::string& type) {
   const ojson text(std::string{raw});
-  if (type.empty() || type == "string" || type == "str" || type == "text" || type == "enum") return text;
+  if (xml_type_is_text(type)) return text;
   const std::string_view v = trim_view(raw);
   if (lower(v) == "null") return nullptr;
   if (type == "boolean" || type == "bool") {

@@ -25,6 +25,12 @@ std::string declared_param_type(const ToolParamTypes* types, const std::string& 
 // and fall back to the text when it does not parse as one.
 nlohmann::ordered_json xml_param_value(std::string_view raw, const std::string& type);
 
+// Whether a parameter of this declared type keeps its text as a JSON string.
+bool xml_type_is_text(const std::string& type);
+
+// JSON text of a value the model wrote; bytes that are not UTF-8 become U+FFFD instead of throwing.
+std::string dump_json(const nlohmann::ordered_json& v);
+
 // The text between <parameter=K> and </parameter> as the template writes it (a newline after
 // the tag and before the close): those two newlines dropped.
 std::string_view xml_param_text(std::string_view raw);

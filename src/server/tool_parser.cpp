@@ -233,7 +233,7 @@ bool parse_xml_function(std::string_view text, size_t pos, const ToolParamTypes*
     args[key] = xml_param_value(raw, declared_param_type(types, out->name, key));
     p = body.find(kXmlParam, vend);
   }
-  out->arguments = args.dump();
+  out->arguments = dump_json(args);
   return true;
 }
 
@@ -353,7 +353,7 @@ ToolParse parse_gemma4(std::string_view text) {
     size_t q = brace;
     ojson args;
     if (gemma4_value(text, &q, &args) != Scan::kDone || !args.is_object()) return ToolParse{std::string(text), {}};
-    call.arguments = args.dump();
+    call.arguments = dump_json(args);
     r.calls.push_back(std::move(call));
     while (q < text.size() && std::isspace(static_cast<unsigned char>(text[q]))) ++q;
     if (text.substr(q, kGemmaCallEnd.size()) == kGemmaCallEnd) q += kGemmaCallEnd.size();

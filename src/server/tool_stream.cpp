@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/stop_matcher.h"
 #include "server/tool_formats.h"
 
 namespace strata::server {
@@ -221,7 +222,12 @@ std::string ToolCallStreamer::read_pairs(std::string_view t, bool* closed) {
   std::string piece;
   auto add = [&](const std::string& key, const ojson& v) {
     if (n_pairs_++ > 0) piece += ',';
-    piece += ojson(key).dump() + ":" + v.dump();
+    piece += dump_json(ojson(key)) + ":" + dump_json(v);
+  };
+  // JSON string escapes of text, without the quotes.
+  auto escaped = [](std::string_view text) {
+    const std::string q = dump_json(ojson(std::string(text)));
+    return q.substr(1, q.size() - 2);
   };
   for (;;) {
     if (format_ == ToolCallFormat::kGemma4) {
@@ -250,6 +256,41 @@ std::string ToolCallStreamer::read_pairs(std::string_view t, bool* closed) {
       continue;
     }
     // kQwen3Coder: <parameter=K>\nVALUE\n</parameter> ... </function>
+    if (value_open_) {
+      const size_t vend = std::min({t.find(kXmlParamEnd, cursor_), t.find(kXmlParam, cursor_), t.find(kXmlFunctionEnd, cursor_)});
+      if (vend == std::string_view::npos) {
+        // The newline after the tag is not part of the value, nor a tail that may begin the
+        // value's end (the newline before </parameter>) or cut a character.
+        if (value_sent_ == cursor_) {
+          if (t.size() == cursor_) break;
+          if (t[cursor_] == '\n') ++value_sent_;
+        }
+        const std::string_view rest = t.substr(value_sent_);
+        size_t keep = 0;
+        for (std::string_view m : {std::string_view("\n</parameter>"), std::string_view("\n<parameter="),
+                                   std::string_view("\n</function>"), kXmlParamEnd, kXmlParam, kXmlFunctionEnd}) {
+          keep = std::max(keep, partial_suffix_length(rest, m));
+        }
+        size_t safe = rest.size() - keep;
+        for (size_t back = 1; back <= 3 && back <= safe; ++back) {
+          const unsigned char c = static_cast<unsigned char>(rest[safe - back]);
+          if ((c & 0xC0) != 0x80) {  // the lead byte of the last character
+            const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            if (len > back) safe -= back;
+            break;
+          }
+        }
+        piece += escaped(rest.substr(0, safe));
+        value_sent_ += safe;
+        break;
+      }
+      const std::string_view value = xml_param_text(t.substr(cursor_, vend - cursor_));
+      const size_t sent = value_sent_ - cursor_ - (t[cursor_] == '\n' && value_sent_ > cursor_ ? 1 : 0);
+      piece += escaped(value.substr(std::min(sent, value.size()))) + "\"";
+      value_open_ = false;
+      cursor_ = t.substr(vend, kXmlParamEnd.size()) == kXmlParamEnd ? vend + kXmlParamEnd.size() : vend;
+      continue;
+    }
     const size_t param = t.find(kXmlParam, cursor_);
     const size_t end = t.find(kXmlFunctionEnd, cursor_);
     if (end != std::string_view::npos && (param == std::string_view::npos || end < param)) {
@@ -265,10 +306,18 @@ std::string ToolCallStreamer::read_pairs(std::string_view t, bool* closed) {
       state_ = State::kWhole;
       break;
     }
+    const std::string type = declared_param_type(types_.get(), name_, key);
+    if (xml_type_is_text(type)) {
+      if (n_pairs_++ > 0) piece += ',';
+      piece += dump_json(ojson(key)) + ":\"";
+      value_open_ = true;
+      cursor_ = value_sent_ = gt + 1;
+      continue;
+    }
     // The value ends at its </parameter>, or (left open) at the next parameter or the call's end.
     size_t vend = std::min({t.find(kXmlParamEnd, gt), t.find(kXmlParam, gt), t.find(kXmlFunctionEnd, gt)});
     if (vend == std::string_view::npos) break;
-    add(key, xml_param_value(xml_param_text(t.substr(gt + 1, vend - gt - 1)), declared_param_type(types_.get(), name_, key)));
+    add(key, xml_param_value(xml_param_text(t.substr(gt + 1, vend - gt - 1)), type));
     cursor_ = t.substr(vend, kXmlParamEnd.size()) == kXmlParamEnd ? vend + kXmlParamEnd.size() : vend;
   }
   return piece;

@@ -4,7 +4,8 @@
 // understands each format's call header (tool_parser.h); the arguments object is passed through
 // with the whitespace outside strings dropped, which is how the parsed call prints it. Formats
 // whose arguments are not JSON (Qwen3-Coder XML, Gemma 4) send each argument as JSON once it is
-// complete, converted as the whole parse converts it. The
+// complete, converted as the whole parse converts it (a Qwen3-Coder text value streams as it is
+// written). The
 // parse of the whole text at the end stays the authority: finish() sends what the stream has
 // not shown yet of those calls (all of a call whose header had an unexpected shape).
 #pragma once
@@ -54,6 +55,10 @@ class ToolCallStreamer {
   bool in_string_ = false;
   bool escaped_ = false;
   size_t n_pairs_ = 0;  // arguments sent of the call being read (pair formats)
+  // kQwen3Coder: a text parameter whose value streams as it is written.
+  bool value_open_ = false;
+  std::string value_key_;
+  size_t value_sent_ = 0;  // the captured text's bytes of the value sent so far end here
   bool list_ = false;   // kMistral: the calls are one JSON list
   std::vector<std::string> streamed_;  // per call started: the arguments text sent
   std::vector<std::string> names_;     // per call started: its name

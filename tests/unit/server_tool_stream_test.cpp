@@ -148,6 +148,30 @@ TEST(ToolCallStreamer, Qwen3CoderParametersStreamAsTypedJson) {
   EXPECT_GE(deltas_before_end(ToolCallFormat::kQwen3Coder, text, types), 6u) << "one delta per parameter at least";
 }
 
+// A text parameter (a file's content, say) streams while the model writes it: the newline after
+// the tag and the one before </parameter> are not sent, nor a character cut in two.
+TEST(ToolCallStreamer, Qwen3CoderTextValuesStreamAsWritten) {
+  const std::string text =
+      "<tool_call>\n<function=write_file>\n<parameter=content>\nline 1 \"é\" ✓\nline 2\n\n</parameter>\n"
+      "<parameter=empty>\n\n</parameter>\n<parameter=open>\nx\n<parameter=last>\ny</parameter>\n</function>\n</tool_call>";
+  for (size_t step : {1, 2, 3, 7, 1000}) {
+    const Streamed s = stream_text(ToolCallFormat::kQwen3Coder, text, step);
+    ASSERT_EQ(s.names.size(), 1u);
+    EXPECT_EQ(s.arguments[0], "{\"content\":\"line 1 \\\"é\\\" ✓\\nline 2\\n\",\"empty\":\"\",\"open\":\"x\",\"last\":\"y\"}")
+        << "step " << step;
+  }
+  ToolCallFilter filter(ToolCallFormat::kQwen3Coder);
+  ToolCallStreamer streamer(ToolCallFormat::kQwen3Coder);
+  filter.push("<tool_call>\n<function=write_file>\n<parameter=content>\ndef f():\n");
+  auto d = streamer.update(filter.captured());
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].arguments, "{\"content\":\"def f():") << "the last newline may end the value: held";
+  filter.push("    return 1\n");
+  d = streamer.update(filter.captured());
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].arguments, "\\n    return 1");
+}
+
 // Mistral, both forms (templates cited in server_parsers_test.cpp): the arguments object streams
 // through as it is written.
 TEST(ToolCallStreamer, MistralBothForms) {
