@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,7 @@ struct ServeArgs {
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout = 10.0;
   int32_t checkpoint_every = 0;
+  int64_t checkpoint_queue_bytes = int64_t(64) << 20;
   std::string checkpoint_dir;
   std::string tool_parser = "auto";
   std::string task = "auto";
@@ -222,6 +224,7 @@ int run_serve(ServeArgs a) {
   eo.kv_disk_bytes = a.kv_disk_bytes;
   eo.kv_flush_timeout_s = a.kv_flush_timeout;
   eo.checkpoint_every = a.checkpoint_every;
+  eo.checkpoint_queue_bytes = a.checkpoint_queue_bytes;
   eo.checkpoint_dir = a.checkpoint_dir;
   eo.scheduling_policy = a.scheduling_policy;
   eo.prefix_caching = !a.no_prefix_caching;
@@ -396,6 +399,11 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Validator(
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + v; },
           "N >= 0"));
+  cmd->add_option("--checkpoint-queue-bytes", a->checkpoint_queue_bytes,
+                  "Bytes of checkpoints waiting for the writer thread at most; past it a checkpoint is dropped "
+                  "(counted in strata_checkpoints_total{result=\"dropped\"}) and the next one carries on")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
   cmd->add_option("--task", a->task,
                   "auto, generate or embed: embed serves /v1/embeddings (last-token pooling; auto: when the model "

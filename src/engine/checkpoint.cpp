@@ -227,7 +227,13 @@ std::optional<Checkpoint> CheckpointStore::load(const std::string& key) {
               path.string());
     return std::nullopt;
   }
+  if (retired_.count(c->run) != 0) return std::nullopt;  // a finished run whose removal is queued
   return c;
+}
+
+void CheckpointStore::retire(uint64_t run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  retired_.insert(run);
 }
 
 int64_t CheckpointStore::foreign_skipped() const {

@@ -62,7 +62,7 @@ class CheckpointStore {
 
   // A fresh run id, unique across restarts (random base, counter).
   uint64_t new_run();
-  // The checkpoint stored for key; nullopt when there is none, when the file is bad
+  // The checkpoint stored for key; nullopt when there is none, when its run was retired, when the file is bad
   // (quarantined, logged), when it holds another key (a hash collision) or when it was written
   // under another state identity (logged, counted; the file stays until this identity's write
   // or remove() replaces it).
@@ -70,6 +70,9 @@ class CheckpointStore {
   // Writes atomically under the store's identity (c.identity is ignored). False (nothing
   // written) when c.run was retired; kIo errors name the file.
   Result<bool> write(Checkpoint c);
+  // Retires run: its later writes are refused and load() no longer returns its checkpoint
+  // (the removal that deletes the file may come later, on a writer thread).
+  void retire(uint64_t run);
   // Retires run and deletes key's file if it holds run's write or a generation <= generation,
   // or a checkpoint of another identity (never resumable here).
   void remove(const std::string& key, uint64_t run, int64_t generation);

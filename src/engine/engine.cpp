@@ -294,6 +294,10 @@ void Engine::setup_checkpoints() {
   auto store = CheckpointStore::open(dir, prefix_namespace_);
   if (!store.ok()) throw std::invalid_argument(store.error().message);
   core_->checkpoints = std::move(store).value();
+  if (options_.checkpoint_queue_bytes < 1) {
+    throw std::invalid_argument("checkpoint_queue_bytes must be >= 1, got " + std::to_string(options_.checkpoint_queue_bytes));
+  }
+  core_->ckpt_writer = std::make_unique<CheckpointWriter>(*core_->checkpoints, size_t(options_.checkpoint_queue_bytes));
 }
 
 void Engine::resume_from_checkpoint(Active& a) {
@@ -341,8 +345,7 @@ void Engine::write_checkpoint(Active& a) {
   c.generation = a.n_generated;
   c.generated.assign(seq.tokens.begin() + seq.n_prompt, seq.tokens.end());
   c.sampler = a.sampler.save();
-  auto r = core_->checkpoints->write(std::move(c));
-  if (!r.ok()) log::warn("checkpoint of request {} not written: {}", a.req.id, r.error().to_string());
+  core_->ckpt_writer->write(std::move(c));  // a full queue drops it (counted): the next one carries on
 }
 
 void Engine::setup_kv_tiers(bool unsupported) {
@@ -393,6 +396,10 @@ void Engine::setup_kv_tiers(bool unsupported) {
 
 bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
 
+bool Engine::flush_checkpoints(double timeout_s) {
+  return !core_ || !core_->ckpt_writer || core_->ckpt_writer->flush(timeout_s);
+}
+
 Engine::~Engine() { shutdown(); }
 
 void Engine::start() {
@@ -407,6 +414,9 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
   if (!started_.exchange(true)) fail_all("the engine was shut down", true);  // never started: end what was queued
   alive_ = false;
+  if (core_ && core_->ckpt_writer && !core_->ckpt_writer->flush(options_.kv_flush_timeout_s)) {
+    log::warn("checkpoints: the writer queue did not drain within {} s", options_.kv_flush_timeout_s);
+  }
   if (core_ && core_->tiers && !tiers_persisted_) {
     // The pool's cached blocks go down to disk too, so a restart finds them.
     tiers_persisted_ = true;
@@ -825,7 +835,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   if (!a.device_only) --core_->n_host_bound;
   // A finished generation is never resumed; a cancelled or failed one keeps its checkpoint.
   if (!a.ckpt_key.empty() && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {
-    core_->checkpoints->remove(a.ckpt_key, a.ckpt_run, a.n_generated);
+    core_->ckpt_writer->remove(a.ckpt_key, a.ckpt_run, a.n_generated);
   }
   if (a.in_queue) {
     a.in_queue = false;
@@ -889,6 +899,7 @@ void Engine::publish_stats() {
   if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
   if (core_->tiers) s.kv_tiers = core_->tiers->stats();
   if (core_->checkpoints) s.checkpoints_foreign = core_->checkpoints->foreign_skipped();
+  if (core_->ckpt_writer) s.checkpoints = core_->ckpt_writer->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
   s.preemptions = core_->sched.n_preemptions();
   queue_.publish_stats(s);

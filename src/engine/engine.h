@@ -68,6 +68,9 @@ struct EngineOptions : KvLimits {
   // checkpointed. checkpoint_dir empty: <kv_disk_dir>/checkpoints.
   int32_t checkpoint_every = 0;
   std::string checkpoint_dir;
+  // Checkpoints are written by a thread of their own (engine/checkpoint_writer.h); the
+  // snapshots waiting for it hold at most this many bytes (past it a write is dropped, counted).
+  int64_t checkpoint_queue_bytes = int64_t(64) << 20;
   // Overlapped ("async") scheduling on executors that support it (a GPU): while step n runs,
   // the host commits it with placeholder tokens, plans step n+1 and queues it with n's tokens
   // fed on the device, then reads n's tokens. Only steps whose every request takes its tokens
@@ -135,6 +138,9 @@ class Engine {
   // Waits up to timeout_s for the KV disk tier's writer queue to drain. True when nothing is
   // left queued (or there is no disk tier). Thread-safe.
   bool flush_kv_tiers(double timeout_s);
+  // Waits up to timeout_s for the checkpoint writer (engine/checkpoint_writer.h) to write and
+  // remove everything queued. True when nothing is left (or checkpoints are off). Thread-safe.
+  bool flush_checkpoints(double timeout_s);
   // False once the engine thread has died (or was shut down).
   bool alive() const { return alive_.load(); }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_writer.h"
 #include "engine/engine.h"
 #include "engine/kv_conversion.h"
 #include "engine/kv_tier_io.h"
@@ -109,6 +110,7 @@ struct Engine::Core {
     if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());
   }
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
+  std::unique_ptr<CheckpointWriter> ckpt_writer;  // writes `checkpoints` off the engine thread
   // Overlapped scheduling (engine_async.cpp): on when the options, the executor and the
   // engine's features allow it; a step overlaps while no live request is host-bound.
   bool overlap = false;

@@ -95,6 +95,16 @@ struct LatencyHistogram {
   void add(double ms);
 };
 
+// The generation checkpoint writer's counts (engine/checkpoint_writer.h).
+struct CheckpointWriterStats {
+  int64_t written = 0;    // checkpoints on disk
+  int64_t coalesced = 0;  // queued writes replaced by a newer one of the same request
+  int64_t dropped = 0;    // writes that found the queue full
+  int64_t failed = 0;     // writes the store refused with an I/O error (logged)
+  int64_t queued = 0;     // writes waiting now
+  int64_t queued_bytes = 0;
+};
+
 struct EngineStats {
   bool alive = false;
   int32_t queue_depth = 0;   // submitted, never admitted yet
@@ -113,6 +123,7 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;  // tokens admission took from the prefix cache (recompute too)
   int64_t preemptions = 0;
   int64_t checkpoints_foreign = 0;  // checkpoints skipped: written under another state identity
+  CheckpointWriterStats checkpoints;  // written, coalesced, dropped, failed, queued
   // Speculative decoding: drafted tokens verified, those accepted, verify spans, and verifies
   // by accepted drafts ([i]: i accepted; the last bucket: kMaxSpecHistogram or more).
   static constexpr int kMaxSpecHistogram = 16;

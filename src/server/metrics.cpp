@@ -125,6 +125,14 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   header(os, "strata_checkpoints_foreign_total", "counter",
          "Checkpoints skipped because another state identity (weights, codec, layout, backend) wrote them.");
   os << "strata_checkpoints_foreign_total{" << m << "} " << e.checkpoints_foreign << '\n';
+  header(os, "strata_checkpoints_total", "counter",
+         "Generation checkpoints by outcome: written, coalesced (replaced in the queue by a newer one of the same "
+         "request), dropped (the writer's queue was full), failed (I/O error).");
+  const std::pair<const char*, int64_t> ckpt[] = {{"written", e.checkpoints.written}, {"coalesced", e.checkpoints.coalesced},
+                                                  {"dropped", e.checkpoints.dropped}, {"failed", e.checkpoints.failed}};
+  for (const auto& [what, n] : ckpt) os << "strata_checkpoints_total{" << m << ",result=\"" << what << "\"} " << n << '\n';
+  header(os, "strata_checkpoint_queue_bytes", "gauge", "Bytes of checkpoints waiting for the writer thread.");
+  os << "strata_checkpoint_queue_bytes{" << m << "} " << e.checkpoints.queued_bytes << '\n';
   header(os, "strata_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");
   os << "strata_preemptions_total{" << m << "} " << e.preemptions << '\n';
   header(os, "strata_spec_draft_tokens_total", "counter", "Drafted tokens the speculative method verified.");

@@ -174,7 +174,8 @@ TEST_P(EngineCheckpointTest, ResumesAfterACrashWithTheUninterruptedTokens) {
   // The prompt's and the checkpointed tokens' KV came from the disk tier.
   EXPECT_GE(res.outcome.final.usage.cached_tokens, 48);
   EXPECT_GT(e->stats().kv_tiers.disk_hit_blocks, 0);
-  // Completion deleted the checkpoint.
+  // Completion deleted the checkpoint (the writer thread removes it).
+  ASSERT_TRUE(e->flush_checkpoints(30.0));
   EXPECT_TRUE(files_in(ckpt_dir(), ".ckpt").empty());
 
   // Once finished, the same request runs from the start again (no resume of a finished run).
@@ -207,6 +208,7 @@ TEST_P(EngineCheckpointTest, CorruptCheckpointIsQuarantinedAndTheRequestRunsCold
   const Resumed res = run_recording_first(*e, r);
   EXPECT_EQ(res.outcome.tokens, full.tokens);
   EXPECT_EQ(res.first_event_tokens, 1u);  // not resumed
+  ASSERT_TRUE(e->flush_checkpoints(30.0));
   EXPECT_EQ(files_in(ckpt_dir() / "quarantine", ".ckpt").size(), 1u);
   EXPECT_TRUE(files_in(ckpt_dir(), ".ckpt").empty());
 }
@@ -227,6 +229,7 @@ TEST_P(EngineCheckpointTest, AnotherRequestDoesNotResume) {
   EXPECT_EQ(res.first_event_tokens, 1u);
   EXPECT_EQ(res.outcome.tokens, want.tokens);
   // The interrupted request's checkpoint is still there.
+  ASSERT_TRUE(e->flush_checkpoints(30.0));
   EXPECT_EQ(files_in(ckpt_dir(), ".ckpt").size(), 1u);
 }
 
@@ -247,6 +250,7 @@ TEST_P(EngineCheckpointTest, UnseededRequestResumesWithTheDrawnSeed) {
   ASSERT_GE(res.first_event_tokens, 16u);
   ASSERT_EQ(res.outcome.tokens.size(), size_t(r.max_tokens));
   EXPECT_TRUE(std::equal(seen.begin(), seen.end(), res.outcome.tokens.begin()));
+  ASSERT_TRUE(e->flush_checkpoints(30.0));
   EXPECT_TRUE(files_in(ckpt_dir(), ".ckpt").empty());
 }
 
