@@ -308,6 +308,7 @@ class ChoiceSet {
   bool engine_lost() const { return engine_lost_; }
 
   void cancel_all() {
+    cancelled_ = true;
     for (size_t i = 0; i < gens_.size(); ++i) {
       if (gens_[i]->stream && !ended_[i] && !gens_[i]->cancel_sent) {
         gens_[i]->cancel_sent = true;
@@ -379,7 +380,7 @@ class ChoiceSet {
   void submit_rest() {
     rest_submitted_ = true;
     for (size_t i = 1; i < gens_.size(); ++i) {
-      if (error_) {
+      if (error_ || cancelled_) {
         ended_[i] = true;  // never submitted
         continue;
       }
@@ -402,6 +403,7 @@ class ChoiceSet {
   std::vector<bool> ended_;
   std::vector<std::vector<double>> chosen_lp_;  // per choice, per generated token
   bool rest_submitted_ = false;
+  bool cancelled_ = false;  // the client left or a choice failed: nothing more is submitted
   std::optional<ApiError> error_;
   bool engine_lost_ = false;
 };

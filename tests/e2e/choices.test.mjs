@@ -1,11 +1,11 @@
 // n > 1 and best_of through the official openai client: every choice present and complete,
 // streamed chunks tagged by choice index, choice i seeded with seed + i, best_of ranking by
-// cumulative logprob, constrained choices, one prefill shared by the choices (the metrics), and
-// the 400s naming n and best_of.
+// cumulative logprob, constrained choices, one prefill shared by the choices (the metrics), an
+// aborted stream freeing every choice, and the 400s naming n and best_of.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, metrics } from './lib/server.mjs';
+import { startServer, metrics, waitNoUsedBlocks } from './lib/server.mjs';
 
 let server, client;
 before(async () => {
@@ -144,4 +144,15 @@ test('bad n and best_of answer 400 naming the field', async () => {
   await bad(() => client.completions.create({ model: MODEL, prompt: PROMPT, best_of: 2, stream: true }), 'best_of', /stream/);
   await bad(() => client.completions.create({ model: MODEL, prompt: PROMPT, best_of: 0 }), 'best_of');
   await bad(() => client.chat.completions.create(chat({ n: 128, max_tokens: 4000 })), 'n', /128.*4000/);
+});
+
+test('aborting an n=3 stream cancels every choice', async () => {
+  const stream = await client.chat.completions.create(chat({ n: 3, max_tokens: 2000, ignore_eos: true, stream: true }));
+  let chunks = 0;
+  for await (const chunk of stream) {
+    if (++chunks === 12) break;  // leaving the loop aborts the request
+  }
+  assert.equal(await waitNoUsedBlocks(server.url), 0, 'no KV block left referenced');
+  const m = await metrics(server.url);
+  assert.equal(m.value('strata_num_requests_running'), 0);
 });

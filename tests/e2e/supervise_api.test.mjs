@@ -1,6 +1,6 @@
 // The newer endpoints through strata serve --supervise: the page at / is public there too,
 // /status and /v1/responses (streamed and not, continued by previous_response_id) reach the
-// engine process, and X-Request-Id comes back.
+// engine process, X-Request-Id comes back, and n > 1 answers whole (streamed: 400).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -39,4 +39,15 @@ test('page, status and the Responses API behind the supervisor', { timeout: 1200
   assert.ok(last, 'the stream ended with its closing event');
   assert.equal(last.output[0].content[0].text, text);
   assert.ok(last.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(last.usage));
+});
+
+test('n > 1 behind the supervisor: choices answer whole, a streamed n > 1 is refused naming n', { timeout: 120000 }, async () => {
+  const req = { model: 'strata-demo', messages: [{ role: 'user', content: 'And the LORD spake unto Moses, saying,' }],
+    max_tokens: 6, temperature: 1, seed: 21, n: 3 };
+  const a = await client.chat.completions.create(req);
+  const b = await client.chat.completions.create(req);
+  assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+  assert.deepEqual(a.choices.map((c) => c.message.content), b.choices.map((c) => c.message.content));
+  await assert.rejects(client.chat.completions.create({ ...req, stream: true }),
+    (e) => e.status === 400 && e.error.param === 'n' && /--supervise/.test(e.message));
 });
