@@ -239,7 +239,8 @@ bool parse_xml_function(std::string_view text, size_t pos, const ToolParamTypes*
 
 ToolParse parse_qwen3_xml(std::string_view text, const ToolParamTypes* types) {
   const size_t first = text.find(kXmlFunction);
-  if (first == std::string_view::npos) return ToolParse{std::string(text), {}};
+  // Qwen3-Coder at times falls back to the JSON body of the Qwen family's earlier models.
+  if (first == std::string_view::npos) return parse_hermes(text);
   ToolParse r;
   // The <tool_call> around the first function (when there is one) is not content.
   size_t head = text.rfind(kHermesOpen, first);

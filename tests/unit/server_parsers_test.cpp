@@ -200,6 +200,10 @@ TEST(ToolParser, Qwen3CoderLenientAndInvalidShapes) {
                                  "<function=f>\n<parameter=a>\nx\n<parameter=b>\ny\n</parameter>\n</function>");
   ASSERT_EQ(p.calls.size(), 1u);
   expect_call(p.calls[0], "f", {{"a", "x"}, {"b", "y"}});
+  // The JSON body of the earlier Qwen models inside <tool_call> still reads as a call.
+  p = parse_tool_calls(ToolCallFormat::kQwen3Coder, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  expect_call(p.calls[0], "f", {{"a", 1}});
   // No name: not a call, the text stays content.
   const std::string bad = "<tool_call>\n<function=>\n</function>\n</tool_call>";
   p = parse_tool_calls(ToolCallFormat::kQwen3Coder, bad);

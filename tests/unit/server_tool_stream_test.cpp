@@ -146,6 +146,9 @@ TEST(ToolCallStreamer, Qwen3CoderParametersStreamAsTypedJson) {
     EXPECT_EQ(s.arguments[1], "{\"path\":\"b\"}");
   }
   EXPECT_GE(deltas_before_end(ToolCallFormat::kQwen3Coder, text, types), 6u) << "one delta per parameter at least";
+  // A JSON body instead of the XML one: the call comes whole at the end.
+  const Streamed s = stream_text(ToolCallFormat::kQwen3Coder, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", 3);
+  EXPECT_EQ(s.names, (std::vector<std::string>{"f"}));
 }
 
 // A text parameter (a file's content, say) streams while the model writes it: the newline after
