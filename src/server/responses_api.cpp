@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "server/json_guard.h"
 
@@ -211,6 +212,7 @@ Err parse_tools(const json& body, ApiRequest* api, json* echo) {
     api->tools.push_back({{"type", "function"}, {"function", std::move(func)}});
     (*echo)["tools"].push_back({{"type", "function"}, {"name", name}, {"description", description.empty() ? json(nullptr) : json(description)},
                                 {"parameters", params}, {"strict", strict}});
+    if (strict) api->strict_tools.push_back(name);
   }
   if (api->tools.empty()) api->tools = nullptr;
   return std::nullopt;
@@ -226,8 +228,10 @@ Err parse_tool_choice(const json& body, ApiRequest* api, json* echo) {
       (*echo)["tool_choice"] = s;
       return std::nullopt;
     }
-    if (s == "required") {
-      return bad_field("tool_choice", "tool_choice 'required' is not supported yet (it needs constrained decoding); use 'auto'");
+    if (s == "required") {  // a call of one of the tools, forced by the tool-call grammar
+      api->tool_choice = s;
+      (*echo)["tool_choice"] = s;
+      return std::nullopt;
     }
     return bad_field("tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function, got '" + s + "'");
   }
@@ -236,10 +240,56 @@ Err parse_tool_choice(const json& body, ApiRequest* api, json* echo) {
   if (auto e = read_string(*tc, "type", "tool_choice.type", &type)) return e;
   if (auto e = read_string(*tc, "name", "tool_choice.name", &name)) return e;
   if (type == "function") {
-    return bad_field("tool_choice", "tool_choice naming function '" + name +
-                                        "' is not supported yet (it needs constrained decoding); use 'auto'");
+    if (name.empty()) return bad_field("tool_choice.name", "tool_choice of type 'function' needs the function's name");
+    api->tool_choice = "function";
+    api->tool_choice_name = name;
+    (*echo)["tool_choice"] = {{"type", "function"}, {"name", name}};
+    return std::nullopt;
   }
   return bad_field("tool_choice", "tool_choice type " + json_excerpt(json(type)) + " is not supported: use 'auto' or 'none'");
+}
+
+// text.format: "text", or the Responses spelling of chat's response_format ({type: json_schema,
+// name, schema, strict, description} flat, or {type: json_object}), compiled the same way.
+Err parse_text_format(const json& fmt, std::optional<OutputConstraint>* out) {
+  std::string type;
+  if (auto e = required_string(fmt, "type", "text.format.type", &type)) return e;
+  json rf;
+  if (type == "text") {
+    return std::nullopt;
+  } else if (type == "json_object") {
+    rf = {{"type", "json_object"}};
+  } else if (type == "json_schema") {
+    json js = json::object();
+    for (const auto& [k, v] : fmt.items()) {
+      if (k == "type") continue;
+      if (k != "name" && k != "schema" && k != "strict" && k != "description") {
+        return bad_field("text.format." + k, "text.format." + k + " is not a field of a json_schema format");
+      }
+      js[k] = v;
+    }
+    if (!js.contains("name")) return bad_field("text.format.name", "text.format of type json_schema needs a name");
+    rf = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+  } else {
+    return bad_field("text.format.type", "text.format.type must be 'text', 'json_schema' or 'json_object', got " +
+                                             json_excerpt(json(type)));
+  }
+  auto rename = [](std::string s) {
+    for (const char* from : {"response_format.json_schema", "response_format"}) {
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at)) {
+        s.replace(at, std::strlen(from), "text.format");
+        at += std::strlen("text.format");
+      }
+    }
+    return s;
+  };
+  if (auto e = parse_output_constraint(json{{"response_format", std::move(rf)}}, out)) {
+    e->param = rename(e->param);
+    e->message = rename(e->message);
+    return e;
+  }
+  if (*out) (*out)->field = rename((*out)->field);
+  return std::nullopt;
 }
 
 Err one_of(const json& o, const char* key, const std::string& field, std::initializer_list<const char*> allowed) {
@@ -314,12 +364,8 @@ std::optional<ApiError> parse_responses_request(const json& body, const ParseLim
     if (!t->is_object()) return wrong_type("text", *t, "an object");
     if (const json* fmt = find_field(*t, "format")) {
       if (!fmt->is_object()) return wrong_type("text.format", *fmt, "an object");
-      std::string type;
-      if (auto e = read_string(*fmt, "type", "text.format.type", &type)) return e;
-      if (type != "text") {
-        return bad_field("text.format", "text.format type " + json_excerpt(json(type)) +
-                                            " is not supported yet (structured output needs constrained decoding); use 'text'");
-      }
+      if (auto e = parse_text_format(*fmt, &api.constraint)) return e;
+      echo["text"]["format"] = *fmt;
     }
     if (auto e = one_of(*t, "verbosity", "text.verbosity", {"low", "medium", "high"})) return e;
   }

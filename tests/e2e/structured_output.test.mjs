@@ -195,6 +195,36 @@ test('Anthropic tool_choice any and tool force a tool_use block whose input vali
   assertValid(TIME, use2.input);
 });
 
+test('Responses API: text.format json_schema validates; tool_choice required and named force a function_call', async () => {
+  for (let seed = 1; seed <= 3; seed++) {
+    const r = await client.responses.create({ model: 'strata-demo', input: 'Who led the children of Israel? Answer as JSON.',
+      max_output_tokens: 120, temperature: 1, seed,
+      text: { format: { type: 'json_schema', name: 'person', schema: PERSON, strict: true } } });
+    assert.equal(r.text.format.type, 'json_schema');
+    if (r.status === 'completed') assertValid(PERSON, JSON.parse(r.output_text));
+  }
+  const obj = await client.responses.create({ model: 'strata-demo', input: 'JSON please', max_output_tokens: 60, temperature: 0,
+    text: { format: { type: 'json_object' } } });
+  if (obj.status === 'completed') assert.equal(typeof JSON.parse(obj.output_text), 'object');
+  const rtools = TOOLS.map((t) => ({ type: 'function', name: t.function.name, description: t.function.description,
+    parameters: t.function.parameters, strict: t.function.strict ?? false }));
+  const req = await toolClient.responses.create({ model: 'tools', input: 'Weather in Paris?', tools: rtools, tool_choice: 'required',
+    max_output_tokens: 150, temperature: 1 });
+  const call = req.output.find((o) => o.type === 'function_call');
+  assert.ok(call, JSON.stringify(req.output));
+  assertValid(TOOLS.find((t) => t.function.name === call.name).function.parameters, JSON.parse(call.arguments));
+  const named = await toolClient.responses.create({ model: 'tools', input: 'Time?', tools: rtools,
+    tool_choice: { type: 'function', name: 'get_time' }, max_output_tokens: 150, temperature: 1 });
+  const call2 = named.output.find((o) => o.type === 'function_call');
+  assert.equal(call2.name, 'get_time');
+  assertValid(TIME, JSON.parse(call2.arguments));
+  await assert.rejects(client.responses.create({ model: 'strata-demo', input: 'x',
+    text: { format: { type: 'json_schema', name: 'bad', schema: { type: 'object', properties: { a: { type: 'nope' } } } } } }),
+  (e) => e.status === 400 && e.error.param.startsWith('text.format'));
+  await assert.rejects(toolClient.responses.create({ model: 'tools', input: 'x', tools: rtools,
+    tool_choice: { type: 'function', name: 'missing' } }), (e) => e.status === 400 && e.error.param === 'tool_choice');
+});
+
 test('bad constraints answer 400 naming the field; the server keeps serving', async () => {
   const base = { model: 'strata-demo', messages: MSG, max_tokens: 8 };
   const cases = [

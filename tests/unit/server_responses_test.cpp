@@ -99,10 +99,13 @@ TEST(ResponsesRequest, ErrorsNameTheFieldAndTheValue) {
       {{{"input", "hi"}, {"tools", {{{"type", "web_search"}}}}}, "tools[0].type", "'web_search'"},
       {{{"input", "hi"}, {"tools", {{{"type", "function"}}}}}, "tools[0].name", "required"},
       {{{"input", "hi"}, {"tools", {{{"type", "function"}, {"name", "f"}, {"parameters", "x"}}}}}, "tools[0].parameters", "\"x\""},
-      {{{"input", "hi"}, {"tool_choice", "required"}}, "tool_choice", "'required' is not supported yet"},
-      {{{"input", "hi"}, {"tool_choice", {{"type", "function"}, {"name", "f"}}}}, "tool_choice", "'f' is not supported yet"},
+      {{{"input", "hi"}, {"tool_choice", {{"type", "function"}}}}, "tool_choice.name", "name"},
       {{{"input", "hi"}, {"tool_choice", "maybe"}}, "tool_choice", "'maybe'"},
-      {{{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}}}}}}, "text.format", "\"json_schema\""},
+      {{{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}}}}}}, "text.format.name", "needs a name"},
+      {{{"input", "hi"}, {"text", {{"format", {{"type", "xml"}}}}}}, "text.format.type", "\"xml\""},
+      {{{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}, {"name", "n"}, {"schema", 3}}}}}}, "text.format.schema", "3"},
+      {{{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}, {"name", "n"}, {"schema", {{"type", "object"}}}, {"indent", 2}}}}}},
+       "text.format.indent", "not a field"},
       {{{"input", "hi"}, {"reasoning", {{"effort", "huge"}}}}, "reasoning.effort", "\"huge\""},
       {{{"input", "hi"}, {"truncation", "sometimes"}}, "truncation", "\"sometimes\""},
       {{{"input", "hi"}, {"metadata", {{"k", 1}}}}, "metadata.k", "number 1"},
@@ -116,6 +119,42 @@ TEST(ResponsesRequest, ErrorsNameTheFieldAndTheValue) {
     EXPECT_NE(e.message.find(c.needle), std::string::npos) << c.body.dump() << " -> " << e.message;
     EXPECT_EQ(e.status, c.param == "model" ? 404 : 400);
   }
+}
+
+// text.format json_schema / json_object compile as chat's response_format does; tool_choice
+// required and a named function are forced through the tool-call grammar at mapping time.
+TEST(ResponsesRequest, TextFormatAndForcedToolChoice) {
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}};
+  ResponsesRequest r;
+  auto e = parse_responses_request(
+      {{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}, {"name", "n"}, {"schema", schema}, {"strict", true}}}}}},
+      kLimits, &r);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_TRUE(r.api.constraint);
+  EXPECT_EQ(r.api.constraint->spec.kind, grammar::GrammarKind::kJsonSchema);
+  EXPECT_EQ(json::parse(r.api.constraint->spec.text), schema);
+  EXPECT_TRUE(r.api.constraint->spec.json.strict);
+  EXPECT_EQ(r.api.constraint->field.rfind("text.format", 0), 0u) << r.api.constraint->field;
+  EXPECT_EQ(r.echo["text"]["format"]["name"], "n");
+
+  ResponsesRequest o;
+  ASSERT_FALSE(parse_responses_request({{"input", "hi"}, {"text", {{"format", {{"type", "json_object"}}}}}}, kLimits, &o));
+  ASSERT_TRUE(o.api.constraint);
+  ResponsesRequest t;
+  ASSERT_FALSE(parse_responses_request({{"input", "hi"}, {"text", {{"format", {{"type", "text"}}}}}}, kLimits, &t));
+  EXPECT_FALSE(t.api.constraint);
+
+  const json tools = {{{"type", "function"}, {"name", "f"}, {"parameters", {{"type", "object"}}}, {"strict", true}}};
+  ResponsesRequest q;
+  ASSERT_FALSE(parse_responses_request({{"input", "hi"}, {"tools", tools}, {"tool_choice", "required"}}, kLimits, &q));
+  EXPECT_EQ(q.api.tool_choice, "required");
+  EXPECT_EQ(q.api.strict_tools, std::vector<std::string>{"f"});
+  ResponsesRequest n;
+  ASSERT_FALSE(parse_responses_request({{"input", "hi"}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"name", "f"}}}},
+                                       kLimits, &n));
+  EXPECT_EQ(n.api.tool_choice, "function");
+  EXPECT_EQ(n.api.tool_choice_name, "f");
+  EXPECT_EQ(n.echo["tool_choice"], (json{{"type", "function"}, {"name", "f"}}));
 }
 
 TEST(ResponsesRequest, PreviousResponseContinuesTheStoredConversation) {
