@@ -11,9 +11,17 @@ import path from 'node:path';
 const SAY = ['<|say|>', 'Hello', ' from', ' the', ' script.'];
 const CALL = ['<|call|>', 'Checking.', '<tool_call>', '\n{"name": "', 'get_weather', '", "arguments": ', '{"city": "',
   'Par', 'is", "', 'unit": "cel', 'sius"}', '}\n', '</tool_call>'];
+// The same call in Qwen3-Coder's XML, its days a number only through the tool's schema.
+const XML_CALL = ['<|call|>', 'Checking.', '<tool_call>', '\n<function=', 'get_weather', '>\n<parameter=', 'city',
+  '>\nPar', 'is\n</parameter>\n', '<parameter=', 'days', '>\n3\n</parameter>\n', '</function>\n</tool_call>'];
+const CALLS = {
+  hermes: { call: CALL, doc: '{#- Tool calls are written <tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call> #}' },
+  qwen3_coder: { call: XML_CALL, doc: '{#- Tool calls are written <tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n</function>\\n</tool_call> #}' },
+};
 // What a client sees: the text of SAY, and CALL's call.
 export const SCRIPTED_TEXT = SAY.slice(1).join('');
 export const SCRIPTED_CALL = { name: 'get_weather', arguments: { city: 'Paris', unit: 'celsius' }, content: 'Checking.' };
+export const SCRIPTED_XML_CALL = { name: 'get_weather', arguments: { city: 'Paris', days: 3 }, content: 'Checking.' };
 
 const HIDDEN = 64;
 
@@ -31,8 +39,11 @@ function safetensors(tensors) {
   return Buffer.concat([len, Buffer.from(h), ...Object.values(tensors).map((t) => Buffer.from(t.data.buffer))]);
 }
 
-export function scriptedModel(source) {
-  const dir = path.join(tmpdir(), `strata-e2e-scripted-${process.getuid?.() ?? 0}`);
+// format: the tool-call format the call is written in (hermes or qwen3_coder); the chat template
+// shows it, so the server detects it.
+export function scriptedModel(source, format = 'hermes') {
+  const { call: CALL_CHAIN, doc } = CALLS[format];
+  const dir = path.join(tmpdir(), `strata-e2e-scripted-${process.getuid?.() ?? 0}${format === 'hermes' ? '' : '-' + format}`);
   if (existsSync(path.join(dir, 'model.safetensors'))) return dir;
   mkdirSync(dir, { recursive: true });
   const demo = path.join(source, 'models', 'strata-demo');
@@ -40,7 +51,7 @@ export function scriptedModel(source) {
   const EOS = 2;  // <|im_end|>
   const ids = new Map();
   let next = Object.keys(tok.model.vocab).length;
-  for (const piece of [...SAY, ...CALL]) {
+  for (const piece of [...SAY, ...CALL_CHAIN]) {
     if (ids.has(piece)) throw new Error(`script piece ${JSON.stringify(piece)} repeats`);
     ids.set(piece, next);
     tok.added_tokens.push({ id: next, content: piece, single_word: false, lstrip: false, rstrip: false, normalized: false,
@@ -50,7 +61,7 @@ export function scriptedModel(source) {
   const vocab = next;
   writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tok));
   const template = [
-    '{#- Tool calls are written <tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call> #}',
+    doc,
     "{%- if tools %}{{ '<|im_start|>system\\n<tools>' + (tools | tojson) + '</tools><|im_end|>\\n' }}{%- endif %}",
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}",
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- if tools %}{{ '<|call|>' }}{%- else %}{{ '<|say|>' }}{%- endif %}{%- endif %}",
@@ -71,7 +82,7 @@ export function scriptedModel(source) {
   const embed = new Float32Array(vocab * HIDDEN);
   const head = new Float32Array(vocab * HIDDEN);
   let k = 0;
-  for (const chain of [SAY, CALL]) {
+  for (const chain of [SAY, CALL_CHAIN]) {
     const seq = [...chain.map((p) => ids.get(p)), EOS];
     for (let i = 0; i + 1 < seq.length; i++, k++) {
       embed[seq[i] * HIDDEN + k] = 1;
