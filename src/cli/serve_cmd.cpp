@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,8 @@ struct ServeArgs {
   std::string checkpoint_dir;
   std::string tool_parser = "auto";
   std::string task = "auto";
+  std::vector<std::string> lora;  // NAME=DIR
+  int32_t max_lora_rank = 0;
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
   std::string kv_quant_start = "auto";
@@ -214,6 +217,26 @@ int run_serve(ServeArgs a) {
   std::string name = a.served_model_name;
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
+  std::map<std::string, int32_t> lora_slots;
+  std::vector<std::string> lora_names;
+  if (!a.lora.empty() && model->executor) {
+    return fail(make_error(ErrorCode::kUnsupported, "--lora runs on --device cpu only so far (the GPU executor applies no adapter)"));
+  }
+  for (const std::string& spec : a.lora) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return fail(make_error(ErrorCode::kInvalidArgument, "--lora must be NAME=DIR, got '" + spec + "'"));
+    }
+    const std::string lname = spec.substr(0, eq), ldir = spec.substr(eq + 1);
+    if (lname == name || lora_slots.count(lname)) {
+      return fail(make_error(ErrorCode::kInvalidArgument, "--lora name '" + lname + "' is taken (the served model or another adapter)"));
+    }
+    auto adapter = model->model->load_lora(ldir, a.max_lora_rank);
+    if (!adapter.ok()) return fail(adapter.error());
+    lora_slots[lname] = model->model->add_lora(*adapter);
+    lora_names.push_back(lname);
+    log::info("LoRA adapter {} from {} (rank up to {})", lname, ldir, (*adapter)->max_rank);
+  }
 
   EngineOptions eo;
   static_cast<KvLimits&>(eo) = a.kv;
@@ -235,6 +258,7 @@ int run_serve(ServeArgs a) {
   eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
   eo.kv_quant_blocks = device_eo.kv_quant_blocks;  // the device's codec pool (--kv-quant-start)
   eo.async_scheduling = device_eo.async_scheduling;
+  eo.lora_slots = lora_slots;
   auto spec = make_speculative_options(a.spec, a.model_dir, pool);
   if (!spec.ok()) return fail(spec.error());
   eo.speculative = std::move(spec).value();
@@ -253,6 +277,7 @@ int run_serve(ServeArgs a) {
     served->embedding = true;
     served->pooling = pooling;
   }
+  served->adapters = lora_names;
   eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
 
   auto engine = Engine::create(std::move(model->model), eo, std::move(model->executor));
@@ -405,6 +430,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir, "Directory of generation checkpoints (empty: <kv-disk-dir>/checkpoints)");
+  cmd->add_option("--lora", a->lora,
+                  "NAME=DIR: serve the PEFT LoRA adapter in DIR; a request whose model is NAME runs on it "
+                  "(repeatable; adapters batch with each other and the base model; --device cpu)");
+  cmd->add_option("--max-lora-rank", a->max_lora_rank, "Refuse adapters of a higher rank (0: any)")->capture_default_str();
   cmd->add_option("--task", a->task,
                   "auto, generate or embed: embed serves /v1/embeddings (last-token pooling; auto: when the model "
                   "directory has sentence-transformers modules with a Pooling module)")

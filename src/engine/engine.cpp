@@ -213,6 +213,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model, Eng
   STRATA_RETURN_IF_ERROR(plan_blocks(*model, options));
   STRATA_RETURN_IF_ERROR(make_scheduling_policy(options.scheduling_policy));
   STRATA_RETURN_IF_ERROR(check_speculative(*model, options, executor.get()));
+  if (!options.lora_slots.empty() && executor) {
+    return make_error(ErrorCode::kUnsupported, "LoRA adapters run on the cpu engine only so far (--device cpu)");
+  }
+  for (const auto& [name, slot] : options.lora_slots) {
+    if (slot < 0 || size_t(slot) >= model->lora_slots().size()) {
+      return make_error(ErrorCode::kInvalidArgument, "adapter '" + name + "' names slot " + std::to_string(slot) +
+                                                         " of a model with " + std::to_string(model->lora_slots().size()));
+    }
+  }
   try {
     return std::make_unique<Engine>(std::move(model), std::move(options), std::move(executor));
   } catch (const std::invalid_argument& e) {  // a KV tier that cannot open (names its directory)
@@ -471,6 +480,16 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
     }
   }
   if (r.max_tokens < 1) return bad("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
+  uint64_t adapter_hash = 0;
+  if (!r.adapter.empty()) {
+    auto it = options_.lora_slots.find(r.adapter);
+    if (it == options_.lora_slots.end()) {
+      std::string names;
+      for (const auto& [k, v] : options_.lora_slots) names += (names.empty() ? "" : ", ") + k;
+      return bad("adapter '" + r.adapter + "' is not loaded (loaded: " + (names.empty() ? std::string("none") : names) + ")");
+    }
+    adapter_hash = model_->lora_slots().at(size_t(it->second))->content_hash;
+  }
   if (r.embed != model_->config().hidden_output) {
     return bad(r.embed ? "the model is not served for embeddings (serve it with --task embed)"
                        : "the model is served for embeddings (--task embed): it does not generate");
@@ -509,6 +528,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   std::string ckpt_key;
   if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs && !r.embed) {
     ckpt_key = checkpoint_key(r, eos_ids_, !r.sampling.has_seed);
+    if (!r.adapter.empty()) ckpt_key += ";adapter=" + r.adapter + "#" + std::to_string(adapter_hash);
   }
   if (!r.sampling.has_seed) {
     std::random_device rd;
@@ -574,6 +594,11 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
     s.n_prompt = int32_t(s.tokens.size());
     s.prompt_logprobs = a->req.prompt_logprobs;
     s.reuse_prefix = !a->req.prompt_logprobs;  // the logits of every prompt position are needed
+    if (!a->req.adapter.empty()) {
+      s.adapter = options_.lora_slots.at(a->req.adapter);
+      // A salt of the adapter's content, never 0 (0 is the base model's).
+      s.hash_salt = (model_->lora_slots().at(size_t(s.adapter))->content_hash * 0x9E3779B97F4A7C15ull) | 1ull;
+    }
     admit_grammar(*a);
     if (!a->ckpt_key.empty()) {
       a->ckpt_run = core_->checkpoints->new_run();

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,6 +32,9 @@ namespace strata {
 // sequence's window needs, and --kv-quant-start keeps a second pool in the codecs.
 struct EngineOptions : KvLimits {
   int32_t max_queued = 256;          // submitted but not yet admitted; past it submit fails
+  // LoRA adapters a request may name (GenerationRequest::adapter): name -> the model's slot
+  // (Model::add_lora). The host executor only so far.
+  std::map<std::string, int32_t> lora_slots;
   std::string scheduling_policy = "fcfs";  // "fcfs" or "priority"
   bool prefix_caching = true;
   double session_ttl_s = 600.0;      // pin of a session's blocks after its request ends

@@ -46,7 +46,7 @@ bool TierPromoter::start(Sequence* seq, double now) {
   if (!seq->reuse_prefix) return false;
   tiers_.settle(false);  // demotions whose copies landed become visible to the lookups below
   const int32_t bs = kv_.block_size();
-  extend_block_hashes(seq->block_hashes, salt_, seq->tokens, bs);
+  extend_block_hashes(seq->block_hashes, salt_ ^ seq->hash_salt, seq->tokens, bs);
   // As the scheduler's admission: the last token is always computed.
   const int32_t limit = int32_t(std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs)));
   const std::span<const uint64_t> hashes(seq->block_hashes);

@@ -39,6 +39,10 @@ struct GenerationRequest {
   // Embedding: the request runs its prompt only and finishes with the final hidden state of
   // its last token (last-token pooling; only on an engine whose model has hidden_output).
   bool embed = false;
+  // A LoRA adapter the engine serves (EngineOptions::lora_slots), "" for the base model. Its
+  // KV chains under a salt of the adapter's content, so no block is shared with the base model
+  // or another adapter.
+  std::string adapter;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };

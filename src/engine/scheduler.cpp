@@ -193,7 +193,7 @@ void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool r
   }
   const int32_t end = span.pos0 + n_tokens;
   if (is_snapshot_point(seq, end)) {
-    extend_block_hashes(seq->block_hashes, options_.prefix_salt,
+    extend_block_hashes(seq->block_hashes, options_.prefix_salt ^ seq->hash_salt,
                         std::span<const int32_t>(seq->tokens).first(size_t(end)), bs);
     span.save_state = true;
     span.save_hash = seq->block_hashes[size_t(end / bs - 1)];
@@ -224,7 +224,7 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
   int32_t hit_blocks = 0;
   if (options_.prefix_caching && seq->reuse_prefix) {
     // At least the last token is computed: its logits are what the step is for.
-    extend_block_hashes(seq->block_hashes, options_.prefix_salt, seq->tokens, bs);
+    extend_block_hashes(seq->block_hashes, options_.prefix_salt ^ seq->hash_salt, seq->tokens, bs);
     const int32_t limit = int32_t(std::min(seq->block_hashes.size(), size_t((seq->n_tokens() - 1) / bs)));
     hit_blocks = reusable_blocks(seq, limit);
     const std::span<const uint64_t> hashes(seq->block_hashes);
@@ -411,7 +411,7 @@ void Scheduler::publish_and_trim(Sequence* seq) {
     n_full = std::min(n_full, seq->n_prompt / cut_align() * cut_align() / bs);
   }
   if (options_.prefix_caching && seq->n_published < n_full) {
-    extend_block_hashes(seq->block_hashes, options_.prefix_salt,
+    extend_block_hashes(seq->block_hashes, options_.prefix_salt ^ seq->hash_salt,
                         std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
     for (int32_t i = seq->n_published; i < n_full; ++i) {
       const uint64_t h = seq->block_hashes[size_t(i)];

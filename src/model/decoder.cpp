@@ -46,6 +46,11 @@ class DecoderModel : public Model {
   }
 
   void forward(const StepBatch& batch, KvStorage& kv, StateStorage* state, float* logits) override;
+  Result<std::shared_ptr<const LoraAdapter>> load_lora(const std::string& dir, int32_t max_rank) const override {
+    auto manifest = decoder_manifest(config_, spec_);
+    if (!manifest.ok()) return manifest.error();
+    return load_lora_adapter(dir, config_, *manifest, max_rank);
+  }
 
   DecoderSpec spec_;
   std::shared_ptr<const SafetensorsArchive> archive_;  // keeps aliased weights mapped
@@ -61,6 +66,7 @@ class DecoderModel : public Model {
   AttentionScratch attn_scratch_;
   MlpScratch mlp_scratch_;
   MoeScratch moe_scratch_;
+  std::vector<float> lora_scratch_;
 };
 
 void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* /*state*/, float* logits) {
@@ -74,13 +80,17 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
   h_.resize(size_t(n * hidden));
   branch_.resize(size_t(n * hidden));
   embed_.gather(pool_, batch.tokens.data(), n, spec_.embed_scale, x_.data());
+  const bool adapters = std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const SeqSpan& s) { return s.adapter >= 0; });
+  LinearLora lora{&pool_, &batch, &lora_, 0, &lora_scratch_};
 
   for (size_t l = 0; l < layers_.size(); ++l) {
     DecoderLayer& L = layers_[l];
     L.params.rope = &ropes_[size_t(L.rope_index)];
+    lora.layer = int32_t(l);
+    const LinearLora* lo = adapters ? &lora : nullptr;
     cpu::rms_norm(pool_, x_.data(), L.input_norm.data(), h_.data(), n, hidden, eps, opw);
     attention_forward(pool_, L.attn, L.params, batch, positions_.data(), h_.data(), kv, int(l), attn_scratch_,
-                      branch_.data());
+                      branch_.data(), lo);
     if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_attn_norm.data(), branch_.data(), n, hidden, eps, opw);
     cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);
     const std::vector<float>& ffn_norm = spec_.sandwich_norms ? L.pre_ffn_norm : L.post_attn_norm;
@@ -88,7 +98,7 @@ void DecoderModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* 
     if (L.moe) {
       moe_forward(pool_, *L.moe, spec_.act, h_.data(), n, hidden, moe_scratch_, branch_.data());
     } else {
-      gated_mlp_forward(pool_, L.mlp, spec_.act, h_.data(), n, mlp_scratch_, branch_.data());
+      gated_mlp_forward(pool_, L.mlp, spec_.act, h_.data(), n, mlp_scratch_, branch_.data(), lo);
     }
     if (spec_.sandwich_norms) cpu::rms_norm(pool_, branch_.data(), L.post_ffn_norm.data(), branch_.data(), n, hidden, eps, opw);
     cpu::add(pool_, x_.data(), branch_.data(), x_.data(), n * hidden);

@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/kv_storage.h"
+#include "model/lora.h"
 #include "model/model_config.h"
 #include "model/step_batch.h"
 
@@ -28,10 +29,25 @@ class Model {
   // (f32, final soft-cap applied) in the order StepBatch::n_logit_rows() defines.
   virtual void forward(const StepBatch& batch, KvStorage& kv, StateStorage* state, float* logits) = 0;
 
+  // LoRA: reads the PEFT adapter in `dir` for this model (kUnsupported for families that take
+  // none yet), and serves it from a slot spans name (SeqSpan::adapter). Slots are added before
+  // the model runs steps and never removed.
+  virtual Result<std::shared_ptr<const LoraAdapter>> load_lora(const std::string& dir, int32_t max_rank) const {
+    (void)dir;
+    (void)max_rank;
+    return make_error(ErrorCode::kUnsupported, "LoRA adapters are not supported for " + config_.model_type + " models yet");
+  }
+  int32_t add_lora(std::shared_ptr<const LoraAdapter> a) {
+    lora_.push_back(std::move(a));
+    return int32_t(lora_.size()) - 1;
+  }
+  const LoraSlots& lora_slots() const { return lora_; }
+
  protected:
   explicit Model(ModelConfig config, ThreadPool& pool) : config_(std::move(config)), pool_(pool) {}
   ModelConfig config_;
   ThreadPool& pool_;
+  LoraSlots lora_;
 };
 
 }  // namespace strata

@@ -21,6 +21,7 @@ struct SeqSpan {
   // ids into the storage's own pools. Layers reading window_block_table ignore it.
   int32_t n_quant_blocks = 0;
   int32_t state_slot = -1;     // recurrent-state slot (hybrid families), -1 when none
+  int32_t adapter = -1;        // LoRA slot of the model (Model::add_lora), -1: the base weights
   bool logits_last = true;     // produce logits for the span's last token
   bool logits_all = false;     // produce logits for every token of the span (prompt logprobs)
 };

@@ -39,6 +39,10 @@ struct Sequence {
   std::vector<int32_t> window_blocks;
   int32_t window_first = 0;
   int32_t state_slot = -1;      // recurrent-state slot while running (hybrid families), else -1
+  int32_t adapter = -1;         // the model's LoRA slot (Model::add_lora), -1: the base weights
+  // Salts block_hashes (0: the engine's prefix salt alone): a LoRA adapter's KV differs from the
+  // base model's for the same tokens, so its blocks chain under a salt of their own.
+  uint64_t hash_salt = 0;
 
   bool reuse_prefix = true;       // look the prompt up in the prefix cache on admission
   bool prompt_logprobs = false;   // wants logits at every prompt position

@@ -646,13 +646,25 @@ void HttpServer::install_routes() {
                       {"block_size", engine_.block_size()}};
     return card;
   };
-  s.Get("/v1/models", [this, model_card](const httplib::Request& req, httplib::Response& res) {
-    write_json(res, {{"object", "list"}, {"data", json::array({model_card()})}});
+  // A LoRA adapter is listed as a model of its own whose parent is the served model (vLLM's shape).
+  auto adapter_card = [this](const std::string& name) {
+    return json{{"id", name}, {"object", "model"}, {"created", int64_t(0)}, {"owned_by", "strata"},
+                {"max_model_len", model_.max_model_len}, {"parent", model_.name}, {"root", model_.name}};
+  };
+  s.Get("/v1/models", [this, model_card, adapter_card](const httplib::Request& req, httplib::Response& res) {
+    json data = json::array({model_card()});
+    for (const std::string& a : model_.adapters) data.push_back(adapter_card(a));
+    write_json(res, {{"object", "list"}, {"data", std::move(data)}});
     metrics_.count_request(req.path, 200);
   });
   // The openai client's models.retrieve(id); ids may hold slashes (org/name).
-  s.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/v1/models/(.+))", [this, model_card, adapter_card](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
+    if (std::find(model_.adapters.begin(), model_.adapters.end(), id) != model_.adapters.end()) {
+      write_json(res, adapter_card(id));
+      metrics_.count_request("/v1/models/{id}", 200);
+      return;
+    }
     if (id != model_.name) {
       ApiError e;
       e.status = 404;
@@ -678,7 +690,7 @@ void HttpServer::install_routes() {
     if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
     if (!body.contains("max_tokens")) body["max_tokens"] = 1;  // not part of a count request
     ApiRequest r;
-    const ParseLimits limits{{model_.name}, options_.max_json_depth};
+    const ParseLimits limits{model_.model_names(), options_.max_json_depth};
     if (auto e = parse_messages_request(body, limits, &r)) return fail(*e);
     std::string text;
     if (auto e = render_chat_prompt(r, model_, &text)) return fail(*e);
@@ -690,7 +702,7 @@ void HttpServer::install_routes() {
 
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     json body;
-    ParseLimits limits{{model_.name}, options_.max_json_depth};
+    ParseLimits limits{model_.model_names(), options_.max_json_depth};
     auto fail = [&](const ApiError& e) {
       write_error(req, res, e);
       metrics_.count_request(req.path, e.status);
@@ -759,7 +771,7 @@ void HttpServer::install_routes() {
       if (auto e = parse_trace_option(body, &trace_in_usage)) return fail(*e);
       ApiRequest r;
       ResponsesRequest rr;  // kResponses: r is its chat form
-      const ParseLimits limits{{model_.name}, options_.max_json_depth};
+      const ParseLimits limits{model_.model_names(), options_.max_json_depth};
       std::optional<ApiError> perr;
       if (kind == ApiKind::kResponses) {
         perr = parse_responses_request(body, limits, &rr);
@@ -795,7 +807,8 @@ void HttpServer::install_routes() {
       }
       ResponseContext ctx;
       ctx.id = sup.response_id.empty() ? random_id(id_prefix(kind)) : sup.response_id;
-      ctx.model = model_.name;
+      // An adapter's answer names the adapter, as the client asked for it.
+      ctx.model = p.generation.adapter.empty() ? model_.name : p.generation.adapter;
       ctx.created = sup.created ? *sup.created
                                 : std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
       ctx.include_usage = r.include_usage;

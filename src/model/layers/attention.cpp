@@ -1,5 +1,7 @@
 #include "model/layers/attention.h"
 
+#include "model/lora.h"
+
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -181,7 +183,7 @@ void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, 
 
 void attention_forward(ThreadPool& pool, const AttentionWeights& w, const AttentionParams& p, const StepBatch& batch,
                        const int32_t* positions, const float* x, KvStorage& kv, int layer, AttentionScratch& s,
-                       float* out) {
+                       float* out, const LinearLora* lora) {
   const int64_t n = batch.n_tokens();
   s.q.resize(size_t(n * p.n_heads * p.head_dim));
   s.k.resize(size_t(n * p.n_kv_heads * p.head_dim));
@@ -191,6 +193,11 @@ void attention_forward(ThreadPool& pool, const AttentionWeights& w, const Attent
   cpu::matmul(pool, x, n, w.q, bias(w.q_bias), s.q.data());
   cpu::matmul(pool, x, n, w.k, bias(w.k_bias), s.k.data());
   cpu::matmul(pool, x, n, w.v, bias(w.v_bias), s.v.data());
+  if (lora != nullptr) {
+    lora->apply(WeightRole::kQ, x, w.q.cols, s.q.data(), w.q.rows);
+    lora->apply(WeightRole::kK, x, w.k.cols, s.k.data(), w.k.rows);
+    lora->apply(WeightRole::kV, x, w.v.cols, s.v.data(), w.v.rows);
+  }
   if (!w.q_norm.empty()) {
     cpu::rms_norm(pool, s.q.data(), w.q_norm.data(), s.q.data(), n * p.n_heads, p.head_dim, p.norm_eps, p.norm_one_plus_w);
   }
@@ -205,6 +212,7 @@ void attention_forward(ThreadPool& pool, const AttentionWeights& w, const Attent
   write_kv(pool, batch, kv, layer, s.k.data(), s.v.data());
   attend(pool, batch, kv, layer, p, s.q.data(), s.attn.data());
   cpu::matmul(pool, s.attn.data(), n, w.o, bias(w.o_bias), out);
+  if (lora != nullptr) lora->apply(WeightRole::kO, s.attn.data(), w.o.cols, out, w.o.rows);
 }
 
 }  // namespace strata

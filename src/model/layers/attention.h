@@ -17,6 +17,8 @@
 
 namespace strata {
 
+struct LinearLora;  // model/lora.h: adapters of the layer's linears (null: none)
+
 struct AttentionWeights {
   WeightMatrix q, k, v, o;          // q [n_heads*head_dim, hidden], k/v [n_kv_heads*head_dim(_v), hidden], o [hidden, n_heads*head_dim_v]
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty: none
@@ -64,6 +66,6 @@ void attend(ThreadPool& pool, const StepBatch& batch, KvStorage& kv, int layer, 
 // The whole block: x [n_tokens, hidden] -> out [n_tokens, hidden].
 void attention_forward(ThreadPool& pool, const AttentionWeights& w, const AttentionParams& p, const StepBatch& batch,
                        const int32_t* positions, const float* x, KvStorage& kv, int layer, AttentionScratch& s,
-                       float* out);
+                       float* out, const LinearLora* lora = nullptr);
 
 }  // namespace strata

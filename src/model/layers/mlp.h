@@ -10,6 +10,8 @@
 
 namespace strata {
 
+struct LinearLora;  // model/lora.h: adapters of the layer's linears (null: none)
+
 struct GatedMlpWeights {
   WeightMatrix gate, up;  // [intermediate, hidden]
   WeightMatrix down;      // [hidden, intermediate]
@@ -23,6 +25,6 @@ struct MlpScratch {
 
 // out [n, hidden] = mlp(x [n, hidden]); out must not alias x.
 void gated_mlp_forward(ThreadPool& pool, const GatedMlpWeights& w, cpu::Activation act, const float* x, int64_t n,
-                       MlpScratch& s, float* out);
+                       MlpScratch& s, float* out, const LinearLora* lora = nullptr);
 
 }  // namespace strata

@@ -66,6 +66,7 @@ const float* ModelRunner::run(const StepPlan& plan) {
       s.window_block_table.clear();
     }
     s.state_slot = state_floats_ > 0 ? seq.state_slot : -1;
+    s.adapter = seq.adapter;
     s.logits_last = span.sample;
     s.logits_all = span.logits_all;
   }
