@@ -42,6 +42,7 @@ struct GenerateArgs {
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
   std::string kv_quant_start = "auto";
+  std::string lora;  // a PEFT adapter directory
   DeviceArgs dev;
   SpeculativeArgs spec;
 };
@@ -110,6 +111,7 @@ int run_generate_on_engine(const GenerateArgs& a, EngineModel m, EngineOptions e
   r.max_tokens = std::max(a.max_tokens, 1);
   r.sampling = sampling_from(a, cfg);
   r.ignore_eos = a.ignore_eos;
+  if (!eo.lora_slots.empty()) r.adapter = "lora";
   if (tok) {
     r.stop_ids = tok->stop_ids(cfg.eos_ids);
     if (tok->vocab_size() < cfg.vocab_size) r.vocab_limit = tok->vocab_size();
@@ -205,6 +207,16 @@ int run_generate(const GenerateArgs& a) {
   auto spec = make_speculative_options(a.spec, a.model_dir, pool);
   if (!spec.ok()) return fail(spec.error());
   eo.speculative = std::move(spec).value();
+  int32_t lora_slot = -1;
+  if (!a.lora.empty()) {
+    if (engine_model->executor) {
+      return fail(make_error(ErrorCode::kUnsupported, "--lora runs on --device cpu only so far (the GPU executor applies no adapter)"));
+    }
+    auto adapter = engine_model->model->load_lora(a.lora, 0);
+    if (!adapter.ok()) return fail(adapter.error());
+    lora_slot = engine_model->model->add_lora(*adapter);
+    eo.lora_slots["lora"] = lora_slot;
+  }
   // Speculation runs in the engine (on the CPU too).
   if (engine_model->executor || eo.speculative.method != "off") return run_generate_on_engine(a, std::move(engine_model).value(), eo, prompt_ids, tok, output);
   auto model = Result<std::unique_ptr<Model>>(std::move(engine_model->model));
@@ -233,6 +245,7 @@ int run_generate(const GenerateArgs& a) {
   int64_t context = int64_t(prompt_ids.size()) + a.max_tokens;
   if (cfg.max_position > 0 && context > cfg.max_position) context = cfg.max_position;
   SingleSequence seq(**model, int32_t(std::max<int64_t>(context, 1)), 16, std::move(kv_layout).value());
+  seq.set_adapter(lora_slot);
   auto logits = seq.prefill(prompt_ids);
   if (!logits.ok()) return fail(logits.error());
   const auto t2 = std::chrono::steady_clock::now();
@@ -302,6 +315,7 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"text", "ids"}));
   cmd->add_option("--threads", args->threads, "Worker threads (0: one per hardware thread)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the model's EOS ids");
+  cmd->add_option("--lora", args->lora, "A PEFT LoRA adapter directory to generate with (--device cpu)");
   add_device_flags(cmd, args->dev);
   add_speculative_flags(cmd, args->spec);
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, "KV codec of every layer: auto, bf16, fp8, int8, int4 or turbo")

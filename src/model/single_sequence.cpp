@@ -53,6 +53,7 @@ Result<std::vector<float>> SingleSequence::prefill(const std::vector<int32_t>& i
   const int32_t bs = kv_.block_size();
   span.block_table.assign(block_table_.begin(), block_table_.begin() + (total + bs - 1) / bs);
   span.state_slot = has_state_ ? 0 : -1;
+  span.adapter = adapter_;
   span.logits_last = true;
   span.logits_all = want_all_logits;
   batch.seqs.push_back(std::move(span));

@@ -23,6 +23,8 @@ class SingleSequence {
   int32_t position() const { return position_; }  // tokens cached so far
   int32_t vocab() const { return model_.config().vocab_size; }
 
+  // Runs on the model's LoRA slot `slot` (Model::add_lora); -1: the base weights.
+  void set_adapter(int32_t slot) { adapter_ = slot; }
   // Forgets the sequence (cache positions and recurrent state).
   void reset();
   // Appends `ids` in one forward. Logits: [ids.size(), vocab] when want_all_logits, else the
@@ -36,6 +38,7 @@ class SingleSequence {
   Model& model_;
   int32_t context_;
   int32_t position_ = 0;
+  int32_t adapter_ = -1;
   KvStorage kv_;
   StateStorage state_;
   bool has_state_ = false;

@@ -109,6 +109,26 @@ expect_error "model.safetensors" --model "$TMP/noweights" --prompt-ids 1 --outpu
 expect_error "tokenizer" --model "$MODELS/qwen2-tiny" --prompt "hello" --output ids
 expect_error "exactly one of" --model "$MODELS/qwen2-tiny" --output ids
 
+# 6. --lora DIR: the PEFT oracle's greedy ids (tests/data/reference/lora), on the plain path and
+# through the engine (--speculative ngram), and a refused adapter of another base model.
+LORA="$DATA/reference/lora"
+lora_golden() {  # lora_golden <model:variant> <case> <field> [sep]
+  python3 -c "import json; c=json.load(open('$LORA/lora_logits.json'))['$1']['cases'][$2]['$3']; print(('${4:-}' or ' ').join(map(str,c)))"
+}
+for spec in "llama3-tiny a 1" "qwen3-tiny b 2"; do
+  set -- $spec
+  prompt="$(lora_golden "$1:$2" "$3" prompt_ids ,)"
+  want="$(lora_golden "$1:$2" "$3" greedy_ids)"
+  for extra in "" "--speculative ngram"; do
+    got="$("$BIN" generate --model "$MODELS/$1" --lora "$LORA/$1-$2" --prompt-ids "$prompt" --max-tokens 16 --temperature 0 \
+           --output ids --ignore-eos --threads 2 $extra 2>"$TMP/stderr")"
+    [ "$got" = "$want" ] || fail "--lora $1-$2 case $3 $extra: got '$got' want '$want' ($(cat "$TMP/stderr"))"
+  done
+done
+"$BIN" generate --model "$MODELS/qwen3-tiny" --lora "$LORA/llama3-tiny-a" --prompt-ids 1,2 --max-tokens 2 >/dev/null 2>"$TMP/stderr"
+rc=$?
+{ [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "lora_A" "$TMP/stderr"; } || fail "--lora of another base: exit $rc: $(cat "$TMP/stderr")"
+
 if [ $failures -ne 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1
