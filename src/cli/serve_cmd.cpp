@@ -66,6 +66,8 @@ struct ServeArgs {
   std::string task = "auto";
   std::vector<std::string> lora;  // NAME=DIR
   int32_t max_lora_rank = 0;
+  bool allow_runtime_lora = false;
+  std::string lora_dir;
   std::string kv_cache_dtype = "auto";
   std::string kv_config;
   std::string kv_quant_start = "auto";
@@ -188,6 +190,12 @@ int run_serve(ServeArgs a) {
     auto spec = make_speculative_options(a.spec, a.model_dir, none, /*load=*/false);
     if (!spec.ok()) return fail(spec.error());
   }
+  if (a.allow_runtime_lora && a.lora_dir.empty()) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--allow-runtime-lora needs --lora-dir (the directory adapters load from)"));
+  }
+  if (!a.lora_dir.empty() && !fs::is_directory(a.lora_dir)) {
+    return fail(make_error(ErrorCode::kInvalidArgument, "--lora-dir '" + a.lora_dir + "' is not a directory"));
+  }
   PoolingConfig pooling;
   auto embed = resolve_embed_task(a.task, a.model_dir, &pooling);
   if (!embed.ok()) return fail(embed.error());
@@ -218,7 +226,6 @@ int run_serve(ServeArgs a) {
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (name.empty()) name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
   std::map<std::string, int32_t> lora_slots;
-  std::vector<std::string> lora_names;
   if (!a.lora.empty() && model->executor) {
     return fail(make_error(ErrorCode::kUnsupported, "--lora runs on --device cpu only so far (the GPU executor applies no adapter)"));
   }
@@ -234,7 +241,6 @@ int run_serve(ServeArgs a) {
     auto adapter = model->model->load_lora(ldir, a.max_lora_rank);
     if (!adapter.ok()) return fail(adapter.error());
     lora_slots[lname] = model->model->add_lora(*adapter);
-    lora_names.push_back(lname);
     log::info("LoRA adapter {} from {} (rank up to {})", lname, ldir, (*adapter)->max_rank);
   }
 
@@ -277,7 +283,6 @@ int run_serve(ServeArgs a) {
     served->embedding = true;
     served->pooling = pooling;
   }
-  served->adapters = lora_names;
   eo.eos_ids = served->tokenizer.stop_ids(cfg.eos_ids);
 
   auto engine = Engine::create(std::move(model->model), eo, std::move(model->executor));
@@ -307,6 +312,9 @@ int run_serve(ServeArgs a) {
   ho.http_threads = a.http_threads > 0 ? a.http_threads : a.kv.max_num_seqs + 8;
   ho.supervised = a.supervised_child;
   ho.max_json_depth = a.max_json_depth;
+  ho.allow_runtime_lora = a.allow_runtime_lora;
+  ho.lora_dir = a.lora_dir;
+  ho.max_lora_rank = a.max_lora_rank;
   ho.responses_store_ttl_s = a.responses_store_ttl;
   ho.responses_store_bytes = size_t(a.responses_store_bytes);
   ho.listener.header_timeout_s = a.header_timeout;
@@ -434,6 +442,10 @@ void register_serve(CLI::App& app) {
                   "NAME=DIR: serve the PEFT LoRA adapter in DIR; a request whose model is NAME runs on it "
                   "(repeatable; adapters batch with each other and the base model; --device cpu)");
   cmd->add_option("--max-lora-rank", a->max_lora_rank, "Refuse adapters of a higher rank (0: any)")->capture_default_str();
+  cmd->add_flag("--allow-runtime-lora", a->allow_runtime_lora,
+                "Answer POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} "
+                "(behind --api-key; paths inside --lora-dir)");
+  cmd->add_option("--lora-dir", a->lora_dir, "The directory run-time adapter paths must lie in (--allow-runtime-lora)");
   cmd->add_option("--task", a->task,
                   "auto, generate or embed: embed serves /v1/embeddings (last-token pooling; auto: when the model "
                   "directory has sentence-transformers modules with a Pooling module)")

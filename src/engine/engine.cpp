@@ -241,6 +241,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   auto policy = make_scheduling_policy(options_.scheduling_policy);
   if (!policy.ok()) throw std::invalid_argument(policy.error().message);
   if (auto s = check_speculative(*model_, options_, executor.get()); !s.ok()) throw std::invalid_argument(s.error().message);
+  lora_.reserve_slots(int32_t(model_->lora_slots().size()));
+  for (const auto& [name, slot] : options_.lora_slots) lora_.add_installed(name, slot, model_->lora_slots()[size_t(slot)]->content_hash);
   n_blocks_ = kv_plan->pools.n_blocks;
   n_window_blocks_ = kv_plan->pools.n_window_blocks;
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_->config().max_position;
@@ -405,6 +407,18 @@ void Engine::setup_kv_tiers(bool unsupported) {
 
 bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
 
+Status Engine::load_lora(const std::string& name, const std::string& dir, int32_t max_rank) {
+  if (name.empty()) return make_error(ErrorCode::kInvalidArgument, "an adapter needs a name");
+  if (core_->runner.device_argmax()) {
+    return make_error(ErrorCode::kUnsupported, "LoRA adapters run on the cpu engine only so far (--device cpu)");
+  }
+  auto a = model_->load_lora(dir, max_rank);  // reads only the model's config: safe beside steps
+  if (!a.ok()) return a.error();
+  return lora_.add(name, std::move(a).value());
+}
+
+Status Engine::unload_lora(const std::string& name) { return lora_.remove(name); }
+
 bool Engine::flush_checkpoints(double timeout_s) {
   return !core_ || !core_->ckpt_writer || core_->ckpt_writer->flush(timeout_s);
 }
@@ -480,16 +494,6 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
     }
   }
   if (r.max_tokens < 1) return bad("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
-  uint64_t adapter_hash = 0;
-  if (!r.adapter.empty()) {
-    auto it = options_.lora_slots.find(r.adapter);
-    if (it == options_.lora_slots.end()) {
-      std::string names;
-      for (const auto& [k, v] : options_.lora_slots) names += (names.empty() ? "" : ", ") + k;
-      return bad("adapter '" + r.adapter + "' is not loaded (loaded: " + (names.empty() ? std::string("none") : names) + ")");
-    }
-    adapter_hash = model_->lora_slots().at(size_t(it->second))->content_hash;
-  }
   if (r.embed != model_->config().hidden_output) {
     return bad(r.embed ? "the model is not served for embeddings (serve it with --task embed)"
                        : "the model is served for embeddings (--task embed): it does not generate");
@@ -528,7 +532,13 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   std::string ckpt_key;
   if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs && !r.embed) {
     ckpt_key = checkpoint_key(r, eos_ids_, !r.sampling.has_seed);
-    if (!r.adapter.empty()) ckpt_key += ";adapter=" + r.adapter + "#" + std::to_string(adapter_hash);
+    // The adapter's content: a reload of other weights under the same name is another key.
+    if (!r.adapter.empty()) {
+      auto ref = lora_.acquire(r.adapter);
+      if (!ref.ok()) return ref.error();
+      ckpt_key += ";adapter=" + r.adapter + "#" + std::to_string(ref->hash);
+      lora_.release(ref->slot);
+    }
   }
   if (!r.sampling.has_seed) {
     std::random_device rd;
@@ -540,7 +550,17 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   auto channel = std::make_shared<StreamChannel>();
   auto stream = std::make_shared<RequestStream>(r.id, channel);
   PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now(), std::move(ckpt_key)};
-  STRATA_RETURN_IF_ERROR(queue_.push(std::move(p)));
+  if (!p.request.adapter.empty()) {
+    auto ref = lora_.acquire(p.request.adapter);  // held until the request ends
+    if (!ref.ok()) return ref.error();
+    p.adapter_slot = ref->slot;
+    p.adapter_hash = ref->hash;
+  }
+  const int32_t slot = p.adapter_slot;
+  if (Status st = queue_.push(std::move(p)); !st.ok()) {
+    if (slot >= 0) lora_.release(slot);
+    return st.error();
+  }
   return stream;
 }
 
@@ -584,6 +604,9 @@ void Engine::loop() {
 }
 
 void Engine::admit_new(std::vector<PendingRequest> incoming) {
+  // Adapters loaded or freed since the last admission; a request naming a new one was
+  // submitted after its load registered it, so it is installed before the request runs.
+  for (auto& c : lora_.take_changes()) model_->set_lora(c.slot, std::move(c.adapter));
   for (auto& p : incoming) {
     auto a = std::make_unique<Active>(std::move(p));
     Sequence& s = a->seq;
@@ -594,10 +617,10 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
     s.n_prompt = int32_t(s.tokens.size());
     s.prompt_logprobs = a->req.prompt_logprobs;
     s.reuse_prefix = !a->req.prompt_logprobs;  // the logits of every prompt position are needed
-    if (!a->req.adapter.empty()) {
-      s.adapter = options_.lora_slots.at(a->req.adapter);
+    if (a->adapter_slot >= 0) {
+      s.adapter = a->adapter_slot;
       // A salt of the adapter's content, never 0 (0 is the base model's).
-      s.hash_salt = (model_->lora_slots().at(size_t(s.adapter))->content_hash * 0x9E3779B97F4A7C15ull) | 1ull;
+      s.hash_salt = (a->adapter_hash * 0x9E3779B97F4A7C15ull) | 1ull;
     }
     admit_grammar(*a);
     if (!a->ckpt_key.empty()) {
@@ -858,6 +881,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
   }
   core_->sched.finish(&a.seq, now, pin);
   if (!a.device_only) --core_->n_host_bound;
+  if (a.adapter_slot >= 0) lora_.release(a.adapter_slot);
   // A finished generation is never resumed; a cancelled or failed one keeps its checkpoint.
   if (!a.ckpt_key.empty() && (reason == FinishReason::kStop || reason == FinishReason::kLength)) {
     core_->ckpt_writer->remove(a.ckpt_key, a.ckpt_run, a.n_generated);
@@ -905,6 +929,7 @@ void Engine::fail_all(const std::string& message, bool drain_queue) {
     e.finish_reason = reason;
     e.message = message;
     e.usage.prompt_tokens = int32_t(p.request.prompt.size());
+    if (p.adapter_slot >= 0) lora_.release(p.adapter_slot);
     p.channel->push(std::move(e));
   }
   publish_stats();

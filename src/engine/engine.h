@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/lora_registry.h"
 #include "engine/request.h"
 #include "engine/request_queue.h"
 #include "engine/speculative.h"
@@ -145,6 +146,12 @@ class Engine {
   // Waits up to timeout_s for the checkpoint writer (engine/checkpoint_writer.h) to write and
   // remove everything queued. True when nothing is left (or checkpoints are off). Thread-safe.
   bool flush_checkpoints(double timeout_s);
+  // LoRA adapters at run time (thread-safe): load reads `dir` on the calling thread and serves
+  // it under `name` from the next step; unload refuses new requests for it at once and frees it
+  // when its last request ends. kUnsupported on an executor that applies no adapter.
+  Status load_lora(const std::string& name, const std::string& dir, int32_t max_rank);
+  Status unload_lora(const std::string& name);
+  std::vector<std::string> lora_names() const { return lora_.names(); }
   // False once the engine thread has died (or was shut down).
   bool alive() const { return alive_.load(); }
 
@@ -237,6 +244,7 @@ class Engine {
   std::string prefix_namespace_;
   std::vector<int32_t> eos_ids_;
   RequestQueue queue_;
+  LoraRegistry lora_;  // adapters by name; the model's slots follow it on the engine thread
   std::chrono::steady_clock::time_point t0_;
 
   // Engine-thread state.

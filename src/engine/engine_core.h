@@ -28,7 +28,8 @@ using Clock = std::chrono::steady_clock;
 struct Engine::Active {
   Active(PendingRequest p) : req(std::move(p.request)), sampler(std::move(p.sampler)),
                              channel(std::move(p.channel)), submitted(p.submitted),
-                             ckpt_key(std::move(p.checkpoint_key)) {}
+                             ckpt_key(std::move(p.checkpoint_key)), adapter_slot(p.adapter_slot),
+                             adapter_hash(p.adapter_hash) {}
   GenerationRequest req;
   Sampler sampler;
   std::shared_ptr<StreamChannel> channel;
@@ -63,6 +64,8 @@ struct Engine::Active {
   int32_t fill_tokens = 0;     // token fill: forced tokens appended without sampling
   int32_t fill_spans = 0;
   std::vector<float> embedding;  // an embed request's pooled row, handed out by finish()
+  int32_t adapter_slot = -1;     // its use of a LoRA slot (released by finish())
+  uint64_t adapter_hash = 0;
 };
 
 struct Engine::Core {

@@ -66,6 +66,8 @@ struct PendingRequest {
   std::shared_ptr<StreamChannel> channel;
   std::chrono::steady_clock::time_point submitted;
   std::string checkpoint_key;  // engine/checkpoint.h; empty: not checkpointed
+  int32_t adapter_slot = -1;   // the request's use of its LoRA adapter (LoraRegistry::acquire)
+  uint64_t adapter_hash = 0;
 };
 
 class RequestQueue {

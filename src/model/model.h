@@ -41,6 +41,11 @@ class Model {
     lora_.push_back(std::move(a));
     return int32_t(lora_.size()) - 1;
   }
+  // Installs (or with null clears) slot `slot`, growing the slots as needed.
+  void set_lora(int32_t slot, std::shared_ptr<const LoraAdapter> a) {
+    if (size_t(slot) >= lora_.size()) lora_.resize(size_t(slot) + 1);
+    lora_[size_t(slot)] = std::move(a);
+  }
   const LoraSlots& lora_slots() const { return lora_; }
 
  protected:

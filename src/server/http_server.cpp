@@ -653,14 +653,14 @@ void HttpServer::install_routes() {
   };
   s.Get("/v1/models", [this, model_card, adapter_card](const httplib::Request& req, httplib::Response& res) {
     json data = json::array({model_card()});
-    for (const std::string& a : model_.adapters) data.push_back(adapter_card(a));
+    for (const std::string& a : engine_.lora_names()) data.push_back(adapter_card(a));
     write_json(res, {{"object", "list"}, {"data", std::move(data)}});
     metrics_.count_request(req.path, 200);
   });
   // The openai client's models.retrieve(id); ids may hold slashes (org/name).
   s.Get(R"(/v1/models/(.+))", [this, model_card, adapter_card](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
-    if (std::find(model_.adapters.begin(), model_.adapters.end(), id) != model_.adapters.end()) {
+    if (const auto names = engine_.lora_names(); std::find(names.begin(), names.end(), id) != names.end()) {
       write_json(res, adapter_card(id));
       metrics_.count_request("/v1/models/{id}", 200);
       return;
@@ -690,7 +690,7 @@ void HttpServer::install_routes() {
     if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
     if (!body.contains("max_tokens")) body["max_tokens"] = 1;  // not part of a count request
     ApiRequest r;
-    const ParseLimits limits{model_.model_names(), options_.max_json_depth};
+    const ParseLimits limits{model_names(), options_.max_json_depth};
     if (auto e = parse_messages_request(body, limits, &r)) return fail(*e);
     std::string text;
     if (auto e = render_chat_prompt(r, model_, &text)) return fail(*e);
@@ -702,7 +702,7 @@ void HttpServer::install_routes() {
 
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     json body;
-    ParseLimits limits{model_.model_names(), options_.max_json_depth};
+    ParseLimits limits{model_names(), options_.max_json_depth};
     auto fail = [&](const ApiError& e) {
       write_error(req, res, e);
       metrics_.count_request(req.path, e.status);
@@ -771,7 +771,7 @@ void HttpServer::install_routes() {
       if (auto e = parse_trace_option(body, &trace_in_usage)) return fail(*e);
       ApiRequest r;
       ResponsesRequest rr;  // kResponses: r is its chat form
-      const ParseLimits limits{model_.model_names(), options_.max_json_depth};
+      const ParseLimits limits{model_names(), options_.max_json_depth};
       std::optional<ApiError> perr;
       if (kind == ApiKind::kResponses) {
         perr = parse_responses_request(body, limits, &rr);
@@ -794,6 +794,8 @@ void HttpServer::install_routes() {
       if (!r.seed && sup.seed) r.seed = sup.seed;
       PreparedRequest p;
       if (auto e = prepare_request(r, model_, &p)) return fail(*e);
+      // A model name other than the served model's is one of its LoRA adapters (checked above).
+      if (!r.model.empty() && r.model != model_.name) p.generation.adapter = r.model;
       const bool choices = r.n > 1 || r.best_of > 1;
       if (choices) {
         if (auto e = check_choices(r, p, sup.stream_parts)) return fail(*e);
@@ -946,6 +948,60 @@ void HttpServer::install_routes() {
           });
     };
   };
+  // LoRA adapters at run time (vLLM's endpoints), behind --allow-runtime-lora and the API key;
+  // paths must lie inside --lora-dir.
+  auto lora_admin = [this](bool load) {
+    return [this, load](const httplib::Request& req, httplib::Response& res) {
+      auto fail = [&](const ApiError& e) {
+        write_error(req, res, e);
+        metrics_.count_request(req.path, e.status);
+      };
+      if (!options_.allow_runtime_lora) {
+        ApiError e;
+        e.status = 403;
+        e.message = "loading and unloading adapters at run time is off (start the server with --allow-runtime-lora)";
+        return fail(e);
+      }
+      json body;
+      if (auto e = parse_body(req.body, options_.max_json_depth, &body)) return fail(*e);
+      if (!body.is_object()) return fail(bad_field("body", "request body must be a JSON object"));
+      const json* name = find_field(body, "lora_name");
+      if (!name || !name->is_string() || name->get<std::string>().empty()) {
+        return fail(name ? wrong_type("lora_name", *name, "a non-empty string") : bad_field("lora_name", "lora_name is required"));
+      }
+      const std::string n = name->get<std::string>();
+      if (n == model_.name) return fail(bad_field("lora_name", "lora_name '" + n + "' is the served model's name"));
+      Status st;
+      if (load) {
+        const json* path = find_field(body, "lora_path");
+        if (!path || !path->is_string()) {
+          return fail(path ? wrong_type("lora_path", *path, "a string") : bad_field("lora_path", "lora_path is required"));
+        }
+        std::error_code ec;
+        const auto root = std::filesystem::weakly_canonical(options_.lora_dir, ec);
+        const auto target = std::filesystem::weakly_canonical(std::filesystem::path(options_.lora_dir) / path->get<std::string>(), ec);
+        const std::string r = root.string(), t = target.string();
+        if (ec || t.size() <= r.size() || t.compare(0, r.size(), r) != 0 || t[r.size()] != '/') {
+          return fail(bad_field("lora_path", "lora_path '" + path->get<std::string>() + "' is not inside --lora-dir " + r));
+        }
+        st = engine_.load_lora(n, t, options_.max_lora_rank);
+      } else {
+        st = engine_.unload_lora(n);
+      }
+      if (!st.ok()) {
+        ApiError e = api_error_from(st.error(), load ? "lora_path" : "lora_name");
+        if (!load && st.error().code == ErrorCode::kNotFound) e.status = 404;
+        if (load && st.error().message.find("already loaded") != std::string::npos) e.param = "lora_name";
+        return fail(e);
+      }
+      log::info("LoRA adapter {} {}", n, load ? "loaded" : "unloaded");
+      write_json(res, {{"object", "lora_adapter"}, {"id", n}, {"loaded", load}});
+      metrics_.count_request(req.path, 200);
+    };
+  };
+  s.Post("/v1/load_lora_adapter", lora_admin(true));
+  s.Post("/v1/unload_lora_adapter", lora_admin(false));
+
   s.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
     auto fail = [&](const ApiError& e) {
       write_error(req, res, e);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine.h"
@@ -44,6 +45,11 @@ struct HttpOptions {
   // Connection screening (http_listener.h); its workers and body limit come from http_threads
   // and max_body_bytes above.
   ListenerLimits listener;
+  // LoRA adapters at run time: POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer
+  // only when allowed, reading adapters from inside lora_dir, of rank <= max_lora_rank (0: any).
+  bool allow_runtime_lora = false;
+  std::string lora_dir;
+  int32_t max_lora_rank = 0;
 };
 
 // Fault injection for the supervisor's tests: when this variable is set, a generation request
@@ -65,6 +71,12 @@ class HttpServer {
 
  private:
   void install_routes();
+  // What a request's "model" may name: the served model, then its LoRA adapters.
+  std::vector<std::string> model_names() const {
+    std::vector<std::string> v{model_.name};
+    for (std::string& a : engine_.lora_names()) v.push_back(std::move(a));
+    return v;
+  }
 
   Engine& engine_;
   const ServedModel& model_;

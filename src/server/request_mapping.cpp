@@ -237,7 +237,6 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
   if (constraint) {
     if (auto e = attach_constraint(*constraint, m, &g)) return e;
   }
-  if (std::find(m.adapters.begin(), m.adapters.end(), r.model) != m.adapters.end()) g.adapter = r.model;
   g.stop_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;
   g.speculative = r.speculative;

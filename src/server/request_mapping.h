@@ -50,14 +50,6 @@ struct ServedModel {
   // endpoints refuse; the pooling config of the checkpoint's sentence-transformers modules.
   bool embedding = false;
   PoolingConfig pooling;
-  // LoRA adapters (strata serve --lora NAME=DIR): a request naming one as its model runs on it.
-  std::vector<std::string> adapters;
-  // What a request's "model" may name: the served model, then its adapters.
-  std::vector<std::string> model_names() const {
-    std::vector<std::string> v{name};
-    v.insert(v.end(), adapters.begin(), adapters.end());
-    return v;
-  }
 };
 
 // Builds m's grammar vocabulary (token bytes, special ids, `stop_ids`) and compile cache.
