@@ -7,7 +7,9 @@
 #include "backend/cpu/conv1d.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/delta_net.h"
+#include "core/check.h"
 #include "model/weight_loader.h"
+#include "model/weight_manifest.h"
 
 namespace strata {
 
@@ -67,22 +69,29 @@ Result<DeltaNetDims> parse_delta_net_dims(const ModelConfig& cfg, const std::str
   return d;
 }
 
-Result<DeltaNetLayer> DeltaNetLayer::load(const WeightLoader& w, const DeltaNetDims& d, DeltaNetProjLayout layout,
+Result<DeltaNetLayer> DeltaNetLayer::load(const WeightLoader& w, const WeightManifest& m, int32_t layer, const DeltaNetDims& d,
                                           int32_t hidden, float eps) {
   DeltaNetLayer L;
   L.dims_ = d;
   L.hidden_ = hidden;
   L.eps_ = eps;
   const int64_t kd = d.key_dim(), vd = d.value_dim(), nv = d.n_v_heads, H = hidden;
+  // The manifest lists every tensor read here (model/qwen3_next.h's hybrid_manifest).
+  auto at = [&](WeightRole role) -> const WeightEntry& {
+    const WeightEntry* e = m.find(role, layer);
+    STRATA_CHECK(e != nullptr, "the hybrid manifest lists every DeltaNet tensor its loader reads");
+    return *e;
+  };
+  auto tensor = [&](WeightRole role) { return w.tensor(at(role).name, at(role).shape); };
   std::vector<std::pair<const TensorInfo*, int64_t>> rows;  // q | k | v | z | b | a
   rows.reserve(size_t(2 * kd + 2 * vd + 2 * nv));
-  if (layout == DeltaNetProjLayout::kFusedGrouped) {
+  if (m.find(WeightRole::kDeltaQkvz, layer) != nullptr) {
     // Per key head g the fused rows are [q_g (d_k) | k_g (d_k) | v_g (r d_v) | z_g (r d_v)] and
     // [b_g (r) | a_g (r)], r = n_v / n_k value heads per key head; regroup them by kind.
     const int64_t r = d.n_v_heads / d.n_k_heads, gq = 2 * d.d_k + 2 * r * d.d_v;
-    auto qkvz = w.tensor("in_proj_qkvz.weight", {d.n_k_heads * gq, H});
+    auto qkvz = tensor(WeightRole::kDeltaQkvz);
     if (!qkvz.ok()) return qkvz.error();
-    auto ba = w.tensor("in_proj_ba.weight", {2 * nv, H});
+    auto ba = tensor(WeightRole::kDeltaBa);
     if (!ba.ok()) return ba.error();
     const int64_t offsets[4] = {0, d.d_k, 2 * d.d_k, 2 * d.d_k + r * d.d_v};
     const int64_t widths[4] = {d.d_k, d.d_k, r * d.d_v, r * d.d_v};
@@ -93,36 +102,29 @@ Result<DeltaNetLayer> DeltaNetLayer::load(const WeightLoader& w, const DeltaNetD
       for (int64_t g = 0; g < d.n_k_heads; ++g)
         for (int64_t i = 0; i < r; ++i) rows.push_back({*ba, g * 2 * r + kind * r + i});
   } else {
-    auto qkv = w.tensor("in_proj_qkv.weight", {2 * kd + vd, H});
-    if (!qkv.ok()) return qkv.error();
-    auto z = w.tensor("in_proj_z.weight", {vd, H});
-    if (!z.ok()) return z.error();
-    auto b = w.tensor("in_proj_b.weight", {nv, H});
-    if (!b.ok()) return b.error();
-    auto a = w.tensor("in_proj_a.weight", {nv, H});
-    if (!a.ok()) return a.error();
-    for (const auto& [t, n] : {std::pair{*qkv, 2 * kd + vd}, std::pair{*z, vd}, std::pair{*b, nv}, std::pair{*a, nv}})
-      for (int64_t i = 0; i < n; ++i) rows.push_back({t, i});
+    for (WeightRole role : {WeightRole::kDeltaQkv, WeightRole::kDeltaZ, WeightRole::kDeltaB, WeightRole::kDeltaA}) {
+      auto t = tensor(role);
+      if (!t.ok()) return t.error();
+      for (int64_t i = 0; i < at(role).shape[0]; ++i) rows.push_back({*t, i});
+    }
   }
   auto in_proj = gather_rows(rows, H);
   if (!in_proj.ok()) return in_proj.error();
   L.in_proj_ = std::move(*in_proj);
 
-  if (w.has("conv1d.bias"))
-    return make_error(ErrorCode::kUnsupported, "tensor '" + w.prefix() + "conv1d.bias': a DeltaNet conv bias is not supported");
-  auto conv = w.f32("conv1d.weight", {d.conv_dim(), 1, d.conv_kernel});
+  if (w.has(at(WeightRole::kDeltaConvBias).name))
+    return make_error(ErrorCode::kUnsupported,
+                      "tensor '" + w.prefix() + at(WeightRole::kDeltaConvBias).name + "': a DeltaNet conv bias is not supported");
+  auto conv = w.f32(at(WeightRole::kDeltaConv).name, at(WeightRole::kDeltaConv).shape);
   if (!conv.ok()) return conv.error();
   L.conv_w_ = std::move(*conv);
-  auto a_log = w.vector("A_log", nv);
-  if (!a_log.ok()) return a_log.error();
-  L.a_log_ = std::move(*a_log);
-  auto dt_bias = w.vector("dt_bias", nv);
-  if (!dt_bias.ok()) return dt_bias.error();
-  L.dt_bias_ = std::move(*dt_bias);
-  auto norm = w.vector("norm.weight", d.d_v);
-  if (!norm.ok()) return norm.error();
-  L.norm_w_ = std::move(*norm);
-  auto out = w.matrix("out_proj.weight", H, vd);
+  for (auto [role, dst] : {std::pair{WeightRole::kDeltaALog, &L.a_log_}, std::pair{WeightRole::kDeltaDtBias, &L.dt_bias_},
+                           std::pair{WeightRole::kDeltaNorm, &L.norm_w_}}) {
+    auto v = w.vector(at(role).name, at(role).shape[0]);
+    if (!v.ok()) return v.error();
+    *dst = std::move(*v);
+  }
+  auto out = w.matrix(at(WeightRole::kDeltaOut).name, H, vd);
   if (!out.ok()) return out.error();
   L.out_proj_ = std::move(*out);
   return L;

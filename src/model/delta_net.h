@@ -22,6 +22,7 @@
 namespace strata {
 
 class WeightLoader;
+struct WeightManifest;
 
 struct DeltaNetDims {
   int32_t n_k_heads = 0;    // linear_num_key_heads (q and k heads)
@@ -39,12 +40,6 @@ struct DeltaNetDims {
 
 // Reads linear_* keys from the config; errors name the key and the value.
 Result<DeltaNetDims> parse_delta_net_dims(const ModelConfig& cfg, const std::string& source);
-
-// How the checkpoint stores the input projections.
-enum class DeltaNetProjLayout {
-  kFusedGrouped,  // qwen3_next: in_proj_qkvz / in_proj_ba, rows grouped per key head
-  kSplit,         // qwen3_5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-};
 
 // One sequence's slice of a packed batch.
 struct DeltaNetSpan {
@@ -65,8 +60,9 @@ struct DeltaNetScratch {
 
 class DeltaNetLayer {
  public:
-  // `w` is prefixed with the layer's module path, e.g. "model.layers.0.linear_attn.".
-  static Result<DeltaNetLayer> load(const WeightLoader& w, const DeltaNetDims& dims, DeltaNetProjLayout layout,
+  // Layer `layer`'s tensors as `m` names them (the fused grouped input projections of
+  // qwen3_next or the split ones of qwen3_5); `w` is prefixed with the weight prefix.
+  static Result<DeltaNetLayer> load(const WeightLoader& w, const WeightManifest& m, int32_t layer, const DeltaNetDims& dims,
                                     int32_t hidden, float eps);
 
   const DeltaNetDims& dims() const { return dims_; }

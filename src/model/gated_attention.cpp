@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
+#include "core/check.h"
 #include "model/weight_loader.h"
+#include "model/weight_manifest.h"
 
 namespace strata {
 
@@ -35,12 +37,19 @@ std::vector<float> bias_half(const std::vector<float>& b, int32_t n_heads, int32
 
 }  // namespace
 
-Result<GatedAttentionLayer> GatedAttentionLayer::load(const WeightLoader& w, int32_t hidden, int32_t n_heads,
-                                                      int32_t n_kv_heads, int32_t head_dim, float eps,
-                                                      bool attention_bias) {
+Result<GatedAttentionLayer> GatedAttentionLayer::load(const WeightLoader& w, const WeightManifest& m, int32_t layer,
+                                                      int32_t hidden, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                                      float eps) {
   GatedAttentionLayer L;
-  const int64_t qd = int64_t(n_heads) * head_dim, kvd = int64_t(n_kv_heads) * head_dim;
-  auto q = w.tensor("q_proj.weight", {2 * qd, hidden});
+  // The manifest lists every tensor read here (model/qwen3_next.h's hybrid_manifest).
+  auto at = [&](WeightRole role) -> const WeightEntry& {
+    const WeightEntry* e = m.find(role, layer);
+    STRATA_CHECK(e != nullptr, "the hybrid manifest lists every attention tensor its loader reads");
+    return *e;
+  };
+  auto mat = [&](WeightRole role, WeightMatrix* out) { return take(w.matrix(at(role).name, at(role).shape[0], at(role).shape[1]), out); };
+  auto vec = [&](WeightRole role, std::vector<float>* out) { return take(w.vector(at(role).name, at(role).shape[0]), out); };
+  auto q = w.tensor(at(WeightRole::kQGate).name, at(WeightRole::kQGate).shape);
   if (!q.ok()) return q.error();
   auto wq = q_proj_half(**q, n_heads, head_dim, hidden, 0);
   if (!wq.ok()) return wq.error();
@@ -48,32 +57,19 @@ Result<GatedAttentionLayer> GatedAttentionLayer::load(const WeightLoader& w, int
   auto wg = q_proj_half(**q, n_heads, head_dim, hidden, 1);
   if (!wg.ok()) return wg.error();
   L.gate_ = std::move(*wg);
-  auto k = w.matrix("k_proj.weight", kvd, hidden);
-  if (!k.ok()) return k.error();
-  L.w_.k = std::move(*k);
-  auto v = w.matrix("v_proj.weight", kvd, hidden);
-  if (!v.ok()) return v.error();
-  L.w_.v = std::move(*v);
-  auto o = w.matrix("o_proj.weight", hidden, qd);
-  if (!o.ok()) return o.error();
-  L.w_.o = std::move(*o);
-  if (attention_bias) {
-    auto qb = w.vector("q_proj.bias", 2 * qd);
-    if (!qb.ok()) return qb.error();
-    L.w_.q_bias = bias_half(*qb, n_heads, head_dim, 0);
-    L.gate_bias_ = bias_half(*qb, n_heads, head_dim, 1);
-    for (auto [name, n, dst] : {std::tuple{"k_proj.bias", kvd, &L.w_.k_bias}, std::tuple{"v_proj.bias", kvd, &L.w_.v_bias}}) {
-      auto b = w.vector(name, n);
-      if (!b.ok()) return b.error();
-      *dst = std::move(*b);
-    }
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kK, &L.w_.k));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kV, &L.w_.v));
+  STRATA_RETURN_IF_ERROR(mat(WeightRole::kO, &L.w_.o));
+  if (m.find(WeightRole::kQGateBias, layer) != nullptr) {
+    std::vector<float> qb;
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kQGateBias, &qb));
+    L.w_.q_bias = bias_half(qb, n_heads, head_dim, 0);
+    L.gate_bias_ = bias_half(qb, n_heads, head_dim, 1);
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kKBias, &L.w_.k_bias));
+    STRATA_RETURN_IF_ERROR(vec(WeightRole::kVBias, &L.w_.v_bias));
   }
-  auto qn = w.vector("q_norm.weight", head_dim);
-  if (!qn.ok()) return qn.error();
-  L.w_.q_norm = std::move(*qn);
-  auto kn = w.vector("k_norm.weight", head_dim);
-  if (!kn.ok()) return kn.error();
-  L.w_.k_norm = std::move(*kn);
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kQNorm, &L.w_.q_norm));
+  STRATA_RETURN_IF_ERROR(vec(WeightRole::kKNorm, &L.w_.k_norm));
 
   L.p_.n_heads = n_heads;
   L.p_.n_kv_heads = n_kv_heads;

@@ -18,6 +18,7 @@
 namespace strata {
 
 class WeightLoader;
+struct WeightManifest;
 
 struct GatedAttentionScratch {
   AttentionScratch attn;
@@ -26,9 +27,10 @@ struct GatedAttentionScratch {
 
 class GatedAttentionLayer {
  public:
-  // `w` is prefixed with the layer's module path, e.g. "model.layers.3.self_attn.".
-  static Result<GatedAttentionLayer> load(const WeightLoader& w, int32_t hidden, int32_t n_heads, int32_t n_kv_heads,
-                                          int32_t head_dim, float eps, bool attention_bias);
+  // Layer `layer`'s tensors as `m` names them (biases when it lists them); `w` is prefixed
+  // with the weight prefix.
+  static Result<GatedAttentionLayer> load(const WeightLoader& w, const WeightManifest& m, int32_t layer, int32_t hidden,
+                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float eps);
 
   KvLayerSpec kv_spec() const;
 

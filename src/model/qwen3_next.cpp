@@ -138,19 +138,28 @@ void HybridModel::forward(const StepBatch& batch, KvStorage& kv, StateStorage* s
 }
 
 
-// Experts stored one tensor each (experts.{e}.{gate,up,down}_proj.weight) or fused
-// (experts.gate_up_proj [E, 2I, H] with gate rows first, experts.down_proj [E, H, I]).
-Status load_experts(const WeightLoader& w, const std::string& p, int64_t hidden, int64_t inter, int32_t n_experts,
+// Experts as the manifest lists them: one tensor each (kExpertGate / kExpertUp / kExpertDown)
+// or fused (kFusedExpertsGateUp [E, 2I, H] with gate rows first, kFusedExpertsDown [E, H, I]).
+Status load_experts(const WeightLoader& w, const WeightManifest& M, int32_t l, int64_t hidden, int64_t inter, int32_t n_experts,
                     std::vector<GatedMlpWeights>* experts) {
   experts->resize(size_t(n_experts));
-  if (!w.has(p + "experts.gate_up_proj")) {
-    for (int32_t e = 0; e < n_experts; ++e)
-      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "experts." + std::to_string(e) + ".", hidden, inter, false, &(*experts)[size_t(e)]));
+  const WeightEntry* fgu = M.find(WeightRole::kFusedExpertsGateUp, l);
+  const WeightEntry* fdn = M.find(WeightRole::kFusedExpertsDown, l);
+  if (fgu == nullptr || fdn == nullptr) {
+    for (int32_t e = 0; e < n_experts; ++e) {
+      GatedMlpWeights& m = (*experts)[size_t(e)];
+      for (auto [role, dst] : {std::pair{WeightRole::kExpertGate, &m.gate}, std::pair{WeightRole::kExpertUp, &m.up},
+                               std::pair{WeightRole::kExpertDown, &m.down}}) {
+        const WeightEntry* x = M.find(role, l, e);
+        STRATA_CHECK(x != nullptr, "the hybrid manifest lists every expert tensor its loader reads");
+        STRATA_RETURN_IF_ERROR(take(w.matrix(x->name, x->shape[0], x->shape[1]), dst));
+      }
+    }
     return Status();
   }
-  auto gu = w.tensor(p + "experts.gate_up_proj", {n_experts, 2 * inter, hidden});
+  auto gu = w.tensor(fgu->name, fgu->shape);
   if (!gu.ok()) return gu.error();
-  auto dn = w.tensor(p + "experts.down_proj", {n_experts, hidden, inter});
+  auto dn = w.tensor(fdn->name, fdn->shape);
   if (!dn.ok()) return dn.error();
   const auto* gu_bytes = static_cast<const uint8_t*>((*gu)->data);
   const auto* dn_bytes = static_cast<const uint8_t*>((*dn)->data);
@@ -194,71 +203,69 @@ Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& config,
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
 
+  auto manifest = hybrid_manifest(cfg, family, &w);
+  if (!manifest.ok()) return manifest.error();
+  const WeightManifest& M = *manifest;
+  // The entry with `role` in `layer` (hybrid_manifest lists every one read here).
+  auto at = [&M](WeightRole role, int32_t layer = -1) -> const WeightEntry& {
+    const WeightEntry* e = M.find(role, layer);
+    STRATA_CHECK(e != nullptr, "the hybrid manifest lists every tensor its loader reads");
+    return *e;
+  };
+  auto vec = [&](const WeightEntry& e, std::vector<float>* out) { return take(w.vector(e.name, e.shape[0]), out); };
+  auto mat = [&](const WeightEntry& e, WeightMatrix* out) {
+    return take((e.absolute ? w.with_prefix("") : w).matrix(e.name, e.shape[0], e.shape[1]), out);
+  };
+
   auto m = std::make_unique<HybridModel>(cfg, pool);
   m->archive_ = w.archive();
   m->act_ = *act;
   const int64_t H = cfg.hidden, V = cfg.vocab_size;
-  STRATA_RETURN_IF_ERROR(take(w.embedding("embed_tokens.weight", V, H), &m->embed_));
-  STRATA_RETURN_IF_ERROR(take(w.vector("norm.weight", H), &m->final_norm_));
-  if (cfg.lm_head_name.empty()) {
-    auto t = w.tensor("embed_tokens.weight", {V, H});
+  STRATA_RETURN_IF_ERROR(take(w.embedding(at(WeightRole::kEmbed).name, V, H), &m->embed_));
+  STRATA_RETURN_IF_ERROR(vec(at(WeightRole::kFinalNorm), &m->final_norm_));
+  if (M.tied_embeddings) {
+    auto t = w.tensor(at(WeightRole::kEmbed).name, {V, H});
     if (!t.ok()) return t.error();
     STRATA_RETURN_IF_ERROR(take(pack_checkpoint_matrix(**t, (*t)->data, V, H), &m->lm_head_));
   } else {
-    STRATA_RETURN_IF_ERROR(take(w.with_prefix("").matrix(cfg.lm_head_name, V, H), &m->lm_head_));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kLmHead), &m->lm_head_));
   }
   auto rope = RopeProvider::create(cfg.rope_for("full_attention"), cfg.head_dim, cfg.max_position);
   if (!rope.ok()) return rope.error();
   m->rope_ = std::make_unique<RopeProvider>(std::move(*rope));
 
-  const DeltaNetProjLayout proj =
-      family == HybridFamily::kQwen3Next ? DeltaNetProjLayout::kFusedGrouped : DeltaNetProjLayout::kSplit;
   m->layers_.resize(size_t(cfg.n_layers));
-  for (int l = 0; l < cfg.n_layers; ++l) {
+  for (int32_t l = 0; l < cfg.n_layers; ++l) {
     HybridLayer& L = m->layers_[size_t(l)];
-    const std::string p = "layers." + std::to_string(l) + ".";
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "input_layernorm.weight", H), &L.input_norm));
-    STRATA_RETURN_IF_ERROR(take(w.vector(p + "post_attention_layernorm.weight", H), &L.post_attn_norm));
-    const std::string& type = cfg.layer_types[size_t(l)];
-    if (type == "linear_attention") {
-      auto d = DeltaNetLayer::load(w.with_prefix(w.prefix() + p + "linear_attn."), *dims, proj, cfg.hidden, cfg.rms_eps);
+    STRATA_RETURN_IF_ERROR(vec(at(WeightRole::kInputNorm, l), &L.input_norm));
+    STRATA_RETURN_IF_ERROR(vec(at(WeightRole::kPostAttnNorm, l), &L.post_attn_norm));
+    // hybrid_manifest refused any other layer type.
+    if (cfg.layer_types[size_t(l)] == "linear_attention") {
+      auto d = DeltaNetLayer::load(w, M, l, *dims, cfg.hidden, cfg.rms_eps);
       if (!d.ok()) return d.error();
       L.linear = std::make_unique<DeltaNetLayer>(std::move(*d));
-    } else if (type == "full_attention") {
-      auto a = GatedAttentionLayer::load(w.with_prefix(w.prefix() + p + "self_attn."), cfg.hidden, cfg.n_heads,
-                                         cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps, cfg.attention_bias);
+    } else {
+      auto a = GatedAttentionLayer::load(w, M, l, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps);
       if (!a.ok()) return a.error();
       L.attn = std::make_unique<GatedAttentionLayer>(std::move(*a));
-    } else {
-      return make_error(ErrorCode::kUnsupported, "config layer_types[" + std::to_string(l) + "] is '" + type + "'; " +
-                                                     cfg.model_type + " has linear_attention and full_attention layers");
     }
 
-    bool sparse = false;
-    if (family == HybridFamily::kQwen35Moe) {
-      sparse = true;
-    } else if (family == HybridFamily::kQwen3Next) {
-      sparse = cfg.n_experts > 0 &&
-               std::find(cfg.mlp_only_layers.begin(), cfg.mlp_only_layers.end(), l) == cfg.mlp_only_layers.end() &&
-               (l + 1) % std::max(1, cfg.decoder_sparse_step) == 0;
-    }
-    if (!sparse) {
-      STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.", H, cfg.intermediate, false, &L.mlp));
+    if (M.find(WeightRole::kRouter, l) == nullptr) {
+      STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kGate, l), &L.mlp.gate));
+      STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kUp, l), &L.mlp.up));
+      STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kDown, l), &L.mlp.down));
       continue;
     }
     auto moe = std::make_unique<SharedExpertMoe>();
     moe->routed.top_k = cfg.n_experts_per_tok;
     // Qwen3.5-MoE always renormalizes the top-k weights; Qwen3-Next follows the config.
     moe->routed.norm_topk_prob = family == HybridFamily::kQwen35Moe || cfg.norm_topk_prob;
-    if (cfg.n_experts <= 0) return make_error(ErrorCode::kInvalidArgument, "config num_experts must be positive");
-    if (moe->routed.top_k <= 0 || moe->routed.top_k > cfg.n_experts || moe->routed.top_k > 64)
-      return make_error(ErrorCode::kInvalidArgument, "config num_experts_per_tok " + std::to_string(moe->routed.top_k) +
-                                                         " must lie in [1, min(num_experts " +
-                                                         std::to_string(cfg.n_experts) + ", 64)]");
-    STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.gate.weight", cfg.n_experts, H), &moe->routed.router));
-    STRATA_RETURN_IF_ERROR(load_experts(w, p + "mlp.", H, cfg.moe_intermediate, cfg.n_experts, &moe->routed.experts));
-    STRATA_RETURN_IF_ERROR(load_gated_mlp(w, p + "mlp.shared_expert.", H, cfg.shared_expert_intermediate, false, &moe->shared));
-    STRATA_RETURN_IF_ERROR(take(w.matrix(p + "mlp.shared_expert_gate.weight", 1, H), &moe->shared_gate));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kRouter, l), &moe->routed.router));
+    STRATA_RETURN_IF_ERROR(load_experts(w, M, l, H, cfg.moe_intermediate, cfg.n_experts, &moe->routed.experts));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kSharedGate, l), &moe->shared.gate));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kSharedUp, l), &moe->shared.up));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kSharedDown, l), &moe->shared.down));
+    STRATA_RETURN_IF_ERROR(mat(at(WeightRole::kSharedExpertGate, l), &moe->shared_gate));
     L.moe = std::move(moe);
   }
   return std::unique_ptr<Model>(std::move(m));

@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "model/weight_loader.h"
+#include "model/weight_manifest.h"
 
 namespace strata {
 
@@ -26,6 +27,19 @@ enum class HybridFamily { kQwen3Next, kQwen35, kQwen35Moe };
 // Sets cfg->layer_types from full_attention_interval (default 4: every fourth layer full
 // attention) when the config lists none, as older qwen3_next configs do; errors name the key.
 Status resolve_hybrid_layer_types(ModelConfig* cfg);
+
+// The family of a hybrid model_type; kUnsupported for any other.
+Result<HybridFamily> hybrid_family(const std::string& model_type);
+
+// Whether layer l routes to experts: every layer of qwen3_5_moe_text, qwen3_next's per
+// decoder_sparse_step / mlp_only_layers, none of qwen3_5_text.
+bool hybrid_layer_sparse(const ModelConfig& cfg, HybridFamily family, int64_t l);
+
+// The hybrids' weight manifest for `cfg` (layer_types resolved). `checkpoint` (prefixed with the
+// weight prefix) picks the experts' layout, one tensor per expert or fused 3-D tensors; a dummy
+// model (null) gets the fused one. The LM head is tied exactly when cfg.lm_head_name is empty
+// (resolve_weight_names). kInvalidArgument names a config field whose value gives no shape.
+Result<WeightManifest> hybrid_manifest(const ModelConfig& cfg, HybridFamily family, const WeightLoader* checkpoint);
 
 // `weights` is prefixed with the config's weight prefix (e.g. "model.").
 Result<std::unique_ptr<Model>> load_qwen3_next_family(const ModelConfig& cfg, const WeightLoader& weights,

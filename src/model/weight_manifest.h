@@ -35,9 +35,9 @@ enum class WeightRole : uint8_t {
   kRouter,                  // [experts, hidden]
   kExpertGate, kExpertUp,   // [moe_intermediate, hidden] of expert `expert`
   kExpertDown,              // [hidden, moe_intermediate]
-  // Gemma 4.
   kFusedExpertsGateUp,      // [experts, 2 * moe_intermediate, hidden]: every expert's gate then up rows, one tensor
   kFusedExpertsDown,        // [experts, hidden, moe_intermediate], one tensor
+  // Gemma 4.
   kRouterScale,             // [hidden] multiplies the router's normed input
   kExpertScale,             // [experts] multiplies each expert's output
   kMoePostMlpNorm,          // [hidden] the dense MLP output's norm when the MoE block sits beside it
@@ -50,6 +50,26 @@ enum class WeightRole : uint8_t {
   kPleProj,                 // [hidden, ple_dim]
   kPleNorm,                 // [hidden]
   kLayerScalar,             // [1] multiplies the layer's output
+  // The gated-DeltaNet hybrids (model/qwen3_next.h): their linear-attention layers ...
+  kDeltaQkvz,               // [n_k * (2 d_k + 2 r d_v), hidden] fused, rows grouped per key head (r = n_v / n_k)
+  kDeltaBa,                 // [2 n_v, hidden] fused, [b_g (r) | a_g (r)] per key head
+  kDeltaQkv,                // [2 key_dim + value_dim, hidden] split form: q | k | v
+  kDeltaZ,                  // [value_dim, hidden] the output gate
+  kDeltaB,                  // [n_v, hidden] write strength
+  kDeltaA,                  // [n_v, hidden] decay input
+  kDeltaConv,               // [conv_dim, 1, conv_kernel] depthwise causal conv over q | k | v
+  kDeltaConvBias,           // [conv_dim]; no loader takes one: listed so a checkpoint holding it is refused
+  kDeltaALog,               // [n_v] log of the decay rate
+  kDeltaDtBias,             // [n_v]
+  kDeltaNorm,               // [d_v] gated RMSNorm, plain w
+  kDeltaOut,                // [hidden, value_dim]
+  // ... their gated full-attention layers ...
+  kQGate,                   // [2 * heads * head_dim, hidden]: per head [query (head_dim) | gate (head_dim)] rows
+  kQGateBias,               // [2 * heads * head_dim] in the same layout
+  // ... and their shared expert.
+  kSharedGate, kSharedUp,   // [shared_intermediate, hidden]
+  kSharedDown,              // [hidden, shared_intermediate]
+  kSharedExpertGate,        // [1, hidden] sigmoid(x . w) scales the shared expert's output
 };
 
 // Entries a backend may concatenate by rows, in manifest order, into one tensor per layer.
@@ -60,10 +80,14 @@ enum class WeightFuse : uint8_t {
   kGateUp,         // gate, up
   kExpertsGateUp,  // every expert's gate then up, expert by expert
   kExpertsDown,    // every expert's down, expert by expert
+  kDeltaInProj,    // DeltaNet q | k | v | z | b | a (the grouped kDeltaQkvz / kDeltaBa form regrouped by kind)
+  kSharedGateUp,   // the shared expert's gate, up
 };
 
-// What a dummy model holds: uniform random values, or a constant.
-enum class WeightInit : uint8_t { kRandom, kConstant };
+// What a dummy model holds: uniform random values at the backend's scale, a constant, or
+// uniform values in [value, value_hi] (parameters whose range the forward depends on: a decay's
+// log, a conv kernel).
+enum class WeightInit : uint8_t { kRandom, kConstant, kUniform };
 
 struct WeightEntry {
   std::string name;        // the checkpoint tensor, under the config's weight prefix unless `absolute`
@@ -76,7 +100,10 @@ struct WeightEntry {
   WeightFuse fuse = WeightFuse::kNone;
   WeightInit init = WeightInit::kRandom;
   bool optional = false;   // a checkpoint may lack it (a buffer added after it was written)
-  float value = 0.0f;      // kConstant: the value (a norm's unit: 1, or 0 for (1 + w) norms)
+  float value = 0.0f;      // kConstant: the value (a norm's unit: 1, or 0 for (1 + w) norms); kUniform: the low end
+  float value_hi = 0.0f;   // kUniform: the high end
+  int64_t cols() const { return shape.back(); }
+  int64_t rows() const { return numel() / cols(); }  // of the tensor read as a [rows, cols] matrix
   bool is_matrix() const { return shape.size() == 2; }
   int64_t numel() const {
     int64_t n = 1;

@@ -1,5 +1,6 @@
 // The weight manifest (model/weight_manifest.h) names every text tensor of each DecoderSpec
-// family's checkpoint exactly once, with the checkpoint's shape, and a dummy model's inits.
+// family's and each DeltaNet hybrid's checkpoint exactly once, with the checkpoint's shape, and
+// a dummy model's inits.
 #include "model/weight_manifest.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +10,10 @@
 
 #include "model/decoder.h"
 #include "model/model_config.h"
+#include "model/qwen3_next.h"
 #include "model/registry.h"
 #include "model/safetensors.h"
+#include "model/weight_loader.h"
 
 namespace strata {
 namespace {
@@ -96,6 +99,86 @@ TEST(DecoderManifest, FusedGroupsAreContiguousPerLayer) {
   ASSERT_NE(m->find(WeightRole::kLmHead), nullptr);
   EXPECT_EQ(m->find(WeightRole::kLmHead)->name, "lm_head.weight");
   EXPECT_TRUE(m->find(WeightRole::kLmHead)->absolute);
+}
+
+class HybridManifest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HybridManifest, NamesEveryTextTensorOnceWithItsShape) {
+  const std::string dir = kModels + "/" + GetParam();
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().to_string();
+  auto archive = SafetensorsArchive::open_dir(dir);
+  ASSERT_TRUE(archive.ok()) << archive.error().to_string();
+  ASSERT_TRUE(resolve_weight_names(&*cfg, **archive).ok());
+  ASSERT_TRUE(resolve_hybrid_layer_types(&*cfg).ok());
+  auto family = hybrid_family(cfg->model_type);
+  ASSERT_TRUE(family.ok()) << family.error().to_string();
+  const WeightLoader w(*archive, cfg->weight_prefix, nullptr);
+  auto m = hybrid_manifest(*cfg, *family, &w);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+
+  std::set<std::string> named;
+  for (const WeightEntry& e : m->entries) {
+    const std::string full = e.absolute ? e.name : cfg->weight_prefix + e.name;
+    EXPECT_TRUE(named.insert(full).second) << full << " named twice";
+    auto it = (*archive)->tensors().find(full);
+    if (e.optional && it == (*archive)->tensors().end()) continue;
+    ASSERT_NE(it, (*archive)->tensors().end()) << full << " is not in the checkpoint";
+    EXPECT_EQ(it->second.shape, e.shape) << full;
+    // (1 + w) norms hold 0 in a dummy; the DeltaNet output norm is plain w.
+    const bool norm = e.role == WeightRole::kInputNorm || e.role == WeightRole::kPostAttnNorm ||
+                      e.role == WeightRole::kFinalNorm || e.role == WeightRole::kQNorm || e.role == WeightRole::kKNorm;
+    if (norm) EXPECT_EQ(e.value, 0.0f) << full;
+    if (e.role == WeightRole::kDeltaNorm) EXPECT_EQ(e.value, 1.0f) << full;
+    if (e.role == WeightRole::kDeltaConv || e.role == WeightRole::kDeltaALog || e.role == WeightRole::kDeltaDtBias) {
+      EXPECT_EQ(e.init, WeightInit::kUniform) << full;
+      EXPECT_LT(e.value, e.value_hi) << full;
+    }
+  }
+  for (const auto& [name, t] : (*archive)->tensors()) {
+    const bool text = name.rfind(cfg->weight_prefix, 0) == 0 || name == cfg->lm_head_name;
+    if (!text) continue;
+    EXPECT_TRUE(named.count(name)) << name << " is in the checkpoint but not in the manifest";
+  }
+  EXPECT_EQ(m->tied_embeddings, cfg->lm_head_name.empty());
+  EXPECT_EQ(m->find(WeightRole::kLmHead) == nullptr, m->tied_embeddings);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HybridManifest, ::testing::Values("qwen3next-tiny", "qwen35-tiny", "qwen35moe-tiny"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return s;
+                         });
+
+TEST(HybridManifest, ADummyGetsFusedExpertsAndTheInProjGroup) {
+  auto cfg = load_model_config(kModels + "/qwen35moe-tiny");
+  ASSERT_TRUE(cfg.ok());
+  cfg->lm_head_name.clear();
+  ASSERT_TRUE(resolve_hybrid_layer_types(&*cfg).ok());
+  auto m = hybrid_manifest(*cfg, HybridFamily::kQwen35Moe, nullptr);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_TRUE(m->tied_embeddings);
+  for (int32_t l = 0; l < cfg->n_layers; ++l) {
+    const WeightEntry* gu = m->find(WeightRole::kFusedExpertsGateUp, l);
+    ASSERT_NE(gu, nullptr);
+    EXPECT_EQ(gu->shape, (std::vector<int64_t>{cfg->n_experts, 2 * cfg->moe_intermediate, cfg->hidden}));
+    EXPECT_EQ(m->find(WeightRole::kExpertGate, l, 0), nullptr);
+    std::vector<WeightRole> in_proj;
+    for (const WeightEntry* e : m->of_layer(l))
+      if (e->fuse == WeightFuse::kDeltaInProj) in_proj.push_back(e->role);
+    if (cfg->layer_types[size_t(l)] == "linear_attention") {
+      EXPECT_EQ(in_proj, (std::vector<WeightRole>{WeightRole::kDeltaQkv, WeightRole::kDeltaZ, WeightRole::kDeltaB, WeightRole::kDeltaA}));
+    } else {
+      EXPECT_TRUE(in_proj.empty());
+      EXPECT_NE(m->find(WeightRole::kQGate, l), nullptr);
+    }
+  }
+  // A config whose shapes cannot be is refused naming the field.
+  cfg->shared_expert_intermediate = 0;
+  auto bad = hybrid_manifest(*cfg, HybridFamily::kQwen35Moe, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("shared_expert_intermediate_size"), std::string::npos) << bad.error().message;
 }
 
 TEST(DecoderManifest, RefusesShapesTheConfigCannotGive) {
