@@ -79,10 +79,13 @@ Result<WeightManifest> hybrid_manifest(const ModelConfig& cfg, HybridFamily fami
   }
   const int64_t kd = d.key_dim(), vd = d.value_dim(), nv = d.n_v_heads, nk = d.n_k_heads, r = nv / nk;
   WeightManifest m;
-  m.tied_embeddings = cfg.lm_head_name.empty();
+  // A dummy's head is tied as the config says, else named as checkpoints name it.
+  m.tied_embeddings = checkpoint != nullptr ? cfg.lm_head_name.empty() : cfg.tie_embeddings;
   Writer top{&m};
   top.add("embed_tokens.weight", WeightRole::kEmbed, {V, H});
-  if (!m.tied_embeddings) top.add(cfg.lm_head_name, WeightRole::kLmHead, {V, H}).absolute = true;
+  if (!m.tied_embeddings) {
+    top.add(cfg.lm_head_name.empty() ? "lm_head.weight" : cfg.lm_head_name, WeightRole::kLmHead, {V, H}).absolute = true;
+  }
   top.norm("norm.weight", WeightRole::kFinalNorm, H);
   // Real checkpoints' conv kernels are kaiming-uniform over fan-in conv_kernel; A_log is the log
   // of a rate in (0, 16]; dt_bias starts at 1. A dummy drawn near those keeps the decay

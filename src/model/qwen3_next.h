@@ -37,8 +37,9 @@ bool hybrid_layer_sparse(const ModelConfig& cfg, HybridFamily family, int64_t l)
 
 // The hybrids' weight manifest for `cfg` (layer_types resolved). `checkpoint` (prefixed with the
 // weight prefix) picks the experts' layout, one tensor per expert or fused 3-D tensors; a dummy
-// model (null) gets the fused one. The LM head is tied exactly when cfg.lm_head_name is empty
-// (resolve_weight_names). kInvalidArgument names a config field whose value gives no shape.
+// model (null) gets the fused one. A checkpoint's LM head is tied exactly when cfg.lm_head_name
+// is empty (resolve_weight_names), a dummy's when the config ties it. kInvalidArgument names a
+// config field whose value gives no shape.
 Result<WeightManifest> hybrid_manifest(const ModelConfig& cfg, HybridFamily family, const WeightLoader* checkpoint);
 
 // `weights` is prefixed with the config's weight prefix (e.g. "model.").

@@ -28,9 +28,7 @@ BELOW["cli"] = BELOW["server"] | {"server"}
 # (file, included layer): includes still to move, each with why; none left.
 KNOWN_INCLUDES = {}
 # Tensor names still spelled by the GPU loaders of the families without a manifest yet.
-KNOWN_NAMES = {
-    "runtime/cuda/cuda_hybrid.cpp": "the DeltaNet hybrids' GPU loader (their manifest comes with the layer recipes)",
-}
+KNOWN_NAMES = {}
 NAME = re.compile(r'"[^"\n]*(_proj\b|\.weight\b|\.bias\b|layernorm|embed_tokens|lm_head|_norm\.)[^"\n]*"')
 
 

@@ -154,11 +154,11 @@ INSTANTIATE_TEST_SUITE_P(Families, HybridManifest, ::testing::Values("qwen3next-
 TEST(HybridManifest, ADummyGetsFusedExpertsAndTheInProjGroup) {
   auto cfg = load_model_config(kModels + "/qwen35moe-tiny");
   ASSERT_TRUE(cfg.ok());
-  cfg->lm_head_name.clear();
   ASSERT_TRUE(resolve_hybrid_layer_types(&*cfg).ok());
   auto m = hybrid_manifest(*cfg, HybridFamily::kQwen35Moe, nullptr);
   ASSERT_TRUE(m.ok()) << m.error().to_string();
-  EXPECT_TRUE(m->tied_embeddings);
+  EXPECT_EQ(m->tied_embeddings, cfg->tie_embeddings);
+  if (!m->tied_embeddings) EXPECT_EQ(m->find(WeightRole::kLmHead)->name, "lm_head.weight");
   for (int32_t l = 0; l < cfg->n_layers; ++l) {
     const WeightEntry* gu = m->find(WeightRole::kFusedExpertsGateUp, l);
     ASSERT_NE(gu, nullptr);

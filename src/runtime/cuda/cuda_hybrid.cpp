@@ -3,12 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <random>
+#include <tuple>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/hybrid_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
+#include "core/check.h"
 #include "model/decoder.h"
 #include "model/qwen3_next.h"
 #include "model/rope.h"
@@ -44,10 +48,8 @@ void delta_pieces(int32_t pos0, int32_t n, int32_t* head, int32_t* chunked_end) 
 }
 
 bool layer_is_sparse(const ModelConfig& c, int64_t l) {
-  if (c.model_type == "qwen3_5_moe_text") return true;
-  if (c.model_type != "qwen3_next" || c.n_experts <= 0) return false;
-  return std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), int32_t(l)) == c.mlp_only_layers.end() &&
-         (l + 1) % std::max(1, c.decoder_sparse_step) == 0;
+  auto f = hybrid_family(c.model_type);
+  return f.ok() && hybrid_layer_sparse(c, *f, l);
 }
 
 // The step scratch's dimensions: the FFN buffers sized for the widest of the dense MLP and the
@@ -136,7 +138,7 @@ Result<size_t> hybrid_arena_bytes(const ModelConfig& config, const CudaModelOpti
 
 Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig& config,
                                                               std::shared_ptr<const SafetensorsArchive> archive,
-                                                              const CudaModelOptions& options) {
+                                                              const CudaModelOptions& options, uint64_t seed, float scale) {
   ModelConfig cfg = config;
   STRATA_RETURN_IF_ERROR(resolve_hybrid_layer_types(&cfg));
   auto dnr = parse_delta_net_dims(cfg, "config.json");
@@ -149,7 +151,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   if (!flags.ok()) return flags.error();
   auto act = activation_from_name(cfg.hidden_act);
   if (!act.ok()) return act.error();
-  const bool fused_proj = cfg.model_type == "qwen3_next";
+  auto family = hybrid_family(cfg.model_type);
+  if (!family.ok()) return family.error();
 
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
   m->cfg_ = cfg;
@@ -183,27 +186,79 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   STRATA_RETURN_IF_ERROR(m->take_weight_arena(*bytes));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  const WeightLoader w(archive, m->cfg_.weight_prefix, m->cfg_.quant);
-  // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
-  B.split = WeightSplit::for_checkpoint(*archive, options, m->cfg_.model_type);
-  auto upload_matrix = [&B](DeviceArena& a, const std::vector<float>& v, const std::string& what) {
-    return B.split->upload(a, v, what);
+  // A checkpoint's tensors go up from the host, regrouped as the kernels read them; a dummy's
+  // are drawn on the device from the manifest's inits (regrouping random rows changes nothing).
+  std::unique_ptr<WeightLoader> wl;
+  if (archive) wl = std::make_unique<WeightLoader>(archive, m->cfg_.weight_prefix, m->cfg_.quant);
+  const WeightLoader* w = wl.get();
+  auto manifest = hybrid_manifest(m->cfg_, *family, w);
+  if (!manifest.ok()) return manifest.error();
+  const WeightManifest& man = *manifest;
+  auto at = [&man](WeightRole role, int32_t layer = -1) -> const WeightEntry& {
+    const WeightEntry* e = man.find(role, layer);
+    STRATA_CHECK(e != nullptr, "the hybrid manifest lists every tensor its GPU loader reads");
+    return *e;
   };
-  const int64_t H = d.H, V = d.V, nh = d.nh, nkv = d.nkv, hd = d.hd;
-  const int64_t kd = dn.key_dim(), vd = dn.value_dim(), nv = dn.n_v_heads, cd = dn.conv_dim(), P = Hy.proj_rows;
+  auto host = [&](const WeightEntry& e) { return (e.absolute ? w->with_prefix("") : *w).f32(e.name, e.shape); };
+  // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
+  if (archive) B.split = WeightSplit::for_checkpoint(*archive, options, m->cfg_.model_type);
+  uint64_t draw = seed;
+  // A bf16 matrix of n elements: `build` assembles it from the checkpoint, or it is drawn.
+  auto matrix = [&](uint16_t** dst, int64_t n, const std::function<Result<std::vector<float>>()>& build, const char* what) -> Status {
+    if (w == nullptr) {
+      auto p = A.take_array<uint16_t>(size_t(n), what);
+      if (!p.ok()) return p.error();
+      launch_fill_random_bf16(*p, n, ++draw, scale, m->stream_);
+      *dst = *p;
+      return Status();
+    }
+    auto v = build();
+    if (!v.ok()) return v.error();
+    auto p = B.split->upload(A, *v, what);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    return Status();
+  };
+  auto entry_matrix = [&](uint16_t** dst, const WeightEntry& e, const char* what) {
+    return matrix(dst, e.numel(), [&] { return host(e); }, what);
+  };
+  // An f32 vector (or conv kernel) as its entry holds it, or its dummy init.
+  auto vector = [&](float** dst, const WeightEntry& e, const char* what) -> Status {
+    std::vector<float> v;
+    if (w != nullptr) {
+      auto t = e.shape.size() == 1 ? w->vector(e.name, e.shape[0]) : w->f32(e.name, e.shape);
+      if (!t.ok()) return t.error();
+      v = std::move(*t);
+    } else if (e.init == WeightInit::kUniform) {
+      std::mt19937_64 rng(++draw);
+      std::uniform_real_distribution<float> u(e.value, e.value_hi);
+      v.resize(size_t(e.numel()));
+      for (float& x : v) x = u(rng);
+    } else {
+      v.assign(size_t(e.numel()), e.value);
+    }
+    auto p = upload_f32(A, v, what);
+    if (!p.ok()) return p.error();
+    *dst = *p;
+    return Status();
+  };
+  // Rows [row0, row0 + n) of several entries' host tensors, concatenated in order.
+  using Pick = std::tuple<const std::vector<float>*, int64_t, int64_t>;
+  auto gather = [H = d.H](const std::vector<Pick>& picks) {
+    std::vector<float> rows;
+    for (const auto& [t, row0, n] : picks) rows.insert(rows.end(), t->begin() + row0 * H, t->begin() + (row0 + n) * H);
+    return rows;
+  };
+  const int64_t H = d.H, nh = d.nh, nkv = d.nkv, hd = d.hd;
+  const int64_t vd = dn.value_dim(), nv = dn.n_v_heads, cd = dn.conv_dim(), P = Hy.proj_rows;
 
-#define GET(var, expr)                 \
-  auto var##_r = (expr);               \
-  if (!var##_r.ok()) return var##_r.error(); \
-  std::vector<float>& var = *var##_r
-
-  STRATA_CUDA_LOAD(B.embed, w.f32("embed_tokens.weight", {V, H}), upload_matrix, "embedding");
-  if (m->cfg_.lm_head_name.empty()) {
+  STRATA_RETURN_IF_ERROR(entry_matrix(&B.embed, at(WeightRole::kEmbed), "embedding"));
+  if (man.tied_embeddings) {
     B.lm_head = B.embed;
   } else {
-    STRATA_CUDA_LOAD(B.lm_head, w.with_prefix("").f32(m->cfg_.lm_head_name, {V, H}), upload_matrix, "lm_head");
+    STRATA_RETURN_IF_ERROR(entry_matrix(&B.lm_head, at(WeightRole::kLmHead), "LM head"));
   }
-  STRATA_CUDA_LOAD(B.final_norm, w.vector("norm.weight", H), upload_f32, "final norm");
+  STRATA_RETURN_IF_ERROR(vector(&B.final_norm, at(WeightRole::kFinalNorm), "final norm"));
   {
     const RopeConfig& rc = m->cfg_.rope_for("full_attention");
     if (rc.type == "dynamic") return make_error(ErrorCode::kUnsupported, "dynamic RoPE has no CUDA forward yet");
@@ -220,50 +275,50 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   m->layers_.resize(size_t(d.L));
   Hy.layers.resize(size_t(d.L));
   int32_t attn_index = 0;
-  for (int64_t l = 0; l < d.L; ++l) {
+  for (int32_t l = 0; l < int32_t(d.L); ++l) {
     Layer& L = m->layers_[size_t(l)];
     Hybrid::HLayer& X = Hy.layers[size_t(l)];
-    const std::string p = "layers." + std::to_string(l) + ".";
-    STRATA_CUDA_LOAD(L.in_norm, w.vector(p + "input_layernorm.weight", H), upload_f32, "input norm");
-    STRATA_CUDA_LOAD(L.post_norm, w.vector(p + "post_attention_layernorm.weight", H), upload_f32, "post-attention norm");
+    auto lat = [&](WeightRole role) -> const WeightEntry& { return at(role, l); };
+    STRATA_RETURN_IF_ERROR(vector(&L.in_norm, lat(WeightRole::kInputNorm), "input norm"));
+    STRATA_RETURN_IF_ERROR(vector(&L.post_norm, lat(WeightRole::kPostAttnNorm), "post-attention norm"));
     X.linear = m->cfg_.layer_types[size_t(l)] == "linear_attention";
     if (X.linear) {
-      const std::string a = p + "linear_attn.";
-      std::vector<float> rows;  // q | k | v | z | b | a, each [*, H]
-      rows.reserve(size_t(P * H));
-      auto append = [&](const std::vector<float>& t, int64_t row0, int64_t n) {
-        rows.insert(rows.end(), t.begin() + row0 * H, t.begin() + (row0 + n) * H);
-      };
-      if (fused_proj) {
-        // Per key head g: [q_g (d_k) | k_g (d_k) | v_g (r d_v) | z_g (r d_v)] and [b_g (r) | a_g (r)].
-        const int64_t r = nv / dn.n_k_heads, gq = 2 * dn.d_k + 2 * r * dn.d_v;
-        GET(qkvz, w.f32(a + "in_proj_qkvz.weight", {dn.n_k_heads * gq, H}));
-        GET(ba, w.f32(a + "in_proj_ba.weight", {2 * nv, H}));
-        const int64_t offsets[4] = {0, dn.d_k, 2 * dn.d_k, 2 * dn.d_k + r * dn.d_v};
-        const int64_t widths[4] = {dn.d_k, dn.d_k, r * dn.d_v, r * dn.d_v};
-        for (int kind = 0; kind < 4; ++kind)
-          for (int64_t g = 0; g < dn.n_k_heads; ++g) append(qkvz, g * gq + offsets[kind], widths[kind]);
-        for (int kind = 0; kind < 2; ++kind)
-          for (int64_t g = 0; g < dn.n_k_heads; ++g) append(ba, g * 2 * r + kind * r, r);
-      } else {
-        GET(qkv, w.f32(a + "in_proj_qkv.weight", {2 * kd + vd, H}));
-        GET(z, w.f32(a + "in_proj_z.weight", {vd, H}));
-        GET(bw, w.f32(a + "in_proj_b.weight", {nv, H}));
-        GET(aw, w.f32(a + "in_proj_a.weight", {nv, H}));
-        append(qkv, 0, 2 * kd + vd);
-        append(z, 0, vd);
-        append(bw, 0, nv);
-        append(aw, 0, nv);
+      const bool grouped = man.find(WeightRole::kDeltaQkvz, l) != nullptr;
+      STRATA_RETURN_IF_ERROR(matrix(&X.in_proj, P * H, [&]() -> Result<std::vector<float>> {
+        std::vector<Pick> picks;  // q | k | v | z | b | a, each [*, H]
+        if (grouped) {
+          auto qkvz = host(lat(WeightRole::kDeltaQkvz));
+          if (!qkvz.ok()) return qkvz.error();
+          auto ba = host(lat(WeightRole::kDeltaBa));
+          if (!ba.ok()) return ba.error();
+          // Per key head g: [q_g (d_k) | k_g (d_k) | v_g (r d_v) | z_g (r d_v)] and [b_g (r) | a_g (r)].
+          const int64_t r = nv / dn.n_k_heads, gq = 2 * dn.d_k + 2 * r * dn.d_v;
+          const int64_t offsets[4] = {0, dn.d_k, 2 * dn.d_k, 2 * dn.d_k + r * dn.d_v};
+          const int64_t widths[4] = {dn.d_k, dn.d_k, r * dn.d_v, r * dn.d_v};
+          for (int kind = 0; kind < 4; ++kind)
+            for (int64_t g = 0; g < dn.n_k_heads; ++g) picks.emplace_back(&*qkvz, g * gq + offsets[kind], widths[kind]);
+          for (int kind = 0; kind < 2; ++kind)
+            for (int64_t g = 0; g < dn.n_k_heads; ++g) picks.emplace_back(&*ba, g * 2 * r + kind * r, r);
+          return gather(picks);
+        }
+        std::vector<std::vector<float>> parts;
+        for (WeightRole role : {WeightRole::kDeltaQkv, WeightRole::kDeltaZ, WeightRole::kDeltaB, WeightRole::kDeltaA}) {
+          auto t = host(lat(role));
+          if (!t.ok()) return t.error();
+          parts.push_back(std::move(*t));
+        }
+        for (const auto& t : parts) picks.emplace_back(&t, 0, int64_t(t.size()) / H);
+        return gather(picks);
+      }, "DeltaNet input projection"));
+      const WeightEntry& bias = lat(WeightRole::kDeltaConvBias);
+      if (w != nullptr && w->has(bias.name)) {
+        return make_error(ErrorCode::kUnsupported, "tensor '" + w->prefix() + bias.name + "': a DeltaNet conv bias is not supported");
       }
-      STRATA_CUDA_LOAD(X.in_proj, Result<std::vector<float>>(std::move(rows)), upload_matrix, "in_proj");
-      if (w.has(a + "conv1d.bias")) {
-        return make_error(ErrorCode::kUnsupported, "tensor '" + w.prefix() + a + "conv1d.bias': a DeltaNet conv bias is not supported");
-      }
-      STRATA_CUDA_LOAD(X.conv_w, w.f32(a + "conv1d.weight", {cd, 1, dn.conv_kernel}), upload_f32, "conv1d");
-      STRATA_CUDA_LOAD(X.a_log, w.vector(a + "A_log", nv), upload_f32, "A_log");
-      STRATA_CUDA_LOAD(X.dt_bias, w.vector(a + "dt_bias", nv), upload_f32, "dt_bias");
-      STRATA_CUDA_LOAD(X.norm_w, w.vector(a + "norm.weight", dn.d_v), upload_f32, "DeltaNet norm");
-      STRATA_CUDA_LOAD(X.out_proj, w.f32(a + "out_proj.weight", {H, vd}), upload_matrix, "out_proj");
+      STRATA_RETURN_IF_ERROR(vector(&X.conv_w, lat(WeightRole::kDeltaConv), "conv1d"));
+      STRATA_RETURN_IF_ERROR(vector(&X.a_log, lat(WeightRole::kDeltaALog), "A_log"));
+      STRATA_RETURN_IF_ERROR(vector(&X.dt_bias, lat(WeightRole::kDeltaDtBias), "dt_bias"));
+      STRATA_RETURN_IF_ERROR(vector(&X.norm_w, lat(WeightRole::kDeltaNorm), "DeltaNet norm"));
+      STRATA_RETURN_IF_ERROR(entry_matrix(&X.out_proj, lat(WeightRole::kDeltaOut), "DeltaNet output projection"));
       X.state = int32_t(Hy.conv.size());
       const StateLayerSpec ss = dn.state_spec();
       auto conv = A.take_array<float>(size_t(ss.conv_floats) * size_t(n_slots + 1), "DeltaNet conv state");
@@ -275,67 +330,92 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
       Hy.conv.push_back(*conv);
       Hy.rec.push_back(*rec);
     } else {
-      const std::string a = p + "self_attn.";
-      GET(q, w.f32(a + "q_proj.weight", {2 * nh * hd, H}));
-      std::vector<float> qkv, gate;
-      qkv.reserve(size_t((nh + 2 * nkv) * hd * H));
-      gate.reserve(size_t(nh * hd * H));
-      // Per head: [query (head_dim) | gate (head_dim)] rows.
-      for (int64_t h = 0; h < nh; ++h) {
-        qkv.insert(qkv.end(), q.begin() + (2 * h) * hd * H, q.begin() + (2 * h + 1) * hd * H);
-        gate.insert(gate.end(), q.begin() + (2 * h + 1) * hd * H, q.begin() + (2 * h + 2) * hd * H);
-      }
-      for (const char* name : {"k_proj", "v_proj"}) {
-        GET(t, w.f32(a + name + ".weight", {nkv * hd, H}));
-        qkv.insert(qkv.end(), t.begin(), t.end());
-      }
-      STRATA_CUDA_LOAD(L.qkv, Result<std::vector<float>>(std::move(qkv)), upload_matrix, "qkv");
-      STRATA_CUDA_LOAD(X.gate, Result<std::vector<float>>(std::move(gate)), upload_matrix, "attention gate");
-      STRATA_CUDA_LOAD(L.o, w.f32(a + "o_proj.weight", {H, nh * hd}), upload_matrix, "o_proj");
-      STRATA_CUDA_LOAD(L.q_norm, w.vector(a + "q_norm.weight", hd), upload_f32, "q_norm");
-      STRATA_CUDA_LOAD(L.k_norm, w.vector(a + "k_norm.weight", hd), upload_f32, "k_norm");
+      // q_proj rows per head: [query (head_dim) | gate (head_dim)]; the queries join k and v.
+      std::vector<float> gate;
+      STRATA_RETURN_IF_ERROR(matrix(&L.qkv, (nh + 2 * nkv) * hd * H, [&]() -> Result<std::vector<float>> {
+        auto q = host(lat(WeightRole::kQGate));
+        if (!q.ok()) return q.error();
+        auto k = host(lat(WeightRole::kK));
+        if (!k.ok()) return k.error();
+        auto v = host(lat(WeightRole::kV));
+        if (!v.ok()) return v.error();
+        std::vector<Pick> qkv, g;
+        for (int64_t h = 0; h < nh; ++h) {
+          qkv.emplace_back(&*q, 2 * h * hd, hd);
+          g.emplace_back(&*q, (2 * h + 1) * hd, hd);
+        }
+        qkv.emplace_back(&*k, 0, nkv * hd);
+        qkv.emplace_back(&*v, 0, nkv * hd);
+        gate = gather(g);
+        return gather(qkv);
+      }, "qkv"));
+      STRATA_RETURN_IF_ERROR(matrix(&X.gate, nh * hd * H, [&]() -> Result<std::vector<float>> { return std::move(gate); }, "attention gate"));
+      STRATA_RETURN_IF_ERROR(entry_matrix(&L.o, lat(WeightRole::kO), "attention output"));
+      STRATA_RETURN_IF_ERROR(vector(&L.q_norm, lat(WeightRole::kQNorm), "q_norm"));
+      STRATA_RETURN_IF_ERROR(vector(&L.k_norm, lat(WeightRole::kKNorm), "k_norm"));
       L.kv_layer = attn_index++;
       L.rope = 0;
     }
-    if (layer_is_sparse(m->cfg_, l)) {
+    if (man.find(WeightRole::kRouter, l) != nullptr) {
       const int64_t E = m->cfg_.n_experts, mI = m->cfg_.moe_intermediate, sI = Hy.shared_inter;
-      STRATA_CUDA_LOAD(L.router, w.f32(p + "mlp.gate.weight", {E, H}), upload_matrix, "router");
-      if (w.has(p + "mlp.experts.gate_up_proj")) {
+      STRATA_RETURN_IF_ERROR(entry_matrix(&L.router, lat(WeightRole::kRouter), "router"));
+      if (man.find(WeightRole::kFusedExpertsGateUp, l) != nullptr) {
         // Fused: [E, 2 mI, H] with gate rows first, and [E, H, mI], as launch_grouped_gemm takes them.
-        STRATA_CUDA_LOAD(L.experts_gate_up, w.f32(p + "mlp.experts.gate_up_proj", {E, 2 * mI, H}), upload_matrix, "experts gate_up");
-        STRATA_CUDA_LOAD(L.experts_down, w.f32(p + "mlp.experts.down_proj", {E, H, mI}), upload_matrix, "experts down_proj");
+        STRATA_RETURN_IF_ERROR(entry_matrix(&L.experts_gate_up, lat(WeightRole::kFusedExpertsGateUp), "experts gate_up"));
+        STRATA_RETURN_IF_ERROR(entry_matrix(&L.experts_down, lat(WeightRole::kFusedExpertsDown), "experts down"));
       } else {
-        std::vector<float> gu, dw;
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-          for (const char* name : {"gate_proj", "up_proj"}) {
-            GET(t, w.f32(x + name + ".weight", {mI, H}));
-            gu.insert(gu.end(), t.begin(), t.end());
+        // One tensor per expert, concatenated in the kExpertsGateUp / kExpertsDown groups' order.
+        auto concat = [&](WeightFuse fuse) -> Result<std::vector<float>> {
+          std::vector<float> v;
+          for (const WeightEntry* e : man.of_layer(l)) {
+            if (e->fuse != fuse) continue;
+            auto t = host(*e);
+            if (!t.ok()) return t.error();
+            v.insert(v.end(), t->begin(), t->end());
           }
-          GET(t, w.f32(x + "down_proj.weight", {H, mI}));
-          dw.insert(dw.end(), t.begin(), t.end());
-        }
-        STRATA_CUDA_LOAD(L.experts_gate_up, Result<std::vector<float>>(std::move(gu)), upload_matrix, "experts gate_up");
-        STRATA_CUDA_LOAD(L.experts_down, Result<std::vector<float>>(std::move(dw)), upload_matrix, "experts down_proj");
+          return v;
+        };
+        STRATA_RETURN_IF_ERROR(matrix(&L.experts_gate_up, E * 2 * mI * H, [&] { return concat(WeightFuse::kExpertsGateUp); }, "experts gate_up"));
+        STRATA_RETURN_IF_ERROR(matrix(&L.experts_down, E * H * mI, [&] { return concat(WeightFuse::kExpertsDown); }, "experts down"));
       }
-      const std::string s = p + "mlp.shared_expert.";
-      GET(sg, w.f32(s + "gate_proj.weight", {sI, H}));
-      GET(su, w.f32(s + "up_proj.weight", {sI, H}));
-      sg.insert(sg.end(), su.begin(), su.end());
-      STRATA_CUDA_LOAD(X.shared_gate_up, Result<std::vector<float>>(std::move(sg)), upload_matrix, "shared expert gate_up");
-      STRATA_CUDA_LOAD(X.shared_down, w.f32(s + "down_proj.weight", {H, sI}), upload_matrix, "shared expert down_proj");
-      STRATA_CUDA_LOAD(X.shared_gate, w.f32(p + "mlp.shared_expert_gate.weight", {1, H}), upload_f32, "shared expert gate");
+      STRATA_RETURN_IF_ERROR(matrix(&X.shared_gate_up, 2 * sI * H, [&]() -> Result<std::vector<float>> {
+        auto g = host(lat(WeightRole::kSharedGate));
+        if (!g.ok()) return g.error();
+        auto u = host(lat(WeightRole::kSharedUp));
+        if (!u.ok()) return u.error();
+        g->insert(g->end(), u->begin(), u->end());
+        return std::move(*g);
+      }, "shared expert gate_up"));
+      STRATA_RETURN_IF_ERROR(entry_matrix(&X.shared_down, lat(WeightRole::kSharedDown), "shared expert down"));
+      {
+        // The shared expert's gate is an f32 row the add kernel reads; a dummy's is random.
+        const WeightEntry& e = lat(WeightRole::kSharedExpertGate);
+        std::vector<float> v;
+        if (w != nullptr) {
+          auto t = host(e);
+          if (!t.ok()) return t.error();
+          v = std::move(*t);
+        } else {
+          std::mt19937_64 rng(++draw);
+          std::uniform_real_distribution<float> u(-scale, scale);
+          v.resize(size_t(e.numel()));
+          for (float& x : v) x = u(rng);
+        }
+        STRATA_CUDA_LOAD(X.shared_gate, Result<std::vector<float>>(std::move(v)), upload_f32, "shared expert gate");
+      }
     } else {
       const int64_t I = m->cfg_.intermediate;
-      if (I <= 0) return make_error(ErrorCode::kInvalidArgument, "intermediate_size must be positive");
-      GET(g, w.f32(p + "mlp.gate_proj.weight", {I, H}));
-      GET(u, w.f32(p + "mlp.up_proj.weight", {I, H}));
-      g.insert(g.end(), u.begin(), u.end());
-      STRATA_CUDA_LOAD(L.gate_up, Result<std::vector<float>>(std::move(g)), upload_matrix, "gate_up");
-      STRATA_CUDA_LOAD(L.down, w.f32(p + "mlp.down_proj.weight", {H, I}), upload_matrix, "down_proj");
+      STRATA_RETURN_IF_ERROR(matrix(&L.gate_up, 2 * I * H, [&]() -> Result<std::vector<float>> {
+        auto g = host(lat(WeightRole::kGate));
+        if (!g.ok()) return g.error();
+        auto u = host(lat(WeightRole::kUp));
+        if (!u.ok()) return u.error();
+        g->insert(g->end(), u->begin(), u->end());
+        return std::move(*g);
+      }, "gate_up"));
+      STRATA_RETURN_IF_ERROR(entry_matrix(&L.down, lat(WeightRole::kDown), "MLP down"));
     }
   }
-#undef GET
   m->weight_bytes_ = int64_t(A.used());
   void* ws = nullptr;
   STRATA_RETURN_IF_ERROR(take_scratch(A, scratch_dims(m->cfg_), options, &B, &ws));
@@ -385,12 +465,13 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load_hybrid(const ModelConfig&
   if (!gm.ok()) return gm.error();
   m->gemm_ = std::move(*gm);
   const Dims sd = scratch_dims(m->cfg_);
-  STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * sd.I,
+  if (B.split) STRATA_RETURN_IF_ERROR(B.split->attach(*m->gemm_, T, 2 * sd.I,
                                          {{B.h, T, H}, {B.rows_h, options.max_logit_rows, H}, {B.act, T, sd.I}, {Hy.core_h, T, vd},
                                           {B.attn, T, nh * hd}}));
   // Split weights: the codecs encode the f32 K/V (as the CPU's), the attention writes its lo part
   // (the sigmoid gate then rewrites it from the gated bf16 value, as on the bf16 path).
-  if (m->codec_) m->codec_->set_out_lo(B.split->input_lo(B.attn));
+  if (m->codec_ && B.split) m->codec_->set_out_lo(B.split->input_lo(B.attn));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m->stream_));
   return m;
 }
 

@@ -434,7 +434,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
                                                          uint64_t seed, float scale) {
   auto flags = family_flags(cfg);
   if (!flags.ok()) return flags.error();
-  if (flags->gemma4 || flags->hybrid) {
+  if (flags->hybrid) return load_hybrid(cfg, nullptr, options, seed, scale);
+  if (flags->gemma4) {
     return make_error(ErrorCode::kUnsupported, "random weights for " + cfg.model_type + " are not supported on the GPU");
   }
   auto spec = family_decoder_spec(cfg);

@@ -243,8 +243,10 @@ class CudaDecoder {
   void launch_gemma4_moe(const Layer& layer, int64_t n, cudaStream_t stream);
   // The hybrids (cuda_hybrid.cpp): the loader, the step's state-slot metadata (after the
   // batch checks of enqueue) and the step after the metadata copy.
+  // A null archive gives a dummy: weights drawn from the manifest's inits (`seed`, matrices
+  // uniform in [-scale, scale]).
   static Result<std::unique_ptr<CudaDecoder>> load_hybrid(const ModelConfig& cfg, std::shared_ptr<const SafetensorsArchive> archive,
-                                                          const CudaModelOptions& options);
+                                                          const CudaModelOptions& options, uint64_t seed = 0, float scale = 0.0f);
   Status fill_hybrid_meta(const StepBatch& batch);
   void launch_hybrid_step(const StepShape& shape, bool record_copy);
   void launch_hybrid_ffn(size_t layer, int64_t n, cudaStream_t stream);
