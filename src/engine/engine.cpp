@@ -529,16 +529,18 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
   if (r.vocab_limit > 0) {
     r.sampling.vocab_limit = r.sampling.vocab_limit > 0 ? std::min(r.sampling.vocab_limit, r.vocab_limit) : r.vocab_limit;
   }
+  // A use of the adapter's slot, held until the request ends (finish(), or a refusal below).
+  LoraRegistry::Ref adapter;
+  if (!r.adapter.empty()) {
+    auto ref = lora_.acquire(r.adapter);
+    if (!ref.ok()) return ref.error();
+    adapter = *ref;
+  }
   std::string ckpt_key;
   if (core_->checkpoints && r.logprobs < 0 && !r.prompt_logprobs && !r.embed) {
     ckpt_key = checkpoint_key(r, eos_ids_, !r.sampling.has_seed);
     // The adapter's content: a reload of other weights under the same name is another key.
-    if (!r.adapter.empty()) {
-      auto ref = lora_.acquire(r.adapter);
-      if (!ref.ok()) return ref.error();
-      ckpt_key += ";adapter=" + r.adapter + "#" + std::to_string(ref->hash);
-      lora_.release(ref->slot);
-    }
+    if (!r.adapter.empty()) ckpt_key += ";adapter=" + r.adapter + "#" + std::to_string(adapter.hash);
   }
   if (!r.sampling.has_seed) {
     std::random_device rd;
@@ -546,19 +548,16 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest r) {
     r.sampling.has_seed = true;
   }
   auto sampler = Sampler::create(r.sampling, vocab, r.prompt);
-  if (!sampler.ok()) return sampler.error();
+  if (!sampler.ok()) {
+    if (adapter.slot >= 0) lora_.release(adapter.slot);
+    return sampler.error();
+  }
   auto channel = std::make_shared<StreamChannel>();
   auto stream = std::make_shared<RequestStream>(r.id, channel);
-  PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now(), std::move(ckpt_key)};
-  if (!p.request.adapter.empty()) {
-    auto ref = lora_.acquire(p.request.adapter);  // held until the request ends
-    if (!ref.ok()) return ref.error();
-    p.adapter_slot = ref->slot;
-    p.adapter_hash = ref->hash;
-  }
-  const int32_t slot = p.adapter_slot;
+  PendingRequest p{std::move(r), std::move(sampler).value(), channel, Clock::now(), std::move(ckpt_key), adapter.slot,
+                   adapter.hash};
   if (Status st = queue_.push(std::move(p)); !st.ok()) {
-    if (slot >= 0) lora_.release(slot);
+    if (adapter.slot >= 0) lora_.release(adapter.slot);
     return st.error();
   }
   return stream;

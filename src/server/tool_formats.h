@@ -35,6 +35,27 @@ std::string dump_json(const nlohmann::ordered_json& v);
 // the tag and before the close): those two newlines dropped.
 std::string_view xml_param_text(std::string_view raw);
 
+// The markers of the tool-call formats, shared by the whole-text parser and the streamer.
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kXmlFunctionEnd = "</function>";
+constexpr std::string_view kXmlParam = "<parameter=";
+constexpr std::string_view kXmlParamEnd = "</parameter>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kGemmaCall = "<|tool_call>";
+constexpr std::string_view kGemmaCallEnd = "<tool_call|>";
+constexpr std::string_view kGemmaCallPrefix = "call:";
+constexpr std::string_view kGemmaResponse = "<|tool_response>";
+constexpr std::string_view kGemmaTurnEnd = "<turn|>";
 constexpr std::string_view kGemmaQuote = "<|\"|>";
 
 // A Gemma 4 value at t[*p] (leading whitespace skipped); *p ends after it.

@@ -15,26 +15,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-constexpr std::string_view kHermesOpen = "<tool_call>";
-constexpr std::string_view kHermesClose = "</tool_call>";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
-constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
-constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
-constexpr std::string_view kXmlFunction = "<function=";
-constexpr std::string_view kXmlFunctionEnd = "</function>";
-constexpr std::string_view kXmlParam = "<parameter=";
-constexpr std::string_view kXmlParamEnd = "</parameter>";
-constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
-constexpr std::string_view kMistralArgs = "[ARGS]";
-constexpr std::string_view kMistralCallId = "[CALL_ID]";
-constexpr std::string_view kGemmaCall = "<|tool_call>";
-constexpr std::string_view kGemmaCallEnd = "<tool_call|>";
-constexpr std::string_view kGemmaCallPrefix = "call:";
-constexpr std::string_view kGemmaResponse = "<|tool_response>";
-constexpr std::string_view kGemmaTurnEnd = "<turn|>";
 
 // The markers that open the first call of each format: the filter holds text back from there.
 std::vector<std::string_view> call_markers(ToolCallFormat f) {
@@ -82,8 +62,9 @@ bool parse_json_call(std::string_view text, ToolCall* out) {
   return parsed && call_from_json(*parsed, out);
 }
 
-// End (exclusive) of the JSON object starting at text[0] == '{'; npos when it never closes.
-size_t json_object_end(std::string_view text) {
+// End (exclusive) of the JSON object or array starting at text[0] ('{' or '['); npos when it
+// never closes. Brackets of both kinds count, so nested containers of either kind balance.
+size_t json_container_end(std::string_view text) {
   int depth = 0;
   bool in_string = false, escaped = false;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -95,8 +76,8 @@ size_t json_object_end(std::string_view text) {
       continue;
     }
     if (c == '"') in_string = true;
-    else if (c == '{') ++depth;
-    else if (c == '}' && --depth == 0) return i + 1;
+    else if (c == '[' || c == '{') ++depth;
+    else if ((c == ']' || c == '}') && --depth == 0) return i + 1;
   }
   return std::string_view::npos;
 }
@@ -139,7 +120,7 @@ ToolParse parse_llama3(std::string_view text) {
     t.remove_prefix(s);
     if (t.empty()) break;
     if (t[0] != '{') return ToolParse{std::string(text), {}};
-    const size_t end = json_object_end(t);
+    const size_t end = json_container_end(t);
     if (end == std::string_view::npos) return ToolParse{std::string(text), {}};
     ToolCall call;
     if (!parse_json_call(t.substr(0, end), &call)) return ToolParse{std::string(text), {}};
@@ -265,24 +246,6 @@ ToolParse parse_qwen3_xml(std::string_view text, const ToolParamTypes* types) {
   return r;
 }
 
-// End (exclusive) of the JSON array starting at text[0] == '['; npos when it never closes.
-size_t json_array_end(std::string_view text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') ++depth;
-    else if ((c == ']' || c == '}') && --depth == 0) return i + 1;
-  }
-  return std::string_view::npos;
-}
 
 ToolParse parse_mistral(std::string_view text) {
   size_t pos = text.find(kMistralCalls);
@@ -297,7 +260,7 @@ ToolParse parse_mistral(std::string_view text) {
     size_t used = 0;  // bytes of t the call(s) took
     if (!t.empty() && t[0] == '[') {
       // [{"name": ..., "arguments": {...}, "id": ...}, ...]
-      const size_t end = json_array_end(t);
+      const size_t end = json_container_end(t);
       if (end == std::string_view::npos) return ToolParse{std::string(text), {}};
       const auto list = parse_ordered_json_bounded(t.substr(0, end), kDefaultMaxJsonDepth);
       if (!list || !list->is_array() || list->empty()) return ToolParse{std::string(text), {}};
@@ -321,7 +284,7 @@ ToolParse parse_mistral(std::string_view text) {
       ToolCall call;
       call.name = trim(head);
       if (call.name.empty() || call.name.find_first_of("[]{}\"") != std::string::npos) return ToolParse{std::string(text), {}};
-      const size_t end = json_object_end(t.substr(brace));
+      const size_t end = json_container_end(t.substr(brace));
       if (end == std::string_view::npos) return ToolParse{std::string(text), {}};
       const auto args = parse_ordered_json_bounded(t.substr(brace, end), kDefaultMaxJsonDepth);
       if (!args || !args->is_object()) return ToolParse{std::string(text), {}};

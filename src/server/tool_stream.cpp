@@ -11,18 +11,6 @@ namespace strata::server {
 
 namespace {
 
-constexpr std::string_view kHermesOpen = "<tool_call>";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
-constexpr std::string_view kXmlFunction = "<function=";
-constexpr std::string_view kXmlFunctionEnd = "</function>";
-constexpr std::string_view kXmlParam = "<parameter=";
-constexpr std::string_view kXmlParamEnd = "</parameter>";
-constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
-constexpr std::string_view kMistralArgs = "[ARGS]";
-constexpr std::string_view kMistralCallId = "[CALL_ID]";
-constexpr std::string_view kGemmaCall = "<|tool_call>";
 
 // A step of header reading: matched, cannot match, or the text ends before it can tell.
 enum class Match { kYes, kNo, kMore };
