@@ -1,5 +1,6 @@
 // HttpServer: the OpenAI- and Anthropic-compatible HTTP front of an Engine (cpp-httplib).
-// Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses, /v1/embeddings, /tokenize,
+// Routes: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses, /v1/embeddings,
+// /v1/load_lora_adapter, /v1/unload_lora_adapter, /tokenize,
 // /detokenize; GET /v1/models, /v1/responses/{id}, /health, /metrics, /status and the page at /. HTTP threads only parse, tokenize, submit and stream;
 // the engine thread does the rest (engine.h). The thread pool is sized (http_threads) so that
 // max_num_seqs streams run at once with room for short requests beside them.
