@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/cpu_ops.h"
 #include "model/weight_loader.h"
 
 namespace strata {
@@ -147,8 +148,19 @@ Status want_dtype(const TensorInfo& t, DType d, const QuantConfig& q) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A quantized matrix in the one form the CPU kernels take (cpu::QuantWeightSource): row-major
+// codes, per-(row, group) scales and biases. quant kNone: the format has no such form for this
+// weight (GPTQ act-order), and it is dequantized instead.
+struct Unpacked {
+  WeightQuant quant = WeightQuant::kNone;
+  std::vector<uint8_t> codes;  // [rows, cols]
+  std::vector<float> scales;   // [rows, groups]
+  std::vector<float> biases;   // [rows, groups]; empty for kFp8
+  int32_t group = 0;
+};
+
 Status fp8_block(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module,
-                 int64_t rows, int64_t cols, std::vector<float>* out) {
+                 int64_t rows, int64_t cols, std::vector<float>* out, Unpacked* u) {
   if (w.shape != std::vector<int64_t>{rows, cols}) return shape_error(w, {rows, cols}, "the config");
   auto st = companion(a, module, ".weight_scale_inv", q);
   if (!st.ok()) return st.error();
@@ -156,13 +168,23 @@ Status fp8_block(const QuantConfig& q, const SafetensorsArchive& a, const Tensor
                   "quantization_config.weight_block_size [" + std::to_string(q.block_rows) + ", " +
                       std::to_string(q.block_cols) + "]");
   if (!s.ok()) return s.error();
+  if (u != nullptr) {
+    const int64_t groups = ceil_div(cols, q.block_cols);
+    u->quant = WeightQuant::kFp8;
+    u->group = q.block_cols;
+    u->codes.assign(static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(w.data) + rows * cols);
+    u->scales.resize(size_t(rows * groups));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) u->scales[size_t(r * groups + g)] = (*s)[size_t((r / q.block_rows) * groups + g)];
+    return Status();
+  }
   out->resize(size_t(rows * cols));
   quant::dequant_fp8_block(static_cast<const uint8_t*>(w.data), s->data(), rows, cols, q.block_rows, q.block_cols, out->data());
   return Status();
 }
 
 Status fp8_compressed(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module,
-                      int64_t rows, int64_t cols, std::vector<float>* out) {
+                 int64_t rows, int64_t cols, std::vector<float>* out, Unpacked* u) {
   if (w.shape != std::vector<int64_t>{rows, cols}) return shape_error(w, {rows, cols}, "the config");
   auto st = companion(a, module, ".weight_scale", q);
   if (!st.ok()) return st.error();
@@ -172,8 +194,16 @@ Status fp8_compressed(const QuantConfig& q, const SafetensorsArchive& a, const T
   if (n != 1 && n != rows) return shape_error(t, {rows, 1}, "a per-channel scale (or [1] per tensor)");
   std::vector<float> s(static_cast<size_t>(n));
   STRATA_RETURN_IF_ERROR(convert_to_f32(t, t.data, n, s.data()));
-  const auto& lut = quant::fp8_table();
   const auto* p = static_cast<const uint8_t*>(w.data);
+  if (u != nullptr) {  // one group spanning the row
+    u->quant = WeightQuant::kFp8;
+    u->group = int32_t(cols);
+    u->codes.assign(p, p + rows * cols);
+    u->scales.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) u->scales[size_t(r)] = s[size_t(n == 1 ? 0 : r)];
+    return Status();
+  }
+  const auto& lut = quant::fp8_table();
   out->resize(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
     const float sr = s[size_t(n == 1 ? 0 : r)];
@@ -183,7 +213,7 @@ Status fp8_compressed(const QuantConfig& q, const SafetensorsArchive& a, const T
 }
 
 Status mlx(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& w, const std::string& module, int64_t rows,
-           int64_t cols, std::vector<float>* out) {
+           int64_t cols, std::vector<float>* out, Unpacked* u) {
   const QuantGroup g = q.group_of(module);
   if (g.bits == 0) {
     return make_error(ErrorCode::kInvalidArgument, w.file + ": tensor '" + w.name + "' is packed (" + dtype_name(w.dtype) +
@@ -204,13 +234,25 @@ Status mlx(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& 
   if (!s.ok()) return s.error();
   auto b = as_f32(**bt, {rows, cols / g.group_size}, why);
   if (!b.ok()) return b.error();
+  if (u != nullptr) {  // 2-bit codes ride in the 4-bit layout
+    u->quant = g.bits == 8 ? WeightQuant::kAffine8 : WeightQuant::kAffine4;
+    u->group = g.group_size;
+    u->codes.resize(size_t(rows * cols));
+    const auto* wp = static_cast<const uint32_t*>(w.data);
+    const int64_t words = cols * g.bits / 32;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) u->codes[size_t(r * cols + c)] = uint8_t(quant::mlx_code(wp + r * words, c, g.bits));
+    u->scales = std::move(*s);
+    u->biases = std::move(*b);
+    return Status();
+  }
   out->resize(size_t(rows * cols));
   quant::dequant_mlx(static_cast<const uint32_t*>(w.data), s->data(), b->data(), rows, cols, g.bits, g.group_size, out->data());
   return Status();
 }
 
 Status awq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& qw, const std::string& module, int64_t rows,
-           int64_t cols, std::vector<float>* out) {
+           int64_t cols, std::vector<float>* out, Unpacked* u) {
   const std::string why = "quantization_config (awq, bits 4, group_size " + std::to_string(q.group_size) + ")";
   if (rows % 8 != 0 || cols % q.group_size != 0) {
     return make_error(ErrorCode::kInvalidArgument, "module '" + module + "' [" + std::to_string(rows) + ", " +
@@ -227,6 +269,26 @@ Status awq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& 
   if (!st.ok()) return st.error();
   auto s = as_f32(**st, {groups, rows}, why);
   if (!s.ok()) return s.error();
+  if (u != nullptr) {  // (q - z) * s = fma(q, s, -s * z)
+    const auto* qp = static_cast<const int32_t*>(qw.data);
+    const auto* zp = static_cast<const int32_t*>((*zt)->data);
+    const int64_t words = rows / 8;
+    u->quant = WeightQuant::kAffine4;
+    u->group = q.group_size;
+    u->codes.resize(size_t(rows * cols));
+    u->scales.resize(size_t(rows * groups));
+    u->biases.resize(size_t(rows * groups));
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t o = 0; o < rows; ++o) u->codes[size_t(o * cols + i)] = uint8_t(quant::awq_code(qp + i * words, o));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t o = 0; o < rows; ++o) {
+        const float sc = (*s)[size_t(g * rows + o)];
+        u->scales[size_t(o * groups + g)] = sc;
+        u->biases[size_t(o * groups + g)] = -(sc * float(quant::awq_code(zp + g * words, o)));
+      }
+    }
+    return Status();
+  }
   out->resize(size_t(rows * cols));
   quant::dequant_awq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>((*zt)->data), s->data(), rows, cols,
                      q.group_size, out->data());
@@ -234,7 +296,7 @@ Status awq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& 
 }
 
 Status gptq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& qw, const std::string& module, int64_t rows,
-            int64_t cols, std::vector<float>* out) {
+            int64_t cols, std::vector<float>* out, Unpacked* u) {
   const int64_t per = 32 / q.bits;
   const std::string why = "quantization_config (gptq, bits " + std::to_string(q.bits) + ", group_size " +
                           std::to_string(q.group_size) + ")";
@@ -271,6 +333,31 @@ Status gptq(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo&
   } else {
     for (int64_t i = 0; i < cols; ++i) g_idx[size_t(i)] = int32_t(i / q.group_size);
   }
+  bool grouped = true;  // g_idx is i / group_size (no act-order permutation)
+  for (int64_t i = 0; i < cols && grouped; ++i) grouped = g_idx[size_t(i)] == int32_t(i / q.group_size);
+  if (u != nullptr && grouped) {  // (q - z) * s = fma(q, s, -s * z)
+    const auto* qp = static_cast<const int32_t*>(qw.data);
+    const auto* zp = static_cast<const int32_t*>((*zt)->data);
+    const int64_t zwords = rows / per;
+    u->quant = q.bits == 8 ? WeightQuant::kAffine8 : WeightQuant::kAffine4;
+    u->group = q.group_size;
+    u->codes.resize(size_t(rows * cols));
+    u->scales.resize(size_t(rows * groups));
+    u->biases.resize(size_t(rows * groups));
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t o = 0; o < rows; ++o)
+        u->codes[size_t(o * cols + i)] = uint8_t(quant::gptq_weight_code(qp, rows, i, o, q.bits));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t o = 0; o < rows; ++o) {
+        const float sc = (*s)[size_t(g * rows + o)];
+        const float z = float(quant::gptq_zero_code(zp + g * zwords, o, q.bits)) + (q.gptq_zero_plus_one ? 1.0f : 0.0f);
+        u->scales[size_t(o * groups + g)] = sc;
+        u->biases[size_t(o * groups + g)] = -(sc * z);
+      }
+    }
+    return Status();
+  }
+  if (u != nullptr) return Status();  // act-order: left to dequantize_weight (u->quant stays kNone)
   out->resize(size_t(rows * cols));
   quant::dequant_gptq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>((*zt)->data), s->data(), g_idx.data(),
                       rows, cols, q.bits, q.gptq_zero_plus_one ? 1 : 0, out->data());
@@ -294,8 +381,11 @@ bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& a, cons
   }
 }
 
-Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name, int64_t rows,
-                               int64_t cols, std::vector<float>* out) {
+namespace {
+
+// Reads a quantized weight into `out` (dequantized) or `u` (its codes, scales and biases).
+Result<bool> read_quantized(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name, int64_t rows,
+                            int64_t cols, std::vector<float>* out, Unpacked* u) {
   if (!weight_is_quantized(q, a, weight_name)) return false;
   const std::string module = module_of(weight_name);
   switch (q.format) {
@@ -304,21 +394,43 @@ Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a
     case QuantFormat::kFp8Compressed: {
       const TensorInfo& w = *a.find(weight_name);
       STRATA_RETURN_IF_ERROR(want_dtype(w, DType::kF8E4M3, q));
-      if (q.format == QuantFormat::kFp8Block) STRATA_RETURN_IF_ERROR(fp8_block(q, a, w, module, rows, cols, out));
-      else STRATA_RETURN_IF_ERROR(fp8_compressed(q, a, w, module, rows, cols, out));
+      if (q.format == QuantFormat::kFp8Block) STRATA_RETURN_IF_ERROR(fp8_block(q, a, w, module, rows, cols, out, u));
+      else STRATA_RETURN_IF_ERROR(fp8_compressed(q, a, w, module, rows, cols, out, u));
       return true;
     }
     case QuantFormat::kMlxAffine:
-      STRATA_RETURN_IF_ERROR(mlx(q, a, *a.find(weight_name), module, rows, cols, out));
+      STRATA_RETURN_IF_ERROR(mlx(q, a, *a.find(weight_name), module, rows, cols, out, u));
       return true;
     case QuantFormat::kAwq:
-      STRATA_RETURN_IF_ERROR(awq(q, a, *a.find(module + ".qweight"), module, rows, cols, out));
+      STRATA_RETURN_IF_ERROR(awq(q, a, *a.find(module + ".qweight"), module, rows, cols, out, u));
       return true;
     case QuantFormat::kGptq:
-      STRATA_RETURN_IF_ERROR(gptq(q, a, *a.find(module + ".qweight"), module, rows, cols, out));
+      STRATA_RETURN_IF_ERROR(gptq(q, a, *a.find(module + ".qweight"), module, rows, cols, out, u));
       return true;
   }
   return false;
+}
+
+}  // namespace
+
+Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name, int64_t rows,
+                               int64_t cols, std::vector<float>* out) {
+  return read_quantized(q, a, weight_name, rows, cols, out, nullptr);
+}
+
+Result<WeightMatrix> quantized_weight(const QuantConfig& q, const SafetensorsArchive& a, const std::string& weight_name,
+                                      int64_t rows, int64_t cols) {
+  Unpacked u;
+  auto r = read_quantized(q, a, weight_name, rows, cols, nullptr, &u);
+  if (!r.ok()) return r.error();
+  if (!*r || u.quant == WeightQuant::kNone) return WeightMatrix();
+  cpu::QuantWeightSource src;
+  src.quant = u.quant;
+  src.codes = u.codes.data();
+  src.scales = u.scales.data();
+  src.biases = u.biases.empty() ? nullptr : u.biases.data();
+  src.group = u.group;
+  return cpu::pack_quant_weight(src, rows, cols);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/weight.h"
 #include "core/status.h"
 #include "model/model_config.h"
 #include "model/quant_config.h"
@@ -22,6 +23,15 @@ namespace strata {
 // config field: a missing scale tensor, a shape that disagrees with the config, bad codes.
 Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name,
                                int64_t rows, int64_t cols, std::vector<float>* out);
+
+// The weight `weight_name` kept quantized for the CPU kernels (cpu::pack_quant_weight): MLX
+// affine 8-bit as kAffine8, 4- and 2-bit as kAffine4; AWQ and GPTQ as kAffine4 / kAffine8 with
+// bias = -scale * zero; FP8 as kFp8 with its block (or channel, or tensor) scale per row and group.
+// An empty matrix when the checkpoint stores the weight unquantized, or when it has no such form:
+// GPTQ act-order (a g_idx other than i / group_size), which dequantize_weight then reads.
+// Errors as dequantize_weight's.
+Result<WeightMatrix> quantized_weight(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name,
+                                      int64_t rows, int64_t cols);
 
 // Whether `weight_name` is stored in a quantized form (no dequantization).
 bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name);

@@ -86,7 +86,7 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, ThreadPool& po
   STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
   if (!options.attn_softcap) cfg->attn_softcap = 0.0f;
   cfg->hidden_output = options.hidden_output;
-  WeightLoader weights(*archive, cfg->weight_prefix, cfg->quant);
+  WeightLoader weights(*archive, cfg->weight_prefix, cfg->quant, options.quantized_in_memory);
   log::debug("loading {} ({} layers, hidden {}) from {}", cfg->model_type, cfg->n_layers, cfg->hidden, dir);
   return family->load(*cfg, weights, pool);
 }

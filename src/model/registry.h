@@ -49,6 +49,9 @@ struct LoadOptions {
   bool attn_softcap = true;
   // Load as a pooling model: forward's rows are final hidden states (ModelConfig::hidden_output).
   bool hidden_output = false;
+  // Keep a quantized checkpoint's weights quantized in memory, dequantized inside the matmul
+  // kernels (false: dequantize every weight to f32 at load).
+  bool quantized_in_memory = true;
 };
 
 // Loads a Hugging Face model directory.

@@ -79,7 +79,14 @@ Result<bool> WeightLoader::dequantized(const std::string& name, int64_t rows, in
   return dequantize_weight(*quant_, *archive_, prefix_ + name, rows, cols, out);
 }
 
+Result<WeightMatrix> WeightLoader::kept_quantized(const std::string& name, int64_t rows, int64_t cols) const {
+  if (!quantized_in_memory_ || quant_ == nullptr || !quant_->quantized()) return WeightMatrix();
+  return quantized_weight(*quant_, *archive_, prefix_ + name, rows, cols);
+}
+
 Result<WeightMatrix> WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  auto kq = kept_quantized(name, rows, cols);
+  if (!kq.ok() || !kq->empty()) return kq;
   std::vector<float> f;
   auto q = dequantized(name, rows, cols, &f);
   if (!q.ok()) return q.error();
@@ -106,6 +113,16 @@ Result<std::vector<float>> WeightLoader::f32(const std::string& name, const std:
 }
 
 Result<EmbeddingTable> WeightLoader::embedding(const std::string& name, int64_t rows, int64_t cols) const {
+  auto kq = kept_quantized(name, rows, cols);
+  if (!kq.ok()) return kq.error();
+  if (!kq->empty()) {
+    EmbeddingTable e;
+    e.dtype = DType::kF32;  // the rows gather reads, dequantized
+    e.rows = rows;
+    e.cols = cols;
+    e.packed = std::make_shared<const WeightMatrix>(std::move(*kq));
+    return e;
+  }
   auto f = std::make_shared<std::vector<float>>();
   auto q = dequantized(name, rows, cols, f.get());
   if (!q.ok()) return q.error();

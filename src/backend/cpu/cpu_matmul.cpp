@@ -74,6 +74,10 @@ void matmul_tile_scalar(const MatmulTile& t) {
 void matmul(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
   using namespace detail;
   if (m <= 0) return;
+  if (w.quantized()) {
+    quant_matmul(pool, x, m, w, bias, y);
+    return;
+  }
   const int64_t k = w.cols, n = w.rows;
   STRATA_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "matmul: weight dtype must be f32 or bf16");
   if (w.layout == 0) {

@@ -23,11 +23,29 @@ const char* simd_level_name();
 // `src` when `alias_ok`: the caller guarantees `src` outlives it, e.g. an mmap).
 WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t cols, bool alias_ok = false);
 
+// A quantized matrix W [rows, cols] for pack_quant_weight: row-major codes, one per byte
+// (kAffine4: 0..15), and per-(row, group) scales and biases [rows, ceil(cols / group)] f32.
+// W[r, c] = fma(codes[r, c], scales[r, g], biases[r, g]) (affine), e4m3fn(codes[r, c]) *
+// scales[r, g] (kFp8, biases null), g = c / group.
+struct QuantWeightSource {
+  WeightQuant quant = WeightQuant::kNone;
+  const uint8_t* codes = nullptr;  // [rows, cols]
+  const float* scales = nullptr;   // [rows, n_groups]
+  const float* biases = nullptr;   // [rows, n_groups] or null (kFp8)
+  int32_t group = 0;               // inputs per group (even for kAffine4)
+};
+// Packs it for matmul, which then dequantizes inside the kernels (the matrix owns its memory).
+WeightMatrix pack_quant_weight(const QuantWeightSource& src, int64_t rows, int64_t cols);
+// Bytes a packed matrix holds (codes, scales and biases; panel padding included).
+int64_t weight_bytes(const WeightMatrix& w);
+
 // Row `row` of a matrix made by pack_weight (or a plain row-major one, layout 0), widened to
 // f32: out[w.cols]. Lets an embedding table tied to the lm head be looked up from the packed copy.
+// A quantized matrix's row is dequantized as matmul reads it.
 void weight_row(const WeightMatrix& w, int64_t row, float* out);
 
 // y[m, n] = x[m, k] · W[n, k]^T (+ bias[n] when bias != nullptr). k == w.cols, n == w.rows.
+// A quantized W is dequantized in the kernel, each element as reference::quant_matmul does.
 void matmul(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 
 // y[r, :] = x[r, :] / rms(x[r, :]) * (w or 1 + w), per row; y may alias x.

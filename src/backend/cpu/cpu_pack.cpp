@@ -83,6 +83,10 @@ WeightMatrix pack_weight(DType src_dtype, const void* src, int64_t rows, int64_t
 
 void weight_row(const WeightMatrix& w, int64_t row, float* out) {
   STRATA_CHECK(row >= 0 && row < w.rows, "weight_row: row out of range");
+  if (w.quantized()) {
+    detail::quant_weight_row(w, row, out);
+    return;
+  }
   if (w.layout == 0) {
     if (w.dtype == DType::kBF16) {
       const bf16_t* src = static_cast<const bf16_t*>(w.data) + row * w.cols;

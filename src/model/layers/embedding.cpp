@@ -1,5 +1,6 @@
 #include "model/layers/embedding.h"
 
+#include "backend/cpu/cpu_ops.h"
 #include "core/check.h"
 
 namespace strata {
@@ -10,7 +11,10 @@ void EmbeddingTable::gather(ThreadPool& pool, const int32_t* ids, int64_t n, flo
       const int64_t id = ids[t];
       STRATA_CHECK(id >= 0 && id < rows, "token id out of the vocabulary");
       float* o = out + t * cols;
-      if (dtype == DType::kF32) {
+      if (packed != nullptr) {
+        cpu::weight_row(*packed, id, o);
+        for (int64_t c = 0; c < cols; ++c) o[c] *= scale;
+      } else if (dtype == DType::kF32) {
         const float* r = static_cast<const float*>(data) + id * cols;
         for (int64_t c = 0; c < cols; ++c) o[c] = r[c] * scale;
       } else if (dtype == DType::kBF16) {

@@ -1,11 +1,12 @@
 // EmbeddingTable: a token embedding [rows = vocab, cols = hidden] left in its checkpoint dtype
-// (usually aliasing the mapping; a quantized table is dequantized to f32 at load); gather
-// converts the rows it reads to f32.
+// (usually aliasing the mapping; a quantized table is dequantized to f32 at load, or kept as a
+// quantized matrix); gather converts the rows it reads to f32.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "backend/weight.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "tensor/dtype.h"
@@ -18,6 +19,9 @@ struct EmbeddingTable {
   int64_t rows = 0;            // vocabulary
   int64_t cols = 0;            // hidden
   std::shared_ptr<void> storage;  // owns `data` when the loader made it (a dequantized table); else null
+  // A table kept quantized (cpu::pack_quant_weight): rows are dequantized as they are gathered
+  // and `data` is null. dtype then reads kF32, the type of the rows gathered.
+  std::shared_ptr<const WeightMatrix> packed;
 
   // out[t, :] = table[ids[t], :] * scale; ids must lie in [0, rows).
   void gather(ThreadPool& pool, const int32_t* ids, int64_t n, float scale, float* out /*[n, cols]*/) const;
