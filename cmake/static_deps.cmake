@@ -1,5 +1,5 @@
 # STRATA_STATIC_DEPS=ON: a binary that runs on a machine without Debian's libraries (the GPU
-# machine). spdlog and fmt become header-only; pcre2, utf8proc, xxhash and BLAS link from
+# machine). spdlog and fmt become header-only; pcre2, utf8proc, xxhash, hiredis and BLAS link from
 # their static archives; glibc, libstdc++ and CUDA's own libraries stay dynamic.
 # Included before the layers, after the find_package calls.
 add_library(strata_spdlog_header_only INTERFACE)
@@ -14,5 +14,6 @@ endfunction()
 strata_use_static_archive(PkgConfig::PCRE2 libpcre2-8.a)
 strata_use_static_archive(PkgConfig::UTF8PROC libutf8proc.a)
 strata_use_static_archive(PkgConfig::XXHASH libxxhash.a)
+strata_use_static_archive(PkgConfig::HIREDIS libhiredis.a)
 # Static pcre2 must not expect dllimport-style declarations.
 set_property(TARGET PkgConfig::PCRE2 APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS PCRE2_STATIC)
