@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -94,6 +95,40 @@ int main(int argc, char** argv) {
     }) / double(copies);
     const double gbs = double(w_bytes) / t / 1e9;
     std::printf("  %-20s %8.1f us  %6.1f GB/s  ratio %.2f\n", s.name, t * 1e6, gbs, gbs / bw.read_gbs);
+  }
+
+  // (2b) Decode with quantized weights (dequantized in the kernel): bytes of codes, scales and
+  // biases streamed per second / (1).
+  std::printf("\n(2b) decode matmul m=1, quantized weights, group 64 (ratio = held bytes GB/s / streaming-read GB/s)\n");
+  for (WeightQuant q : {WeightQuant::kAffine8, WeightQuant::kAffine4, WeightQuant::kFp8}) {
+    const char* qname = q == WeightQuant::kAffine8 ? "int8" : q == WeightQuant::kAffine4 ? "int4" : "fp8";
+    for (const Shape& s : kShapes) {
+      const int32_t group = 64;
+      const int64_t groups = (s.k + group - 1) / group;
+      std::vector<uint8_t> codes(size_t(s.n * s.k));
+      for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t((i * 2654435761u >> 7) % (q == WeightQuant::kAffine4 ? 16 : 120));
+      auto scales = random_floats(size_t(s.n * groups), 5);
+      for (auto& v : scales) v = 0.001f + 0.01f * std::fabs(v);
+      const auto biases = random_floats(size_t(s.n * groups), 6);
+      cpu::QuantWeightSource src;
+      src.quant = q;
+      src.codes = codes.data();
+      src.scales = scales.data();
+      src.biases = q == WeightQuant::kFp8 ? nullptr : biases.data();
+      src.group = group;
+      const WeightMatrix w0 = cpu::pack_quant_weight(src, s.n, s.k);
+      const size_t w_bytes = size_t(cpu::weight_bytes(w0));
+      const size_t copies = std::max<size_t>(1, (working_set + w_bytes - 1) / w_bytes);
+      std::vector<WeightMatrix> ws{w0};
+      for (size_t c = 1; c < copies; ++c) ws.push_back(cpu::pack_quant_weight(src, s.n, s.k));
+      const auto x = random_floats(size_t(s.k), 2);
+      std::vector<float> y(size_t(s.n));
+      const double t = best_seconds(quick ? 2 : 5, [&] {
+        for (const auto& w : ws) cpu::matmul(pool, x.data(), 1, w, nullptr, y.data());
+      }) / double(copies);
+      const double gbs = double(w_bytes) / t / 1e9;
+      std::printf("  %-5s %-20s %8.1f us  %6.1f GB/s  ratio %.2f\n", qname, s.name, t * 1e6, gbs, gbs / bw.read_gbs);
+    }
   }
 
   // (3) Prefill: m = 512 against OpenBLAS sgemm (f32 weights) on the same threads.

@@ -1,7 +1,8 @@
 // CPU model benchmark: decode and prefill of a Qwen3-0.6B-shaped model with random bf16
-// weights the bench writes itself, against limits measured in the same run:
+// weights the bench writes itself (or, with --dir, that checkpoint converted to a quantized
+// format), against limits measured in the same run:
 //   decode (batch 1): tokens/s over the bandwidth ceiling = measured memory bandwidth / bytes
-//     read per token (every weight once + the KV cache so far);
+//     read per token (every weight once as the CPU holds it + the KV cache so far);
 //   prefill: linear-layer FLOP rate over cblas_sgemm's rate on the same shapes, same threads.
 // Usage: bench_model_cpu [--dir DIR] [--threads N] [--prompt 512] [--decode 64] [--quick]
 #include <cblas.h>
@@ -12,7 +13,9 @@
 #include <string>
 
 #include "bench/bench_util.h"
+#include "model/quant.h"
 #include "model/registry.h"
+#include "model/safetensors.h"
 #include "model/single_sequence.h"
 #include "model/synthetic_checkpoint.h"
 
@@ -67,6 +70,20 @@ int main(int argc, char** argv) {
   }
   std::printf("model: qwen3 0.6B shape, %d layers, hidden %d, vocab %d, loaded in %.2f s, %d threads, BLAS core %s\n",
               spec.n_layers, spec.hidden, spec.vocab_size, seconds_since(t_load), pool.size(), blas_core_name());
+  const ModelConfig& cfg = (*model)->config();
+  if (cfg.n_layers != spec.n_layers || cfg.hidden != spec.hidden || cfg.vocab_size != spec.vocab_size) {
+    std::fprintf(stderr, "%s is not the qwen3 0.6B shape\n", dir.c_str());
+    return 1;
+  }
+  auto archive = SafetensorsArchive::open_dir(dir);
+  if (!archive.ok()) {
+    std::fprintf(stderr, "%s\n", archive.error().to_string().c_str());
+    return 1;
+  }
+  // Every weight once as the CPU model holds it (quantized codes and scales, bf16, f32 vectors).
+  const WeightBytesPerToken wb = weight_bytes_per_token(cfg, **archive);
+  std::printf("weights: %s; %.1f MB a token reads as the CPU holds them (%.1f MB as stored)\n",
+              cfg.quant ? cfg.quant->describe().c_str() : "none", wb.resident / 1e6, wb.stored / 1e6);
 
   // (1) The machine's memory bandwidth.
   const Bandwidth bw = measure_bandwidth(pool, size_t(quick ? 512 : 2048) << 20, 3);
@@ -100,11 +117,9 @@ int main(int argc, char** argv) {
   }
   const double t_decode = seconds_since(t0) / n_decode;
 
-  // Bytes a decode step must read: every weight once (bf16) and the KV cache (f32) so far.
+  // Bytes a decode step must read: every weight once and the KV cache (f32) so far.
   const int64_t H = spec.hidden, D = spec.head_dim, I = spec.intermediate;
-  const int64_t linear_per_layer = H * spec.n_heads * D * 2 + H * spec.n_kv_heads * D * 2 + 3 * H * I;
-  const int64_t weight_bytes = 2 * (linear_per_layer * spec.n_layers + int64_t(spec.vocab_size) * H) +
-                               4 * (2 * H * spec.n_layers + 2 * D * spec.n_layers + H);
+  const int64_t weight_bytes = wb.resident;
   const int64_t ctx_mid = n_prompt + n_decode / 2;
   const int64_t kv_bytes = ctx_mid * spec.n_layers * spec.n_kv_heads * D * 2 * 4;
   const double bytes_per_token = double(weight_bytes + kv_bytes);
@@ -117,6 +132,9 @@ int main(int argc, char** argv) {
               decode_tps, t_decode * 1e3);
   std::printf("  bytes read per token %.1f MB -> ceiling %.2f tok/s at %.1f GB/s; ratio to ceiling %.2f\n",
               bytes_per_token / 1e6, ceiling_tps, bw_gbs, decode_tps / ceiling_tps);
+  const double read_ceiling_tps = bw.read_gbs * 1e9 / bytes_per_token;
+  std::printf("  against the streaming-read probe alone (%.1f GB/s): ceiling %.2f tok/s; ratio %.2f\n", bw.read_gbs,
+              read_ceiling_tps, decode_tps / read_ceiling_tps);
 
   // sgemm on the same linear shapes (m = prompt tokens), same thread count.
   const LinearShape shapes[] = {{"q", spec.n_heads * D, H}, {"k", spec.n_kv_heads * D, H}, {"v", spec.n_kv_heads * D, H},

@@ -72,8 +72,10 @@ int run_inspect(const std::string& dir, const EngineOptions& eo) {
   for (const auto& [d, n] : by_dtype) std::printf(" %s %lld", d.c_str(), static_cast<long long>(n));
   std::printf("\n");
   std::printf("quantization:    %s\n", c.quant ? c.quant->describe().c_str() : "none");
-  std::printf("weight_bytes/token: %lld as stored, %lld as loaded on the CPU%s\n", static_cast<long long>(wb.stored),
-              static_cast<long long>(wb.loaded), c.quant && c.quant->quantized() ? " (dequantized to f32)" : "");
+  std::printf("weight_bytes/token: %lld as stored, %lld as held on the CPU", static_cast<long long>(wb.stored),
+              static_cast<long long>(wb.resident));
+  if (c.quant && c.quant->quantized()) std::printf(" (quantized), %lld dequantized to f32", static_cast<long long>(wb.loaded));
+  std::printf("\n");
   std::printf("kv_bytes/token:  %lld (f32 cache)\n", static_cast<long long>(KvStorage::bytes_per_token(layout)));
   auto plan = describe_kv_plan(**model, eo);
   if (!plan.ok()) {

@@ -457,6 +457,39 @@ int64_t quantized_elements(const QuantConfig& q, const TensorInfo& t) {
   return 0;
 }
 
+// Bytes the CPU model holds for the quantized matrix whose stored tensor is `t` (`elems` logical
+// elements): what quantized_weight packs, or f32 where it dequantizes (GPTQ act-order).
+int64_t resident_quantized_bytes(const QuantConfig& q, const SafetensorsArchive& a, const TensorInfo& t, int64_t elems) {
+  const int64_t f32_bytes = elems * int64_t(sizeof(float));
+  if (t.shape.size() != 2) return f32_bytes;
+  const std::string module = module_of(t.name.size() > 8 && t.name.compare(t.name.size() - 8, 8, ".qweight") == 0
+                                           ? t.name.substr(0, t.name.size() - 8) + ".weight"
+                                           : t.name);
+  switch (q.format) {
+    case QuantFormat::kNone: return f32_bytes;
+    case QuantFormat::kFp8Block: return cpu::quant_weight_bytes(WeightQuant::kFp8, t.shape[0], t.shape[1], q.block_cols);
+    case QuantFormat::kFp8Compressed: return cpu::quant_weight_bytes(WeightQuant::kFp8, t.shape[0], t.shape[1], t.shape[1]);
+    case QuantFormat::kMlxAffine: {
+      const QuantGroup g = q.group_of(module);
+      return cpu::quant_weight_bytes(g.bits == 8 ? WeightQuant::kAffine8 : WeightQuant::kAffine4, t.shape[0],
+                                     elems / t.shape[0], g.group_size);
+    }
+    case QuantFormat::kAwq: return cpu::quant_weight_bytes(WeightQuant::kAffine4, t.shape[1] * 8, t.shape[0], q.group_size);
+    case QuantFormat::kGptq: {
+      const int64_t rows = t.shape[1], cols = elems / rows;
+      if (const TensorInfo* gi = a.find(module + ".g_idx")) {
+        if (gi->dtype != DType::kI32 || gi->numel() != cols) return f32_bytes;
+        const auto* g = static_cast<const int32_t*>(gi->data);
+        for (int64_t i = 0; i < cols; ++i) {
+          if (g[i] != int32_t(i / q.group_size)) return f32_bytes;  // act-order: dequantized at load
+        }
+      }
+      return cpu::quant_weight_bytes(q.bits == 8 ? WeightQuant::kAffine8 : WeightQuant::kAffine4, rows, cols, q.group_size);
+    }
+  }
+  return f32_bytes;
+}
+
 // Scale, zero, bias and index tensors beside a quantized matrix (a module's own .bias is not one).
 bool is_companion(const std::string& name) {
   const std::string last = name.substr(name.rfind('.') + 1);
@@ -478,20 +511,26 @@ WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const Safeten
     if (!text) continue;
     const int64_t stored = int64_t(t.n_bytes);
     const int64_t deq = quantized_elements(q, t);
-    // A quantized matrix is held as f32; its scales, zeros and indices are dropped after load.
+    // Dequantized, a quantized matrix is f32 and its scales, zeros and indices are dropped; kept
+    // quantized on the CPU, its codes, scales and biases are repacked (resident). Vectors and f16
+    // matrices are held as f32, bf16 matrices as they are.
     int64_t loaded = stored, params = t.numel();
+    int64_t resident = t.shape.size() == 1 || t.dtype == DType::kF16 ? t.numel() * int64_t(sizeof(float)) : stored;
     if (deq > 0) {
       loaded = deq * int64_t(sizeof(float));
+      resident = resident_quantized_bytes(q, a, t, deq);
       params = deq;
     } else if (is_companion(name) && weight_is_quantized(q, a, name.substr(0, name.rfind('.')) + ".weight")) {
-      loaded = params = 0;
+      loaded = params = resident = 0;
     }
     total.parameters += params;
     total.stored += stored;
     total.loaded += loaded;
+    total.resident += resident;
     if (name.rfind(embed, 0) == 0) {
       table.stored += stored;
       table.loaded += loaded;
+      table.resident += resident;
     }
   }
   const int64_t vocab = std::max<int64_t>(cfg.vocab_size, 1);
@@ -499,6 +538,7 @@ WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const Safeten
   // The lookup reads one row of the table; a tied head reads all of it (already in total).
   r.stored = total.stored - (cfg.tie_embeddings ? 0 : table.stored) + table.stored / vocab;
   r.loaded = total.loaded - (cfg.tie_embeddings ? 0 : table.loaded) + table.loaded / vocab;
+  r.resident = total.resident - (cfg.tie_embeddings ? 0 : table.resident) + table.resident / vocab;
   r.parameters = total.parameters;
   return r;
 }

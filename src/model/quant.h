@@ -38,10 +38,15 @@ bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& archive
 
 // Weight bytes one decoded token reads: every text-model tensor once (the LM head included),
 // the embedding table as one row unless it is tied to the head. `stored`: as the checkpoint
-// holds them (codes and scales); `loaded`: as the CPU holds them (quantized matrices as f32).
+// holds them (codes and scales); `loaded`: dequantized (quantized matrices as f32, what
+// WeightLoader hands a device backend); `resident`: as the CPU model holds them (quantized
+// matrices kept quantized, as quantized_weight packs them; f32 where it dequantizes; vectors and
+// f16 as f32). Matrices a family slices at load (the hybrids' fused DeltaNet and gated-attention
+// projections) are f32 on the CPU yet counted here as kept quantized.
 struct WeightBytesPerToken {
-  int64_t stored = 0;  // bytes
-  int64_t loaded = 0;  // bytes
+  int64_t stored = 0;    // bytes
+  int64_t loaded = 0;    // bytes
+  int64_t resident = 0;  // bytes
   int64_t parameters = 0;  // text-model weights, a quantized matrix counted as rows x cols (no scales)
 };
 WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const SafetensorsArchive& archive);

@@ -38,6 +38,8 @@ struct QuantWeightSource {
 WeightMatrix pack_quant_weight(const QuantWeightSource& src, int64_t rows, int64_t cols);
 // Bytes a packed matrix holds (codes, scales and biases; panel padding included).
 int64_t weight_bytes(const WeightMatrix& w);
+// Bytes pack_quant_weight makes for a matrix [rows, cols] of kind `quant` and group size `group`.
+int64_t quant_weight_bytes(WeightQuant quant, int64_t rows, int64_t cols, int64_t group);
 
 // Row `row` of a matrix made by pack_weight (or a plain row-major one, layout 0), widened to
 // f32: out[w.cols]. Lets an embedding table tied to the lm head be looked up from the packed copy.

@@ -78,14 +78,16 @@ WeightMatrix pack_quant_weight(const QuantWeightSource& src, int64_t rows, int64
   return w;
 }
 
+int64_t quant_weight_bytes(WeightQuant quant, int64_t rows, int64_t cols, int64_t group) {
+  const int64_t n_panels = detail::panel_count(rows), groups = (cols + group - 1) / group;
+  const int64_t scale_bytes = n_panels * groups * kPanel * int64_t(sizeof(float));
+  return n_panels * detail::quant_panel_code_bytes(cols, quant == WeightQuant::kAffine4) +
+         scale_bytes * (quant == WeightQuant::kFp8 ? 1 : 2);
+}
+
 int64_t weight_bytes(const WeightMatrix& w) {
   if (w.empty()) return 0;
-  if (w.quantized()) {
-    const int64_t n_panels = detail::panel_count(w.rows);
-    const int64_t scale_bytes = n_panels * w.n_groups() * kPanel * int64_t(sizeof(float));
-    return n_panels * detail::quant_panel_code_bytes(w.cols, w.quant == WeightQuant::kAffine4) +
-           scale_bytes * (w.biases != nullptr ? 2 : 1);
-  }
+  if (w.quantized()) return quant_weight_bytes(w.quant, w.rows, w.cols, w.group);
   const int64_t rows = w.layout == 0 ? w.rows : detail::panel_count(w.rows) * kPanel;
   return rows * w.cols * int64_t(dtype_size(w.dtype));
 }
