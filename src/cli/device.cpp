@@ -96,7 +96,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   co.random_weights = d.load_format == "dummy";
   co.deterministic = d.deterministic;
   co.kv_codecs = eo->kv_codecs;
-  co.kv_tiers = eo->kv_host_bytes > 0 || !eo->kv_disk_dir.empty();
+  co.kv_tiers = eo->kv_host_bytes > 0 || !eo->kv_disk_dir.empty() || !eo->kv_redis_url.empty();
   co.num_draft_tokens = eo->speculative.method != "off" ? eo->speculative.num_draft_tokens : 0;
   auto parts = cuda::make_cuda_engine_parts(dir, co);
   if (!parts.ok()) return parts.error();
@@ -135,7 +135,8 @@ Result<bool> resolve_embed_task(const std::string& task, const std::string& dir,
 std::string state_identity_for(const EngineModel& m, const EngineOptions& eo) {
   StateIdentitySource s = m.identity;
   const bool checkpoints = eo.checkpoint_every > 0 && !eo.checkpoint_dir.empty();
-  s.persistent = !eo.kv_disk_dir.empty() || checkpoints;
+  // A shared tier's blocks outlive this process too, and other processes read them.
+  s.persistent = !eo.kv_disk_dir.empty() || checkpoints || !eo.kv_redis_url.empty();
   s.hash_cache_dir = !eo.kv_disk_dir.empty() ? eo.kv_disk_dir : checkpoints ? eo.checkpoint_dir : std::string();
   return state_identity(s);
 }

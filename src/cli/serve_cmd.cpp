@@ -59,6 +59,9 @@ struct ServeArgs {
   std::string kv_disk_dir;
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout = 10.0;
+  std::string kv_redis_url;
+  int64_t kv_redis_queue_bytes = int64_t(256) << 20;
+  std::string checkpoint_store = "file";
   int32_t checkpoint_every = 0;
   int64_t checkpoint_queue_bytes = int64_t(64) << 20;
   std::string checkpoint_dir;
@@ -217,6 +220,7 @@ int run_serve(ServeArgs a) {
   device_eo.kv_codecs = *kv_codecs;
   device_eo.kv_host_bytes = a.kv_host_bytes;  // tiers keep --kv-quant-start auto at 0
   device_eo.kv_disk_dir = a.kv_disk_dir;
+  device_eo.kv_redis_url = a.kv_redis_url;
   device_eo.speculative.method = a.spec.method;  // verifies size the device's logit rows
   device_eo.speculative.num_draft_tokens = a.spec.num_draft_tokens;
   auto model = load_engine_model(a.dev, a.model_dir, pool, &device_eo);
@@ -252,6 +256,9 @@ int run_serve(ServeArgs a) {
   eo.kv_disk_dir = a.kv_disk_dir;
   eo.kv_disk_bytes = a.kv_disk_bytes;
   eo.kv_flush_timeout_s = a.kv_flush_timeout;
+  eo.kv_redis_url = a.kv_redis_url;
+  eo.kv_redis_queue_bytes = a.kv_redis_queue_bytes;
+  eo.checkpoint_store = a.checkpoint_store;
   eo.checkpoint_every = a.checkpoint_every;
   eo.checkpoint_queue_bytes = a.checkpoint_queue_bytes;
   eo.checkpoint_dir = a.checkpoint_dir;
@@ -425,6 +432,18 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-flush-timeout", a->kv_flush_timeout, "Seconds shutdown (SIGTERM) waits for the disk KV writer")
       ->capture_default_str();
+  cmd->add_option("--kv-redis-url", a->kv_redis_url,
+                  "redis://[[user]:password@]host[:port][/db]: a KV tier in Redis shared by replicas of the same "
+                  "model, under the host and disk tiers (empty: none)");
+  cmd->add_option("--kv-redis-queue-bytes", a->kv_redis_queue_bytes,
+                  "Bytes of KV blocks waiting for the Redis writer at most; past it blocks are dropped (counted)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
+  cmd->add_option("--checkpoint-store", a->checkpoint_store,
+                  "Where generation checkpoints go: file (--checkpoint-dir) or redis (the --kv-redis-url server, "
+                  "so another replica resumes the request)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"file", "redis"}));
   cmd->add_option("--checkpoint-every", a->checkpoint_every,
                   "Every N generated tokens a request checkpoints (KV via the disk tier); an identical request "
                   "after a restart resumes there (0: off)")

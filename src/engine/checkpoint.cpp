@@ -175,6 +175,37 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::open(const std::string
   return std::unique_ptr<CheckpointStore>(new CheckpointStore(dir, identity));
 }
 
+Result<std::unique_ptr<CheckpointStore>> CheckpointStore::open_redis(const RedisUrl& url, const std::string& identity) {
+  auto client = std::make_unique<RedisClient>(url, 1.0);
+  if (auto st = client->connect(); !st.ok()) return st.error();
+  std::unique_ptr<CheckpointStore> s(new CheckpointStore(fs::path(), identity));
+  s->redis_ = std::move(client);
+  return s;
+}
+
+std::string CheckpointStore::redis_key(const std::string& key) const {
+  char name[40];
+  std::snprintf(name, sizeof(name), "strata:ckpt:%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return name;
+}
+
+std::optional<Checkpoint> CheckpointStore::redis_read_locked(const std::string& key) {
+  const std::string k = redis_key(key);
+  auto r = redis_->pipeline({{"GET", k}});
+  if (!r.ok()) {
+    log::warn("checkpoints: Redis read of {} failed ({}); the request runs from the start", k, r.error().message);
+    return std::nullopt;
+  }
+  if ((*r)[0].kind != RedisReply::kString) return std::nullopt;
+  auto c = decode_checkpoint((*r)[0].str);
+  if (!c.ok()) {
+    log::warn("checkpoint {} in Redis is bad ({}); deleted, the request runs from the start", k, c.error().message);
+    (void)redis_->pipeline({{"DEL", k}});
+    return std::nullopt;
+  }
+  return std::move(c).value();
+}
+
 uint64_t CheckpointStore::new_run() {
   std::lock_guard<std::mutex> lock(mu_);
   return run_base_ + ++next_run_;
@@ -217,8 +248,8 @@ std::optional<Checkpoint> CheckpointStore::read_locked(const fs::path& path) {
 
 std::optional<Checkpoint> CheckpointStore::load(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  const fs::path path = path_of(key);
-  auto c = read_locked(path);
+  const fs::path path = redis_ ? fs::path(redis_key(key)) : path_of(key);
+  auto c = redis_ ? redis_read_locked(key) : read_locked(path);
   if (!c || c->key != key) return std::nullopt;
   if (c->identity != identity_) {
     ++foreign_skipped_;
@@ -246,6 +277,13 @@ Result<bool> CheckpointStore::write(Checkpoint c) {
   const std::string bytes = encode_checkpoint(c);
   std::lock_guard<std::mutex> lock(mu_);
   if (retired_.count(c.run) != 0) return false;
+  if (redis_) {
+    const std::string k = redis_key(c.key);
+    auto r = redis_->pipeline({{"SET", k, bytes}});
+    if (!r.ok()) return make_error(ErrorCode::kIo, "checkpoint " + k + ": " + r.error().message);
+    if ((*r)[0].kind == RedisReply::kError) return make_error(ErrorCode::kIo, "checkpoint " + k + ": " + (*r)[0].str);
+    return true;
+  }
   std::string why;
   if (!write_atomic(path_of(c.key), bytes, &why)) return make_error(ErrorCode::kIo, why);
   return true;
@@ -254,6 +292,13 @@ Result<bool> CheckpointStore::write(Checkpoint c) {
 void CheckpointStore::remove(const std::string& key, uint64_t run, int64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   retired_.insert(run);
+  if (redis_) {
+    auto c = redis_read_locked(key);
+    if (!c || c->key != key) return;
+    if (c->identity == identity_ && c->run != run && c->generation > generation) return;  // a newer write of another run
+    (void)redis_->pipeline({{"DEL", redis_key(key)}});
+    return;
+  }
   const fs::path path = path_of(key);
   auto c = read_locked(path);
   if (!c || c->key != key) return;

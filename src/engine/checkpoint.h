@@ -20,6 +20,11 @@
 // retired run is refused, so a late write cannot resurrect a finished request. remove() deletes
 // the file only when it holds that run's write or an older generation, so it never deletes a
 // newer write (of another run of the same request). All methods are thread-safe.
+//
+// open_redis(): the same checkpoints as values in Redis (key "strata:ckpt:<hash>"), shared by
+// replicas of one state identity, so a request whose replica died resumes on another. A value
+// that fails to decode is deleted with a log line; Redis down: load() misses (the request runs
+// cold) and write() fails (counted by the writer).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,7 @@
 
 #include "core/status.h"
 #include "engine/request.h"
+#include "kv/redis/redis_client.h"
 
 namespace strata {
 
@@ -59,6 +65,8 @@ class CheckpointStore {
   // Creates the directory and removes stale temporary files. Checkpoints are written under
   // `identity` and only those of `identity` load. Errors name the directory.
   static Result<std::unique_ptr<CheckpointStore>> open(const std::string& dir, const std::string& identity);
+  // Checkpoints in Redis at url (connects now; the error names the URL and the reason).
+  static Result<std::unique_ptr<CheckpointStore>> open_redis(const RedisUrl& url, const std::string& identity);
 
   // A fresh run id, unique across restarts (random base, counter).
   uint64_t new_run();
@@ -88,6 +96,10 @@ class CheckpointStore {
   // Reads and decodes path; quarantines a bad file. nullopt: no file or bad file.
   std::optional<Checkpoint> read_locked(const std::filesystem::path& path);
   void quarantine_locked(const std::filesystem::path& path, const std::string& why);
+  // Redis: the key of a checkpoint key, and the decoded value stored there (nullopt: none, bad
+  // (deleted, logged) or Redis unreachable (logged)).
+  std::string redis_key(const std::string& key) const;
+  std::optional<Checkpoint> redis_read_locked(const std::string& key);
 
   std::filesystem::path dir_;
   std::string identity_;
@@ -96,6 +108,7 @@ class CheckpointStore {
   std::unordered_set<uint64_t> retired_;
   uint64_t run_base_ = 0;
   uint64_t next_run_ = 0;
+  std::unique_ptr<RedisClient> redis_;  // null: files in dir_
 };
 
 }  // namespace strata

@@ -295,6 +295,22 @@ void Engine::setup_checkpoints() {
     throw std::invalid_argument("checkpoint_every must be >= 0, got " + std::to_string(options_.checkpoint_every));
   }
   if (options_.checkpoint_every == 0) return;
+  if (options_.checkpoint_store != "file" && options_.checkpoint_store != "redis") {
+    throw std::invalid_argument("--checkpoint-store must be file or redis, got '" + options_.checkpoint_store + "'");
+  }
+  if (options_.checkpoint_queue_bytes < 1) {
+    throw std::invalid_argument("checkpoint_queue_bytes must be >= 1, got " + std::to_string(options_.checkpoint_queue_bytes));
+  }
+  if (options_.checkpoint_store == "redis") {
+    if (options_.kv_redis_url.empty()) throw std::invalid_argument("--checkpoint-store redis needs --kv-redis-url");
+    auto url = parse_redis_url(options_.kv_redis_url);
+    if (!url.ok()) throw std::invalid_argument("--kv-redis-url: " + url.error().message);
+    auto store = CheckpointStore::open_redis(*url, prefix_namespace_);
+    if (!store.ok()) throw std::invalid_argument("--checkpoint-store redis: " + store.error().message);
+    core_->checkpoints = std::move(store).value();
+    core_->ckpt_writer = std::make_unique<CheckpointWriter>(*core_->checkpoints, size_t(options_.checkpoint_queue_bytes));
+    return;
+  }
   std::string dir = options_.checkpoint_dir;
   if (dir.empty() && !options_.kv_disk_dir.empty()) dir = (std::filesystem::path(options_.kv_disk_dir) / "checkpoints").string();
   if (dir.empty()) throw std::invalid_argument("checkpoint_every " + std::to_string(options_.checkpoint_every) +
@@ -305,9 +321,6 @@ void Engine::setup_checkpoints() {
   auto store = CheckpointStore::open(dir, prefix_namespace_);
   if (!store.ok()) throw std::invalid_argument(store.error().message);
   core_->checkpoints = std::move(store).value();
-  if (options_.checkpoint_queue_bytes < 1) {
-    throw std::invalid_argument("checkpoint_queue_bytes must be >= 1, got " + std::to_string(options_.checkpoint_queue_bytes));
-  }
   core_->ckpt_writer = std::make_unique<CheckpointWriter>(*core_->checkpoints, size_t(options_.checkpoint_queue_bytes));
 }
 
@@ -338,8 +351,27 @@ void Engine::resume_from_checkpoint(Active& a) {
   a.channel->push(std::move(e));
 }
 
+void Engine::share_blocks(Active& a) {
+  if (!core_->tiers || core_->tiers->redis() == nullptr) return;
+  const Sequence& seq = a.seq;
+  const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
+  for (int32_t i = a.shared_blocks; i < n; ++i) {
+    const uint64_t h = seq.block_hashes[size_t(i)];
+    if (!core_->tiers->shares(h)) continue;  // written or read by this process already
+    try {
+      core_->runner.read_block(seq.blocks[size_t(i)], core_->tier_buf.data());
+    } catch (const std::exception& e) {
+      log::warn("shared KV tier: blocks of request {} not shared: {}", a.req.id, e.what());
+      return;
+    }
+    core_->tiers->share(h, core_->tier_buf.data());
+  }
+  a.shared_blocks = std::max(a.shared_blocks, n);
+}
+
 void Engine::write_checkpoint(Active& a) {
   Sequence& seq = a.seq;
+  share_blocks(a);
   if (core_->tiers) {
     if (DiskTier* disk = core_->tiers->disk()) {
       const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
@@ -363,7 +395,7 @@ void Engine::setup_kv_tiers(bool unsupported) {
   if (options_.kv_host_bytes < 0) {
     throw std::invalid_argument("kv_host_bytes must be >= 0, got " + std::to_string(options_.kv_host_bytes));
   }
-  if (options_.kv_host_bytes <= 0 && options_.kv_disk_dir.empty()) return;
+  if (options_.kv_host_bytes <= 0 && options_.kv_disk_dir.empty() && options_.kv_redis_url.empty()) return;
   if (unsupported || !options_.prefix_caching) {
     log::warn("KV tiers are off: {}", unsupported ? "the model has sliding-window layers or recurrent state"
                                                   : "prefix caching is off");
@@ -372,8 +404,21 @@ void Engine::setup_kv_tiers(bool unsupported) {
   const std::vector<int64_t> tensors = core_->runner.block_tensor_bytes();
   std::string identity = namespace_identity(*model_, options_) + ";tensors=";
   for (int64_t b : tensors) identity += std::to_string(b) + ",";
+  std::unique_ptr<RedisTier> redis;
+  if (!options_.kv_redis_url.empty()) {
+    auto url = parse_redis_url(options_.kv_redis_url);
+    if (!url.ok()) throw std::invalid_argument("--kv-redis-url: " + url.error().message);
+    RedisTierOptions ro;
+    ro.url = *url;
+    ro.queue_bytes = options_.kv_redis_queue_bytes;
+    ro.identity = identity;
+    for (int64_t b : tensors) ro.block_bytes += b;
+    auto r = RedisTier::open(std::move(ro));
+    if (!r.ok()) throw std::invalid_argument("--kv-redis-url: " + r.error().message);
+    redis = std::move(r).value();
+  }
   auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes,
-                             options_.kv_disk_read_delay_s);
+                             options_.kv_disk_read_delay_s, std::move(redis));
   if (!tiers.ok()) throw std::invalid_argument(tiers.error().message);
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
@@ -878,6 +923,7 @@ void Engine::finish(Active& a, FinishReason reason, std::string message, int32_t
     const size_t n = std::min(size_t(std::max(a.seq.n_published, 0)), a.seq.block_hashes.size());
     core_->tiers->pin(std::span<const uint64_t>(a.seq.block_hashes).first(n), tier_clock_s() + options_.session_ttl_s);
   }
+  if (reason != FinishReason::kError) share_blocks(a);
   core_->sched.finish(&a.seq, now, pin);
   if (!a.device_only) --core_->n_host_bound;
   if (a.adapter_slot >= 0) lora_.release(a.adapter_slot);

@@ -59,6 +59,10 @@ struct EngineOptions : KvLimits {
   int64_t kv_disk_bytes = int64_t(4) << 30;
   double kv_flush_timeout_s = 10.0;  // shutdown waits this long for the disk writer
   double kv_disk_read_delay_s = 0.0; // > 0: every disk-tier block read sleeps this long (tests of a slow disk)
+  // The shared tier (kv/redis/redis_tier.h) under them: redis://[:password@]host:port/db
+  // (empty: none); its writer queue holds at most kv_redis_queue_bytes.
+  std::string kv_redis_url;
+  int64_t kv_redis_queue_bytes = int64_t(256) << 20;
   // The codec each layer stores its KV in (default: auto, the compute dtype). Resolved against
   // the model at create(); the pools are sized by the codec'd bytes per token and the codec
   // config is part of the prefix-cache namespace. quant_start > 0 (--kv-quant-start): the pool
@@ -73,6 +77,8 @@ struct EngineOptions : KvLimits {
   // checkpointed. checkpoint_dir empty: <kv_disk_dir>/checkpoints.
   int32_t checkpoint_every = 0;
   std::string checkpoint_dir;
+  // "file" (checkpoint_dir) or "redis" (the kv_redis_url server: replicas resume each other's).
+  std::string checkpoint_store = "file";
   // Checkpoints are written by a thread of their own (engine/checkpoint_writer.h); the
   // snapshots waiting for it hold at most this many bytes (past it a write is dropped, counted).
   int64_t checkpoint_queue_bytes = int64_t(64) << 20;
@@ -226,6 +232,8 @@ class Engine {
   void publish_stats();
   // Opens the lower KV tiers the options ask for and hooks them to the pool and the scheduler.
   void setup_kv_tiers(bool unsupported);
+  // Queues a's published blocks the shared KV tier lacks for it (another replica may want them).
+  void share_blocks(Active& a);
   // Opens the checkpoint store when options_.checkpoint_every > 0.
   void setup_checkpoints();
   // Resumes a just-admitted request from its checkpoint, if one is stored.

@@ -43,6 +43,7 @@ struct Engine::Active {
   std::string ckpt_key;        // empty: not checkpointed
   uint64_t ckpt_run = 0;       // CheckpointStore run id
   int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
+  int32_t shared_blocks = 0;   // leading blocks already handed to the shared (Redis) tier
   // Overlapped steps (engine_async.cpp). device_only: every token of the request comes from the
   // executor's device (no prompt logprobs, penalties, checkpoints, or logprobs the executor does
   // not compute). pending_index: the position in seq.tokens of a placeholder whose token is

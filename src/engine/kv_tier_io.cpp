@@ -53,7 +53,7 @@ Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers
 
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensors, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
-                                               double disk_read_delay_s) {
+                                               double disk_read_delay_s, std::unique_ptr<RedisTier> redis) {
   int64_t block_bytes = 0;
   for (int64_t b : tensors) block_bytes += b;
   std::unique_ptr<DiskTier> disk;
@@ -68,7 +68,7 @@ Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tenso
     if (!d.ok()) return d.error();
     disk = std::move(d).value();
   }
-  return std::make_unique<KvTiers>(block_bytes, host_bytes, std::move(disk));
+  return std::make_unique<KvTiers>(block_bytes, host_bytes, std::move(disk), std::move(redis));
 }
 
 }  // namespace strata

@@ -34,9 +34,10 @@ void demote_to_tiers(KvTiers& tiers, StepExecutor& exec, std::span<const int32_t
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const KvStorage& kv, int n_layers, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
                                                double disk_read_delay_s = 0.0);
-// The same for blocks whose tensors have the given bytes (StepExecutor::block_tensor_bytes()).
+// The same for blocks whose tensors have the given bytes (StepExecutor::block_tensor_bytes()),
+// with the shared tier `redis` under them (null: none).
 Result<std::unique_ptr<KvTiers>> make_kv_tiers(const std::vector<int64_t>& tensor_bytes, const std::string& identity,
                                                int64_t host_bytes, const std::string& disk_dir, int64_t disk_bytes,
-                                               double disk_read_delay_s = 0.0);
+                                               double disk_read_delay_s = 0.0, std::unique_ptr<RedisTier> redis = nullptr);
 
 }  // namespace strata

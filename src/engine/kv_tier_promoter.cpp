@@ -55,18 +55,28 @@ bool TierPromoter::start(Sequence* seq, double now) {
   auto job = std::make_unique<Job>();
   job->seq = seq;
   job->t_start = std::chrono::steady_clock::now();
+  // The shared tier is asked once, at the first block the local tiers lack, for the rest of
+  // the chain (one round trip); blocks before remote_end are there.
+  int32_t remote_end = -1;
   for (int32_t i = 0; i < limit; ++i) {
     const auto h = hashes.subspan(size_t(i), 1);
     if (kv_.count_cached(h) == 1) {
       hold.blocks.push_back(kv_.acquire_cached(h).at(0));
       continue;
     }
-    if (!tiers_.contains(h[0])) {
+    if (i >= remote_end && !tiers_.contains(h[0])) {
       // The block may be one whose demotion is still copying: wait for those and look again,
       // before this call allocated (its own evictions' demotions are not waited for).
-      if (!job->blocks.empty() || tiers_.unsettled() == 0) break;
-      tiers_.settle(true);
-      if (!tiers_.contains(h[0])) break;
+      bool found = false;
+      if (job->blocks.empty() && tiers_.unsettled() > 0) {
+        tiers_.settle(true);
+        found = tiers_.contains(h[0]);
+      }
+      if (!found) {
+        if (remote_end >= 0) break;
+        remote_end = i + tiers_.count_remote(hashes.subspan(size_t(i), size_t(limit - i)));
+        if (i >= remote_end) break;
+      }
     }
     const int32_t b = kv_.allocate(now);
     if (b < 0) break;

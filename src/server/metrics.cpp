@@ -105,6 +105,7 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
     header(os, "strata_kv_tier_hit_blocks_total", "counter", "KV blocks a prefix lookup promoted from a lower tier.");
     os << "strata_kv_tier_hit_blocks_total{" << m << ",tier=\"host\"} " << t.host_hit_blocks << '\n';
     os << "strata_kv_tier_hit_blocks_total{" << m << ",tier=\"disk\"} " << t.disk_hit_blocks << '\n';
+    if (t.redis.enabled) os << "strata_kv_tier_hit_blocks_total{" << m << ",tier=\"redis\"} " << t.redis_hit_blocks << '\n';
     header(os, "strata_kv_tier_demoted_blocks_total", "counter", "KV blocks the device pool evicted into the lower tiers.");
     os << "strata_kv_tier_demoted_blocks_total{" << m << "} " << t.demoted_blocks << '\n';
     header(os, "strata_kv_disk_written_blocks_total", "counter", "KV blocks the disk writer wrote.");
@@ -117,6 +118,28 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
     os << "strata_kv_disk_evicted_files_total{" << m << "} " << t.disk.evicted_files << '\n';
     header(os, "strata_kv_disk_quarantined_files_total", "counter", "Corrupt, truncated or foreign disk tier files moved to quarantine/.");
     os << "strata_kv_disk_quarantined_files_total{" << m << "} " << t.disk.quarantined_files << '\n';
+    if (t.redis.enabled) {
+      const RedisTierStats& r = t.redis;
+      header(os, "strata_kv_redis_connected", "gauge", "1 while the Redis KV tier's writer is connected.");
+      os << "strata_kv_redis_connected{" << m << "} " << (r.connected ? 1 : 0) << '\n';
+      header(os, "strata_kv_redis_blocks_total", "counter",
+             "Redis KV tier blocks by outcome: written, dropped (writer queue full), write_error (Redis down), "
+             "found (by lookups), read (verified), missing (gone before the read), corrupt (failed verification).");
+      const std::pair<const char*, int64_t> rb[] = {{"written", r.written_blocks},  {"dropped", r.dropped_blocks},
+                                                    {"write_error", r.write_errors}, {"found", r.lookup_blocks},
+                                                    {"read", r.read_blocks},         {"missing", r.missing_blocks},
+                                                    {"corrupt", r.corrupt_blocks}};
+      for (const auto& [what, n] : rb) os << "strata_kv_redis_blocks_total{" << m << ",result=\"" << what << "\"} " << n << '\n';
+      header(os, "strata_kv_redis_lookups_total", "counter", "Redis KV tier prefix lookups; error: Redis was unreachable (a miss).");
+      os << "strata_kv_redis_lookups_total{" << m << ",result=\"ok\"} " << (r.lookups - r.lookup_errors) << '\n';
+      os << "strata_kv_redis_lookups_total{" << m << ",result=\"error\"} " << r.lookup_errors << '\n';
+      header(os, "strata_kv_redis_read_errors_total", "counter", "Redis KV tier block reads that failed (Redis unreachable).");
+      os << "strata_kv_redis_read_errors_total{" << m << "} " << r.read_errors << '\n';
+      header(os, "strata_kv_redis_queued_bytes", "gauge", "Bytes waiting in the Redis KV tier's writer queue.");
+      os << "strata_kv_redis_queued_bytes{" << m << "} " << r.queued_bytes << '\n';
+      header(os, "strata_kv_redis_reconnects_total", "counter", "Times the Redis KV tier's writer reconnected.");
+      os << "strata_kv_redis_reconnects_total{" << m << "} " << r.reconnects << '\n';
+    }
   }
   header(os, "strata_engine_steps_total", "counter", "Engine steps (packed forwards).");
   os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';

@@ -1,5 +1,6 @@
 #include "kv/host/kv_tiers.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -7,14 +8,25 @@
 
 namespace strata {
 
-KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk)
+KvTiers::KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk,
+                 std::unique_ptr<RedisTier> redis)
     : block_bytes_(block_bytes),
       host_(host_bytes > 0 ? std::make_unique<HostTier>(host_bytes, size_t(block_bytes)) : nullptr),
-      disk_(std::move(disk)) {}
+      disk_(std::move(disk)),
+      redis_(std::move(redis)) {}
 
 KvTiers::~KvTiers() {
   settle(true);  // copies in flight write into the slab
   disk_.reset();
+  redis_.reset();
+}
+
+int32_t KvTiers::count_remote(std::span<const uint64_t> hashes) {
+  return redis_ ? redis_->count_prefix(hashes) : 0;
+}
+
+void KvTiers::share(uint64_t hash, const uint8_t* data) {
+  if (redis_) redis_->enqueue(hash, data);
 }
 
 void KvTiers::defer_commit(std::vector<uint64_t> hashes, std::vector<uint8_t*> slots, std::function<bool(bool)> landed) {
@@ -113,6 +125,7 @@ void KvTiers::commit_demotions(std::span<const uint64_t> hashes, std::span<uint8
     for (size_t i = 0; i < hashes.size(); ++i) {
       if (slots[i] == nullptr) continue;
       ++demoted_;
+      if (redis_) redis_->enqueue(hashes[i], slots[i]);  // a copy, before the slot is shared
       host_->commit(hashes[i], slots[i]);
       if (disk_) {
         to_disk.push_back(hashes[i]);
@@ -140,9 +153,9 @@ int32_t KvTiers::fetch_batch(std::span<const uint64_t> hashes, int32_t max_disk,
   const size_t bb = size_t(block_bytes_);
   srcs.clear();
   leased.clear();
-  std::vector<uint64_t> from_disk;
-  std::vector<size_t> disk_index;
-  std::vector<uint8_t*> outs;
+  std::vector<uint64_t> from_disk, from_redis;
+  std::vector<size_t> disk_index, redis_index;
+  std::vector<uint8_t*> outs, redis_outs;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t n = 0; n < hashes.size(); ++n) {
@@ -154,27 +167,48 @@ int32_t KvTiers::fetch_batch(std::span<const uint64_t> hashes, int32_t max_disk,
           continue;
         }
       }
-      if (int32_t(from_disk.size()) >= max_disk || !disk_ || !disk_->contains(hashes[n])) break;
-      outs.push_back(buf + from_disk.size() * bb);
-      srcs.push_back(outs.back());
+      const int32_t staged = int32_t(from_disk.size() + from_redis.size());
+      if (staged >= max_disk) break;
+      uint8_t* out = buf + size_t(staged) * bb;
+      if (disk_ && disk_->contains(hashes[n])) {
+        outs.push_back(out);
+        from_disk.push_back(hashes[n]);
+        disk_index.push_back(n);
+      } else if (redis_) {
+        redis_outs.push_back(out);
+        from_redis.push_back(hashes[n]);
+        redis_index.push_back(n);
+      } else {
+        break;
+      }
+      srcs.push_back(out);
       leased.push_back(0);
-      from_disk.push_back(hashes[n]);
-      disk_index.push_back(n);
     }
   }
   size_t n = srcs.size();
-  if (!from_disk.empty()) {
-    std::vector<uint8_t> ok;
-    disk_->read_many(from_disk, outs, ok);  // unlocked: demotions go on meanwhile
+  if (!from_disk.empty() || !from_redis.empty()) {
+    std::vector<uint8_t> ok, redis_ok;
+    if (!from_disk.empty()) disk_->read_many(from_disk, outs, ok);  // unlocked: demotions go on meanwhile
+    if (!from_redis.empty()) redis_->read_many(from_redis, redis_outs, redis_ok);
     std::lock_guard<std::mutex> lock(mu_);
+    // The chain ends at the first block either tier could not serve.
     for (size_t k = 0; k < from_disk.size(); ++k) {
       if (!ok[k]) {
         ++failures_;
-        n = disk_index[k];
+        n = std::min(n, disk_index[k]);
         break;
       }
-      ++disk_hits_;  // not copied up: the pool block these go to demotes to host memory when evicted
     }
+    for (size_t k = 0; k < from_redis.size(); ++k) {
+      if (!redis_ok[k]) {
+        ++failures_;
+        n = std::min(n, redis_index[k]);
+        break;
+      }
+    }
+    // Not copied up: the pool block these go to demotes to host memory when evicted.
+    for (size_t k = 0; k < from_disk.size() && disk_index[k] < n; ++k) ++disk_hits_;
+    for (size_t k = 0; k < from_redis.size() && redis_index[k] < n; ++k) ++redis_hits_;
     // Blocks past a failed read are not used: their leases go back.
     for (size_t i = n; i < srcs.size(); ++i) {
       if (leased[i]) {
@@ -198,6 +232,7 @@ void KvTiers::demote(uint64_t hash, const uint8_t* data) {
       if (disk_) leased = host_->lease(hash);  // the disk writer reads the host copy
     }
   }
+  if (redis_) redis_->enqueue(hash, data);
   if (!disk_) return;
   if (leased != nullptr) {
     queue_disk_from_host(std::span<const uint64_t>(&hash, 1), std::span<const uint8_t* const>(&leased, 1));
@@ -299,7 +334,8 @@ int32_t KvTiers::fetch_many(std::span<const uint64_t> hashes, uint8_t* out) {
 
 bool KvTiers::flush(double timeout_s) {
   settle(true);
-  return !disk_ || disk_->flush(timeout_s);
+  const bool disk_done = !disk_ || disk_->flush(timeout_s);
+  return (!redis_ || redis_->flush(timeout_s)) && disk_done;
 }
 
 KvTierStats KvTiers::stats() const {
@@ -319,8 +355,10 @@ KvTierStats KvTiers::stats() const {
     s.disk_hit_blocks = disk_hits_;
     s.promote_failures = failures_;
     s.pinned_blocks = pinned_;
+    s.redis_hit_blocks = redis_hits_;
   }
   if (disk_) s.disk = disk_->stats();
+  if (redis_) s.redis = redis_->stats();
   return s;
 }
 

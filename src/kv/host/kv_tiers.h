@@ -19,6 +19,11 @@
 // TTL (HostTier, DiskTier say how the budgets treat pinned blocks); a block pinned while still
 // in the device pool keeps the pin when it demotes later.
 //
+// Shared tier (kv/redis/redis_tier.h, optional): every demoted block and every block share()d
+// is queued for Redis too; a lookup that misses host and disk asks Redis for the rest of the
+// chain in one round trip (count_remote()), and fetch_batch() reads those blocks from there,
+// verified, after host memory and disk. Redis down: its lookups and reads are misses.
+//
 // Thread-safe: the engine thread demotes and looks up, the promotion thread
 // (engine/kv_tier_promoter.h) fetches, the disk tier has its own writer thread.
 #pragma once
@@ -33,6 +38,7 @@
 
 #include "kv/disk/disk_tier.h"
 #include "kv/host/host_tier.h"
+#include "kv/redis/redis_tier.h"
 
 namespace strata {
 
@@ -48,13 +54,16 @@ struct KvTierStats {
   int64_t disk_hit_blocks = 0;
   int64_t promote_failures = 0;  // a block listed in a tier that could not be read
   int64_t pinned_blocks = 0;     // session pins set, since start
+  int64_t redis_hit_blocks = 0;
   DiskTierStats disk;
+  RedisTierStats redis;
 };
 
 class KvTiers {
  public:
-  // host_bytes 0: no host tier; disk null: no disk tier.
-  KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk);
+  // host_bytes 0: no host tier; disk null: no disk tier; redis null: no shared tier.
+  KvTiers(int64_t block_bytes, int64_t host_bytes, std::unique_ptr<DiskTier> disk,
+          std::unique_ptr<RedisTier> redis = nullptr);
   // The disk tier goes first: its writer may still read leased host slots.
   ~KvTiers();
   KvTiers(const KvTiers&) = delete;
@@ -64,6 +73,12 @@ class KvTiers {
   void demote(uint64_t hash, const uint8_t* data);
   bool contains(uint64_t hash) const;
   bool contains_host(uint64_t hash) const;
+  // How many leading blocks of `hashes` the shared tier holds (0 without one or when it is down).
+  int32_t count_remote(std::span<const uint64_t> hashes);
+  // The shared tier lacks `hash` as far as this process knows: share() would send it.
+  bool shares(uint64_t hash) const { return redis_ && !redis_->known(hash); }
+  // Queues a copy of a published block for the shared tier (a no-op without one).
+  void share(uint64_t hash, const uint8_t* data);
   // Session pin: each block stays out of LRU eviction in both tiers until `until`
   // (tier_clock_s(), kv/host/host_tier.h).
   void pin(std::span<const uint64_t> hashes, double until);
@@ -96,7 +111,9 @@ class KvTiers {
   // Promotion without a host copy, of the leading blocks of `hashes` the tiers hold, stopping
   // before the (max_disk + 1)-th disk block: srcs[i] is block i's bytes, a leased host slot
   // (leased[i] = 1; release() after use) or buf + k * block_bytes() for the k-th disk block of
-  // the call (buf holds max_disk blocks). Returns how many; as fetch_many() otherwise.
+  // the call (buf holds max_disk blocks). Returns how many; as fetch_many() otherwise. Blocks
+  // neither host memory nor disk holds are read from the shared tier (they count as disk
+  // blocks here): the caller asked count_remote() first.
   int32_t fetch_batch(std::span<const uint64_t> hashes, int32_t max_disk, uint8_t* buf,
                       std::vector<const uint8_t*>& srcs, std::vector<uint8_t>& leased);
   void release(std::span<const uint8_t* const> slots);
@@ -107,6 +124,7 @@ class KvTiers {
   bool flush(double timeout_s);
   KvTierStats stats() const;
   DiskTier* disk() { return disk_.get(); }
+  RedisTier* redis() { return redis_.get(); }
 
  private:
   int64_t block_bytes_;
@@ -126,8 +144,9 @@ class KvTiers {
 
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<RedisTier> redis_;  // locks itself
   mutable std::mutex mu_;  // host_ and the counters; disk_ locks itself
-  int64_t demoted_ = 0, demote_skipped_ = 0, host_hits_ = 0, disk_hits_ = 0, failures_ = 0, pinned_ = 0;
+  int64_t demoted_ = 0, demote_skipped_ = 0, host_hits_ = 0, disk_hits_ = 0, redis_hits_ = 0, failures_ = 0, pinned_ = 0;
   int64_t disk_ref_slots_ = 0;  // host slots the disk writer reads by reference (its leases)
 };
 
