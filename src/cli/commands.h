@@ -15,5 +15,6 @@ void register_inspect(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_router(CLI::App& app);
 
 }  // namespace strata::cli

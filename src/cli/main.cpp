@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   strata::cli::register_tokenize(app);
   strata::cli::register_serve(app);
   strata::cli::register_bench(app);
+  strata::cli::register_router(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

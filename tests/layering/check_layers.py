@@ -23,7 +23,8 @@ BELOW = {
 BELOW["runtime"] = BELOW["model"] | {"model", "sampling"}
 BELOW["engine"] = BELOW["runtime"] | {"runtime", "tokenizer"}
 BELOW["server"] = BELOW["engine"] | {"engine"}
-BELOW["cli"] = BELOW["server"] | {"server"}
+BELOW["router"] = BELOW["server"] | {"server"}
+BELOW["cli"] = BELOW["router"] | {"router"}
 
 # (file, included layer): includes still to move, each with why; none left.
 KNOWN_INCLUDES = {}
