@@ -533,17 +533,21 @@ double time_steps(CudaDecoder& m, StepBatch& b, int warm, int steps, bool advanc
   return t.empty() ? 0.0 : median(t);
 }
 
-// The cost of batch-invariant kernels: the same decoder shape with and without
-// CudaModelOptions::deterministic (CUDA graphs on in both), timing decode at batch 1 after a
-// 512-token prompt, decode at batch 256 after 1024 tokens each and one 4096-token prefill.
-int deterministic_cost(const ModelConfig& cfg, int decode_steps, int prefill_reps) {
+// Two settings of the same decoder shape (CUDA graphs on in both), timing decode at batch 1
+// after a 512-token prompt, decode at batch 256 after 1024 tokens each and one 4096-token
+// prefill: the default against CudaModelOptions::deterministic (fp8 false), or bf16 weights
+// against FP8 ones (CudaModelOptions::random_fp8; fp8 true, with each batch-1 step's ratio to
+// its bandwidth limit, weight bytes + KV read over the measured copy bandwidth bw).
+int mode_cost(const ModelConfig& cfg, int decode_steps, int prefill_reps, bool fp8, double bw) {
   const int32_t big = 256, ctx_big = 1024, ctx_one = 512, prefill = 4096;
   const int64_t L = cfg.n_layers, nkv = cfg.n_kv_heads, hd = cfg.head_dim, V = cfg.vocab_size;
   const int32_t blocks_per_seq = std::max(prefill, ctx_big + decode_steps + 16) / 16 + 2;
   ModeTimes times[2];
+  double limit1_ms[2] = {0, 0};
   for (const bool det : {false, true}) {
     CudaModelOptions opt;
-    opt.deterministic = det;
+    opt.deterministic = det && !fp8;
+    opt.random_fp8 = det && fp8;
     opt.block_size = 16;
     opt.max_tokens = prefill;
     opt.max_seqs = big;
@@ -558,6 +562,11 @@ int deterministic_cost(const ModelConfig& cfg, int decode_steps, int prefill_rep
     }
     CudaDecoder& m = **mr;
     ModeTimes& mt = times[det ? 1 : 0];
+    // Batch 1 reads every weight once and ~ctx_one positions of KV a step.
+    const double kv1 = double(ctx_one) * double(L) * 2 * double(nkv) * double(hd) * 2;
+    limit1_ms[det ? 1 : 0] = (double(m.weight_bytes()) + kv1) / bw * 1e3;
+    std::printf("%s: weights %.2f GB, batch-1 limit %.3f ms\n", fp8 ? (det ? "fp8" : "bf16") : (det ? "deterministic" : "default"),
+                double(m.weight_bytes()) * 1e-9, limit1_ms[det ? 1 : 0]);
     std::vector<int32_t> am(big, 0);
     int rc = 0;
     // Decode batch 1: the prompt, then timed greedy steps.
@@ -573,6 +582,19 @@ int deterministic_cost(const ModelConfig& cfg, int decode_steps, int prefill_rep
       b.seqs[0].n_tokens = 1;
       b.tokens = {am[0]};
       mt.decode1_ms = time_steps(m, b, 5, decode_steps, true, am, &rc);
+      // FP8: the GEMV's loads in flight (LaunchTuning::gemv_fp8_unroll), the default last.
+      if (fp8 && det) {
+        const LaunchTuning saved = launch_tuning();
+        for (const int32_t u : {4, 16, saved.gemv_fp8_unroll}) {
+          LaunchTuning t = saved;
+          t.gemv_fp8_unroll = u;
+          set_launch_tuning(t);
+          m.clear_cuda_graphs();
+          std::printf("fp8: decode b=1 with gemv_fp8_unroll %d: %.3f ms/token\n", u, time_steps(m, b, 5, decode_steps, true, am, &rc));
+        }
+        set_launch_tuning(saved);
+        m.clear_cuda_graphs();
+      }
     }
     // Decode batch 256 after ctx_big cached positions each (the pool's contents: the work does
     // not depend on them).
@@ -600,10 +622,17 @@ int deterministic_cost(const ModelConfig& cfg, int decode_steps, int prefill_rep
       mt.prefill_ms = time_steps(m, b, 1, prefill_reps, false, am, &rc);
     }
     if (rc != 0) return rc;
-    std::printf("%s: decode b=1 after %d: %.3f ms/token; decode b=%d after %d: %.3f ms/step = %.4f ms/token; "
+    std::printf("%s: decode b=1 after %d: %.3f ms/token (%.3f of its limit); decode b=%d after %d: %.3f ms/step = %.4f ms/token; "
                 "prefill %d: %.1f ms\n",
-                det ? "deterministic" : "default", ctx_one, mt.decode1_ms, big, ctx_big, mt.decode256_ms,
-                mt.decode256_ms / big, prefill, mt.prefill_ms);
+                fp8 ? (det ? "fp8" : "bf16") : (det ? "deterministic" : "default"), ctx_one, mt.decode1_ms,
+                limit1_ms[det ? 1 : 0] / mt.decode1_ms, big, ctx_big, mt.decode256_ms, mt.decode256_ms / big, prefill,
+                mt.prefill_ms);
+  }
+  if (fp8) {
+    std::printf("fp8 speedup (time ratio bf16 / fp8): decode b=1 %.3f, decode b=%d %.3f, prefill %d %.3f\n",
+                times[0].decode1_ms / times[1].decode1_ms, big, times[0].decode256_ms / times[1].decode256_ms, prefill,
+                times[0].prefill_ms / times[1].prefill_ms);
+    return 0;
   }
   std::printf("deterministic cost (time ratio deterministic / default): decode b=1 %.3f, decode b=%d %.3f, prefill %d %.3f\n",
               times[1].decode1_ms / times[0].decode1_ms, big, times[1].decode256_ms / times[0].decode256_ms, prefill,
@@ -623,10 +652,15 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount, double(prop.totalGlobalMem) / (1 << 30));
-  if (argc > 3 && std::string(argv[3]) == "deterministic") return deterministic_cost(llama8b(), decode_steps, prefill_reps);
   cudaStream_t st;
   STRATA_CUDA_CHECK(cudaStreamCreate(&st));
+  if (argc > 3 && std::string(argv[3]) == "deterministic") return mode_cost(llama8b(), decode_steps, prefill_reps, false, 1.0);
   const double bw = copy_bandwidth(st);
+  // "fp8": bf16 against FP8 weights (decode batch 1 and 256, prefill 4096).
+  if (argc > 3 && std::string(argv[3]) == "fp8") {
+    std::printf("copy bandwidth %.1f GB/s\n", bw * 1e-9);
+    return mode_cost(llama8b(), decode_steps, prefill_reps, true, bw);
+  }
   const double gemm = gemm_rate(st);
   const ModelConfig cfg = llama8b();
   // The serving shape: 256 sequences decoding together at 1-2k tokens (how a step splits

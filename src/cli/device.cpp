@@ -26,6 +26,9 @@ void add_device_flags(CLI::App* cmd, DeviceArgs& a) {
                   "unless --kv-cache-bytes is given)");
   cmd->add_option("--load-format", a.load_format, "auto (the checkpoint's weights) or dummy (random weights; --device cuda)")
       ->capture_default_str();
+  cmd->add_option("--quantization", a.quantization,
+                  "--load-format dummy: the random weights' format: none (bf16) or fp8 (the layer matrices as "
+                  "fine-grained FP8, 128x128 block scales). A checkpoint's own format comes from its config.json");
   cmd->add_flag("--deterministic", a.deterministic,
                 "Batch-invariant kernels: a request's logits do not depend, bit for bit, on the other requests sharing "
                 "its steps (--device cuda: fixed GEMM algorithms without split-K, no GEMV or fused decode, unsplit "
@@ -43,6 +46,13 @@ Result<std::string> resolve_device(const DeviceArgs& d) {
   }
   if (d.load_format != "auto" && d.load_format != "dummy") {
     return make_error(ErrorCode::kInvalidArgument, "--load-format must be auto or dummy, got '" + d.load_format + "'");
+  }
+  if (!d.quantization.empty() && d.quantization != "none" && d.quantization != "fp8") {
+    return make_error(ErrorCode::kInvalidArgument, "--quantization must be none or fp8, got '" + d.quantization + "'");
+  }
+  if (d.quantization == "fp8" && d.load_format != "dummy") {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--quantization fp8 applies to --load-format dummy only (a checkpoint's format comes from its config.json)");
   }
   if (d.device == "cuda" && !built_with_cuda()) {
     return make_error(ErrorCode::kUnsupported, "--device cuda: this strata binary was built without CUDA (configure with -DSTRATA_CUDA=ON)");
@@ -94,6 +104,7 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
     co.kv_cache_bytes = 0;
   }
   co.random_weights = d.load_format == "dummy";
+  co.random_fp8 = d.quantization == "fp8";
   co.deterministic = d.deterministic;
   co.kv_codecs = eo->kv_codecs;
   co.kv_tiers = eo->kv_host_bytes > 0 || !eo->kv_disk_dir.empty() || !eo->kv_redis_url.empty();
@@ -107,6 +118,9 @@ Result<EngineModel> load_engine_model(const DeviceArgs& d, const std::string& di
   out.executor = std::move(parts->executor);
   out.identity.model_dir = dir;
   out.identity.backend = backend_numeric_identity(out.device, eo->kv_codecs, d.deterministic);
+  // FP8 kernels (activations quantized in the GEMMs) compute other numbers than the same
+  // weights dequantized.
+  if (parts->fp8_weights) out.identity.backend += ";weights=fp8";
   out.identity.dummy_weights = co.random_weights;
   out.identity.dummy_seed = co.seed;
   out.identity.dummy_scale = co.random_scale;

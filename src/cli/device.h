@@ -25,6 +25,7 @@ struct DeviceArgs {
   bool deterministic = false;               // batch-invariant kernels (cuda; the cpu engine always is)
   bool no_async_scheduling = false;         // steps one at a time (EngineOptions::async_scheduling off)
   bool embed = false;                       // load as a pooling model (--task embed; cpu only so far)
+  std::string quantization;                 // --quantization: dummy weights' format ("" or none: bf16; fp8)
   const CLI::App* cmd = nullptr;            // to tell an explicit --kv-cache-bytes from its default
 };
 

@@ -543,4 +543,13 @@ WeightBytesPerToken weight_bytes_per_token(const ModelConfig& cfg, const Safeten
   return r;
 }
 
+std::string fp8_block_scale_name(const std::string& weight_name) {
+  const std::string suffix = ".weight";
+  if (weight_name.size() <= suffix.size() ||
+      weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::string();
+  }
+  return weight_name + "_scale_inv";
+}
+
 }  // namespace strata

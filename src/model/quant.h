@@ -33,6 +33,11 @@ Result<bool> dequantize_weight(const QuantConfig& q, const SafetensorsArchive& a
 Result<WeightMatrix> quantized_weight(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name,
                                       int64_t rows, int64_t cols);
 
+// The tensor holding the 128x128 block scales of fine-grained FP8 weight `weight_name`
+// ("<module>.weight" -> "<module>.weight_scale_inv"); empty when the name is not a module's
+// weight. For backends that keep the codes (the GPU's FP8 kernels).
+std::string fp8_block_scale_name(const std::string& weight_name);
+
 // Whether `weight_name` is stored in a quantized form (no dequantization).
 bool weight_is_quantized(const QuantConfig& q, const SafetensorsArchive& archive, const std::string& weight_name);
 

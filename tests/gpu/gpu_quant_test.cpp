@@ -5,7 +5,13 @@
 // prompt logits within 2e-2 (max-norm relative) and the argmax at the prompt's end equal; teacher-forced
 // on the oracle's greedy ids, the GPU's greedy token at every step is within the top-5 of the
 // CPU forward of the same checkpoint (the CPU matches the oracle within 1e-4:
-// model_quant_test). Needs a GPU.
+// model_quant_test). The same checkpoints on the FP8 kernels (codes and block scales kept on
+// the device; the prompt's GEMMs quantize their activations per token and 128 columns, so its
+// logits move by e4m3's rounding of the activations (3 mantissa bits, up to 6% an element):
+// within 0.15 max-norm relative, measured 0.07-0.11; decode rows stream the weights through the
+// FP8 GEMV, weight-only). The oracle reads the weights dequantized with f32 activations, so the
+// teacher-forced rule applies to the prompt's last token too: its argmax within the CPU
+// forward's top-5 (the weight-only path keeps the exact argmax check). Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,8 +31,7 @@ namespace {
 
 using namespace strata::gpu_test;
 
-TEST(GpuQuant, Fp8CheckpointsFollowTheOracle) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+void follow_the_oracle(bool fp8_kernels) {
   std::ifstream in(source_dir() + "/tests/data/reference/fp8/fp8_logits.json");
   std::stringstream ss;
   ss << in.rdbuf();
@@ -36,8 +41,11 @@ TEST(GpuQuant, Fp8CheckpointsFollowTheOracle) {
     ThreadPool pool(2);
     auto cpu = load_model(dir, pool);
     ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
-    auto gpu = CudaDecoder::load(dir, small_decoder_options());
+    CudaModelOptions opt = small_decoder_options();
+    opt.fp8_weights = fp8_kernels ? CudaModelOptions::Fp8Weights::kAuto : CudaModelOptions::Fp8Weights::kDequantize;
+    auto gpu = CudaDecoder::load(dir, opt);
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    EXPECT_EQ((*gpu)->fp8_weights(), fp8_kernels) << name;
     const int32_t vocab = (*cpu)->config().vocab_size;
     std::vector<float> ref(static_cast<size_t>(vocab)), got(size_t(vocab) * 8);
     std::vector<int32_t> am(8);
@@ -60,9 +68,16 @@ TEST(GpuQuant, Fp8CheckpointsFollowTheOracle) {
       ASSERT_TRUE((*gpu)->forward(batch, am.data(), got.data()).ok());
       const std::vector<float> last(got.begin(), got.begin() + vocab);
       const double err = max_norm_rel(last, want);
-      std::printf("%s-fp8 case %zu: last_logits max-norm rel %.4f\n", name, ci, err);
-      EXPECT_LE(err, 2e-2) << name << " case " << ci;
-      EXPECT_EQ(am[0], c.at("prompt_argmax").get<std::vector<int32_t>>().back()) << name << " case " << ci;
+      std::printf("%s-fp8%s case %zu: last_logits max-norm rel %.4f\n", name, fp8_kernels ? " (FP8 kernels)" : "", ci, err);
+      EXPECT_LE(err, fp8_kernels ? 0.15 : 2e-2) << name << " case " << ci;
+      if (fp8_kernels) {
+        std::vector<int32_t> top(static_cast<size_t>(vocab));
+        std::iota(top.begin(), top.end(), 0);
+        std::partial_sort(top.begin(), top.begin() + 5, top.end(), [&](int32_t a, int32_t b) { return ref[size_t(a)] > ref[size_t(b)]; });
+        EXPECT_NE(std::find(top.begin(), top.begin() + 5, am[0]), top.begin() + 5) << name << " case " << ci;
+      } else {
+        EXPECT_EQ(am[0], c.at("prompt_argmax").get<std::vector<int32_t>>().back()) << name << " case " << ci;
+      }
       for (size_t i = 0; i < greedy.size(); ++i) {
         std::vector<int32_t> idx(static_cast<size_t>(vocab));
         std::iota(idx.begin(), idx.end(), 0);
@@ -77,9 +92,20 @@ TEST(GpuQuant, Fp8CheckpointsFollowTheOracle) {
         ASSERT_TRUE((*gpu)->forward(batch, am.data()).ok());
       }
     }
-    std::printf("%s-fp8: %lld of %lld teacher-forced steps outside the CPU top-5\n", name, (long long)off, (long long)steps);
+    std::printf("%s-fp8%s: %lld of %lld teacher-forced steps outside the CPU top-5\n", name,
+                fp8_kernels ? " (FP8 kernels)" : "", (long long)off, (long long)steps);
     EXPECT_EQ(off, 0) << name;
   }
+}
+
+TEST(GpuQuant, Fp8CheckpointsFollowTheOracle) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  follow_the_oracle(false);
+}
+
+TEST(GpuQuant, Fp8CheckpointsOnTheFp8KernelsFollowTheOracle) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  follow_the_oracle(true);
 }
 
 }  // namespace

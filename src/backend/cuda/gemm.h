@@ -7,6 +7,10 @@
 // accumulating in f32 into one output (beta = 1), and adds x_lo . hi^T when the input has a
 // registered residual too (add_input_residual). bf16 outputs accumulate in an f32 scratch and
 // are rounded once.
+// FP8 weights (add_fp8, fp8.h): float8_e4m3fn codes with 128x128 block scales. Up to
+// kGemvMaxRows rows stream them through the GEMV (half the bytes of bf16); more rows quantize x
+// per token and 128-column group (dynamic, amax / 448) and run cuBLASLt's block-scaled FP8
+// matmul (1x128 activation scales, 128x128 weight scales, f32 accumulation).
 // Batch-invariant mode (set_batch_invariant): one algorithm per (n, k, output type) for every
 // m, without split-K, and no GEMV: an output row's arithmetic then does not depend on how many
 // rows share the call (each element is one dot product in the algorithm's fixed k order).
@@ -21,6 +25,7 @@
 #include <memory>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "core/status.h"
 
@@ -62,6 +67,22 @@ class Gemm {
   }
   bool has_residuals() const { return !residuals_.empty(); }
 
+  // The scratch of FP8 GEMMs (activation codes and scales of up to max_m rows of max_k
+  // columns, a 16-row tail of up to max_n outputs), allocated once; call before the first
+  // add_fp8. The first call in a process also probes how cuBLASLt reads weight block scales.
+  Status enable_fp8(int64_t max_m, int64_t max_k, int64_t max_n);
+  // From now on run() with weight `w` reads it as FP8 codes [n, k] with `scales` [ceil(n /
+  // 128), ceil(k / 128)] row-major (the checkpoint's weight_scale_inv); both stay the caller's.
+  Status add_fp8(const uint16_t* w, const float* scales, int64_t n, int64_t k);
+  // The scales of an FP8 weight (null: w is bf16).
+  const float* fp8_scales(const uint16_t* w) const;
+  // How cuBLASLt reads 128x128 weight scales: bit 0 k fastest (else n fastest), bit 1 the
+  // leading dimension rounded up to 4 (a rearranged copy is kept unless the checkpoint's
+  // row-major grid is it); -1 probe at the next enable_fp8 (the default). For the parity
+  // test; call before enable_fp8 / add_fp8.
+  static void set_fp8_weight_scale_layout(int32_t v);
+  static int32_t fp8_weight_scale_layout();
+
  private:
   Gemm() = default;
   struct Plan {
@@ -74,6 +95,18 @@ class Gemm {
   const cublasLtMatmulAlgo_t& invariant_algo(const Plan& p, int64_t n, int64_t k, GemmOut out);
   void destroy_plans();
   void matmul(cudaStream_t stream, const Plan& p, const uint16_t* x, const uint16_t* w, void* y, float beta);
+  struct Fp8Weight {
+    const float* scales = nullptr;     // row-major [ceil(n / 128), ceil(k / 128)]
+    const float* lt_scales = nullptr;  // as cuBLASLt reads them (scales itself, or a transposed copy)
+    int64_t n = 0, k = 0;
+  };
+  const Plan& fp8_plan(int64_t m, int64_t n, int64_t k, GemmOut out);
+  Status probe_fp8_layout();
+  void lt_fp8(cudaStream_t stream, const Plan& p, const uint16_t* w, const float* w_scales, const uint8_t* x,
+              const float* x_scales, void* y);
+  static constexpr int64_t kFp8RowAlign = 16;  // rows of a block-scaled cuBLASLt FP8 call
+  void run_fp8(cudaStream_t stream, const uint16_t* x, const Fp8Weight& w8, const uint16_t* w, void* y, GemmOut out,
+               int64_t m, int64_t n, int64_t k);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
@@ -86,6 +119,15 @@ class Gemm {
   std::unordered_map<const uint16_t*, const uint16_t*> input_residuals_;  // x -> x_lo (activations)
   float* residual_scratch_ = nullptr;
   int64_t residual_scratch_elems_ = 0;
+  std::unordered_map<const uint16_t*, Fp8Weight> fp8_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> fp8_plans_;
+  uint8_t* fp8_x_ = nullptr;     // [fp8_max_m_, fp8_max_k_] activation codes
+  float* fp8_x_scales_ = nullptr;  // their group scales
+  uint8_t* fp8_tail_x_ = nullptr;      // [16, fp8_max_k_] the rows past the last multiple of 16
+  float* fp8_tail_scales_ = nullptr;
+  float* fp8_tail_y_ = nullptr;        // [16, fp8_max_n_] their outputs (f32 or bf16)
+  int64_t fp8_max_m_ = 0, fp8_max_k_ = 0, fp8_max_n_ = 0;
+  std::vector<float*> fp8_owned_;  // transposed scale copies (device)
 };
 
 }  // namespace strata::cuda

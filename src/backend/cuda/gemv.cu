@@ -7,8 +7,12 @@
 // the input (from per-block partial sums of squares left by the previous GEMV), the residual
 // add, the next norm's weight and its sums of squares in the epilogue, the gated activation.
 // Optionally (GemvArgs::warps_per_row) two warps share a row, each half of k: twice the blocks
-// for a grid of a wave and a half.
+// for a grid of a wave and a half. FP8 weights (GemvArgs::w_scale): 16 codes per 16-byte load,
+// widened to f32 in registers (cvt e4m3x2 -> f16x2), each chunk's dot scaled by its block's
+// scale: half the bytes of the bf16 stream.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -54,6 +58,23 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
+// Dot of 16 e4m3 weight codes with 16 bf16 activations (x0: the first 8, x1: the next 8).
+__device__ __forceinline__ float dot16_fp8(const uint4& w, const uint4& x0, const uint4& x1) {
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(wv[i] & 0xffffu), __NV_E4M3)));
+    const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(wv[i] >> 16), __NV_E4M3)));
+    acc = fmaf(lo.x, __uint_as_float(xv[2 * i] << 16), acc);
+    acc = fmaf(lo.y, __uint_as_float(xv[2 * i] & 0xffff0000u), acc);
+    acc = fmaf(hi.x, __uint_as_float(xv[2 * i + 1] << 16), acc);
+    acc = fmaf(hi.y, __uint_as_float(xv[2 * i + 1] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -76,54 +97,70 @@ __device__ __forceinline__ void load_step(const uint4* const (&wr)[S], int64_t c
     for (int u = 0; u < U; ++u) wv[s][u] = load_stream(wr[s] + c + 32 * u);
 }
 
-// The arithmetic of one step on weights already loaded (wv from load_step at chunk c).
-template <int M, int S, int U>
+// The arithmetic of one step on weights already loaded (wv from load_step at chunk c). W8:
+// chunk c holds 16 FP8 codes (activation chunks 2c and 2c + 1), scaled by sr[s][c / 8] (its
+// 128-column block in the row's scale row).
+template <int M, int S, int U, bool W8>
 __device__ __forceinline__ void use_step(const uint4 (&wv)[S][U], const uint4* xr, int64_t x_stride, int64_t c,
-                                         float (&acc)[S][M]) {
+                                         const float* const (&sr)[S], float (&acc)[S][M]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    if constexpr (W8) {
+      const int64_t cc = c + 32 * u;
+      float sc[S];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4 xv = __ldg(xr + m * x_stride + c + 32 * u);
+      for (int s = 0; s < S; ++s) sc[s] = __ldg(sr[s] + (cc >> 3));
 #pragma unroll
-      for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
+      for (int m = 0; m < M; ++m) {
+        const uint4 x0 = __ldg(xr + m * x_stride + 2 * cc), x1 = __ldg(xr + m * x_stride + 2 * cc + 1);
+#pragma unroll
+        for (int s = 0; s < S; ++s) acc[s][m] = fmaf(dot16_fp8(wv[s][u], x0, x1), sc[s], acc[s][m]);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const uint4 xv = __ldg(xr + m * x_stride + c + 32 * u);
+#pragma unroll
+        for (int s = 0; s < S; ++s) acc[s][m] = dot8(wv[s][u], xv, acc[s][m]);
+      }
     }
   }
 }
 
-template <int M, int S, int U>
+template <int M, int S, int U, bool W8>
 __device__ __forceinline__ void dot_step(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t c,
-                                         float (&acc)[S][M]) {
+                                         const float* const (&sr)[S], float (&acc)[S][M]) {
   uint4 wv[S][U];
   load_step<S, U>(wr, c, wv);
-  use_step<M, S, U>(wv, xr, x_stride, c, acc);
+  use_step<M, S, U, W8>(wv, xr, x_stride, c, sr, acc);
 }
 
 // Steps of U chunks while they fit, then halving steps for the tail (no single-load loop over
 // a long remainder).
-template <int M, int S, int U>
+template <int M, int S, int U, bool W8>
 __device__ __forceinline__ void dot_span(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t chunks,
-                                         int64_t& c, float (&acc)[S][M]) {
-  for (; c + 32 * (U - 1) < chunks; c += 32 * U) dot_step<M, S, U>(wr, xr, x_stride, c, acc);
-  if constexpr (U > 1) dot_span<M, S, U / 2>(wr, xr, x_stride, chunks, c, acc);
+                                         const float* const (&sr)[S], int64_t& c, float (&acc)[S][M]) {
+  for (; c + 32 * (U - 1) < chunks; c += 32 * U) dot_step<M, S, U, W8>(wr, xr, x_stride, c, sr, acc);
+  if constexpr (U > 1) dot_span<M, S, U / 2, W8>(wr, xr, x_stride, chunks, sr, c, acc);
 }
 
 // The warp's S dot products for M activation rows over the whole of k, reduced across lanes;
 // with `first` the weights of the step at chunk `lane` are already in registers (loaded before
 // the wait).
-template <int M, int S, int U>
+template <int M, int S, int U, bool W8>
 __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint4* xr, int64_t x_stride, int64_t chunks, int lane,
-                                         const uint4 (&first_w)[S][U], bool first, float (&acc)[S][M]) {
+                                         const uint4 (&first_w)[S][U], bool first, const float* const (&sr)[S],
+                                         float (&acc)[S][M]) {
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s][m] = 0.0f;
   int64_t c = lane;
   if (first) {
-    use_step<M, S, U>(first_w, xr, x_stride, c, acc);
+    use_step<M, S, U, W8>(first_w, xr, x_stride, c, sr, acc);
     c += 32 * U;
   }
-  dot_span<M, S, U>(wr, xr, x_stride, chunks, c, acc);
+  dot_span<M, S, U, W8>(wr, xr, x_stride, chunks, sr, c, acc);
 #pragma unroll
   for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -132,7 +169,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&wr)[S], const uint
 
 // KS warps per weight row (GemvArgs::warps_per_row), warp `kpart` of them taking the kpart-th
 // k / KS of the row; their sums meet in shared memory (part 0 + part 1, the same order always).
-template <int M, int kIn, int kOut, int U, int KS>
+template <int M, int kIn, int kOut, int U, int KS, bool W8>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, int32_t prefetch_bytes, int32_t preload,
                                                                         int32_t norm_block) {
   constexpr int S = kOut == int(GemvOut::kGatedAct) ? 2 : 1;
@@ -143,10 +180,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   const int64_t n = a.n, k = a.k;
   const bool active = row < n;
   const int64_t x_stride = k / 8;         // 16-byte chunks per activation row
-  const int64_t chunks = x_stride / KS;   // this warp's chunks of its row
+  const int64_t row_bytes = W8 ? k : 2 * k;
+  const int64_t chunks = row_bytes / 16 / KS;  // this warp's chunks of its row
+  const char* wbase = reinterpret_cast<const char*>(a.w);
   const uint4* wr[S];
+  const float* sr[S];
 #pragma unroll
-  for (int s = 0; s < S; ++s) wr[s] = reinterpret_cast<const uint4*>(a.w + (row + s * n) * k) + kpart * chunks;
+  for (int s = 0; s < S; ++s) {
+    wr[s] = reinterpret_cast<const uint4*>(wbase + (row + s * n) * row_bytes) + kpart * chunks;
+    sr[s] = W8 && active ? a.w_scale + ((row + s * n) / 128) * a.w_scale_ld : nullptr;
+  }
   // The first step's weights (the whole row when k <= 256 U) go into registers before the
   // wait: a block that became resident under the previous kernel's tail has its stream in
   // flight by the time x is ready (LaunchTuning::gemv_preload).
@@ -164,8 +207,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
     const int s = lane % S, h = lane / S;
     const int64_t r = h == 0 ? row : (a.prefetch_spread && int(blockIdx.x) < half ? row + int64_t(half) * kRows : n);
     const int64_t from = h == 0 && first ? int64_t(32 * U * 16) : 0;
-    const int64_t to = (pf < k * 2 ? pf : k * 2) & ~int64_t(15);
-    if (r < n && to > from) l2_prefetch(reinterpret_cast<const char*>(a.w + (r + s * n) * k) + from, to - from);
+    const int64_t to = (pf < row_bytes ? pf : row_bytes) & ~int64_t(15);
+    if (r < n && to > from) l2_prefetch(wbase + (r + s * n) * row_bytes + from, to - from);
   }
   // A later kernel's weights (GemvArgs::ahead), this block's slice of each range.
   if (a.ahead_bytes > 0 && lane == 0 && warp < 2 && a.ahead[warp] != nullptr) {
@@ -195,7 +238,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   }
   float acc[S][M];
   if (active) {
-    dot_rows<M, S, U>(wr, reinterpret_cast<const uint4*>(a.x) + kpart * chunks, x_stride, chunks, lane, first_w, first, acc);
+    dot_rows<M, S, U, W8>(wr, reinterpret_cast<const uint4*>(a.x) + kpart * chunks, x_stride, chunks, lane, first_w, first,
+                          sr, acc);
   }
   if constexpr (KS > 1) {
     __shared__ float split_acc[kWarpsPerBlock][S][M];
@@ -294,19 +338,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, i
   }
 }
 
-template <int M, int kIn, int kOut, int U>
+template <int M, int kIn, int kOut, int U, bool W8>
 void launch_unrolled(const GemvArgs& a, const LaunchTuning& t, cudaStream_t stream) {
-  // Two warps per row only where the epilogue is one plain store (kF32).
-  if constexpr (kOut == int(GemvOut::kF32)) {
+  // Two warps per row only where the epilogue is one plain store (kF32), bf16 weights.
+  if constexpr (kOut == int(GemvOut::kF32) && !W8) {
     if (a.warps_per_row == 2 && a.k % 16 == 0) {
       const unsigned grid = unsigned((a.n + kWarpsPerBlock / 2 - 1) / (kWarpsPerBlock / 2));
-      launch_pdl(gemv_kernel<M, kIn, kOut, U, 2>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
+      launch_pdl(gemv_kernel<M, kIn, kOut, U, 2, W8>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
                  int32_t(t.gemv_preload), int32_t(t.gemv_norm_block));
       return;
     }
   }
   const unsigned grid = unsigned((a.n + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  launch_pdl(gemv_kernel<M, kIn, kOut, U, 1>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
+  launch_pdl(gemv_kernel<M, kIn, kOut, U, 1, W8>, grid, kWarpsPerBlock * 32, 0, stream, a, t.gemv_prefetch_bytes,
              int32_t(t.gemv_preload), int32_t(t.gemv_norm_block));
 }
 
@@ -314,16 +358,31 @@ template <int M, int kIn, int kOut>
 void launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const LaunchTuning t = launch_tuning();
   const int32_t unroll = kOut == int(GemvOut::kGatedAct) && t.gemv_gated_unroll > 0 ? t.gemv_gated_unroll : t.gemv_unroll;
+  if (a.w_scale != nullptr) {
+    const int32_t u8 = kOut == int(GemvOut::kGatedAct) ? t.gemv_fp8_unroll / 2 : t.gemv_fp8_unroll;
+    if constexpr (M == 1) {
+      if (u8 >= 16) {
+        launch_unrolled<M, kIn, kOut, 16, true>(a, t, stream);
+        return;
+      }
+    }
+    if (u8 >= 8) {
+      launch_unrolled<M, kIn, kOut, 8, true>(a, t, stream);
+    } else {
+      launch_unrolled<M, kIn, kOut, 4, true>(a, t, stream);
+    }
+    return;
+  }
   if constexpr (M == 1) {
     if (unroll >= 16) {
-      launch_unrolled<M, kIn, kOut, 16>(a, t, stream);
+      launch_unrolled<M, kIn, kOut, 16, false>(a, t, stream);
       return;
     }
   }
   if (unroll >= 8) {
-    launch_unrolled<M, kIn, kOut, 8>(a, t, stream);
+    launch_unrolled<M, kIn, kOut, 8, false>(a, t, stream);
   } else {
-    launch_unrolled<M, kIn, kOut, 4>(a, t, stream);
+    launch_unrolled<M, kIn, kOut, 4, false>(a, t, stream);
   }
 }
 
@@ -357,6 +416,7 @@ int64_t gemv_blocks(int64_t n) { return (n + kGemvRowsPerBlock - 1) / kGemvRowsP
 
 void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.m == 0 || a.n == 0) return;
+  if (a.w_scale != nullptr && a.k % 16 != 0) cuda_fatal(__FILE__, __LINE__, "launch_gemv", "FP8 weights need k % 16 == 0, k = " + std::to_string(a.k));
   switch (a.m) {
     case 1: launch_m<1>(a, stream); break;
     case 2: launch_m<2>(a, stream); break;

@@ -209,6 +209,12 @@ struct GemvArgs {
   // 2: two warps per weight row, each half of k (kF32 output with k % 16 == 0; else 1): twice
   // the blocks, each half as long, for grids of a wave and a half (the decode QKV projection).
   int32_t warps_per_row = 1;
+  // FP8 weights (w_scale non-null): w holds float8_e4m3fn codes, one byte each ([n, k], [2n, k]
+  // for kGatedAct), dequantized in the kernel as code * w_scale[(row / 128) * w_scale_ld +
+  // col / 128] (the 128x128 blocks of fine-grained FP8, fp8.h). Needs k % 16 == 0; one warp
+  // per row.
+  const float* w_scale = nullptr;
+  int64_t w_scale_ld = 0;
 };
 int64_t gemv_blocks(int64_t n);
 void launch_gemv(const GemvArgs& a, cudaStream_t stream);
@@ -256,6 +262,9 @@ struct LaunchTuning {
   // Steps whose tiles are all one query token (decode, not fused) run the tensor-core decode
   // kernel (warps share each key tile) instead of the 64-row flash tile; off: the old choice.
   bool decode_mma_attention = true;
+  // 16-byte weight loads in flight per lane and row of the FP8 GEMV (GemvArgs::w_scale): 4, 8
+  // or 16 (16 at one activation row only; two-row gated GEMVs take half).
+  int32_t gemv_fp8_unroll = 8;
 };
 void set_launch_tuning(const LaunchTuning& t);
 LaunchTuning launch_tuning();

@@ -565,6 +565,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
   mo.max_tokens = o.max_batch_tokens + step_token_slack(*cfg);
   mo.max_seqs = o.max_num_seqs;
   mo.deterministic = o.deterministic;
+  mo.random_fp8 = o.random_weights && o.random_fp8;
   mo.max_blocks_per_seq = (max_len + o.block_size - 1) / o.block_size;
   // Sampled rows plus room for prompt-logprobs spans (their rows beyond this fail the step).
   mo.max_logit_rows = std::max(o.max_num_seqs, std::min(o.max_batch_tokens, 256));
@@ -623,6 +624,7 @@ Result<CudaEngineParts> make_cuda_engine_parts(const std::string& dir, const Cud
     return e;
   }
   CudaEngineParts parts;
+  parts.fp8_weights = (*dec)->fp8_weights();
   parts.kv_codecs = cuda_kv_codecs(o.kv_codecs, (*dec)->kv_f32_rows());
   parts.kv_codecs.quant_start = *quant_start;
   log::info("CUDA engine: {} weights {} MiB, {} KV blocks of {} tokens ({} MiB, KV {}){}{}{}", cfg->model_type,

@@ -168,6 +168,7 @@ struct CudaEngineOptions : KvLimits {
   bool random_weights = false;      // --load-format dummy: uniform weights drawn on the device
   uint64_t seed = 1;
   float random_scale = 0.02f;
+  bool random_fp8 = false;          // --quantization fp8 with dummy weights (CudaModelOptions::random_fp8)
   bool deterministic = false;       // --deterministic: batch-invariant steps (CudaModelOptions)
   // --kv-cache-dtype / --kv-config (auto: bf16) and --kv-quant-start: N > 0 keeps a second
   // pool in the codecs (full-attention models; the pool bytes split by the KV plan,
@@ -192,6 +193,7 @@ struct CudaEngineParts {
   // rows the device keeps (bf16, or f32 for split f32/f16 checkpoints), so the prefix-cache
   // namespace and the tiers' block bytes name what the pool holds.
   KvCodecConfig kv_codecs;
+  bool fp8_weights = false;  // the layer matrices run on the FP8 kernels (CudaModelOptions::fp8_weights)
 };
 
 // Refuses what the CUDA engine cannot run yet, naming it and `--device cuda`: a family

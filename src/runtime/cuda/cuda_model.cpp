@@ -6,12 +6,14 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/family_kernels.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/token_feed.h"
 #include "core/log.h"
 #include "kv/kv_plan.h"
 #include "model/decoder.h"
+#include "model/quant.h"
 #include "model/registry.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -212,11 +214,39 @@ Status CudaDecoder::take_weight_arena(size_t bytes) {
 namespace {
 
 using WeightSink = CudaDecoder::WeightSink;
+using Fp8Matrix = CudaDecoder::Fp8Matrix;
+
+// The layer matrices the FP8 kernels take (the GEMMs of Layer::qkv, o, gate_up, down).
+bool fp8_role(const std::vector<const WeightEntry*>& parts) {
+  const WeightRole r = parts.front()->role;
+  return r == WeightRole::kQ || r == WeightRole::kO || r == WeightRole::kGate || r == WeightRole::kDown;
+}
+
+// The rows and columns of a group of 2-D entries concatenated by rows (false: not such a group,
+// or a part other than the last whose rows are not whole 128-row blocks, so the parts' block
+// scales would not stack).
+bool fp8_group_shape(const std::vector<const WeightEntry*>& parts, int64_t* rows, int64_t* cols) {
+  *rows = 0;
+  *cols = parts.front()->shape.size() == 2 ? parts.front()->shape[1] : 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& sh = parts[i]->shape;
+    if (sh.size() != 2 || sh[1] != *cols) return false;
+    if (i + 1 < parts.size() && sh[0] % kFp8Block != 0) return false;
+    *rows += sh[0];
+  }
+  return *cols > 0 && *cols % 16 == 0;
+}
 
 class CheckpointSink : public WeightSink {
  public:
-  CheckpointSink(WeightLoader w, DeviceArena& arena, WeightSplit& split) : w_(std::move(w)), arena_(arena), split_(split) {}
+  CheckpointSink(WeightLoader w, DeviceArena& arena, WeightSplit& split, std::vector<Fp8Matrix>* fp8 = nullptr)
+      : w_(std::move(w)), arena_(arena), split_(split), fp8_(fp8) {}
   Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) override {
+    if (fp8_ != nullptr && fp8_role(parts)) {
+      auto p = fp8_matrix(parts);
+      if (!p.ok()) return p.error();
+      if (*p != nullptr) return *p;
+    }
     std::vector<float> v;
     for (const WeightEntry* e : parts) {
       auto t = (e->absolute ? w_.with_prefix("") : w_).f32(e->name, e->shape);
@@ -236,18 +266,93 @@ class CheckpointSink : public WeightSink {
   }
 
  private:
+  // A fine-grained FP8 group uploaded as its codes and block scales; null when a part is not
+  // stored that way (modules_to_not_convert, other dtypes): the caller dequantizes the group.
+  Result<uint16_t*> fp8_matrix(const std::vector<const WeightEntry*>& parts) {
+    int64_t rows = 0, cols = 0;
+    if (!fp8_group_shape(parts, &rows, &cols)) return nullptr;
+    const SafetensorsArchive& a = *w_.archive();
+    std::vector<std::pair<const TensorInfo*, const TensorInfo*>> ts;
+    for (const WeightEntry* e : parts) {
+      const std::string name = (e->absolute ? std::string() : w_.prefix()) + e->name;
+      const TensorInfo* t = a.find(name);
+      const std::string sname = fp8_block_scale_name(name);
+      if (t == nullptr || t->dtype != DType::kF8E4M3 || sname.empty()) return nullptr;
+      const TensorInfo* sc = a.find(sname);
+      if (sc == nullptr) return make_error(ErrorCode::kInvalidArgument, t->file + ": FP8 tensor '" + name + "' has no '" + sname + "'");
+      if (t->shape != e->shape) {
+        return make_error(ErrorCode::kInvalidArgument, t->file + ": tensor '" + name + "' has shape " + t->shape_string() +
+                                                           ", the config gives [" + std::to_string(e->shape[0]) + ", " +
+                                                           std::to_string(e->shape[1]) + "]");
+      }
+      const std::vector<int64_t> want = {fp8_blocks(e->shape[0]), fp8_blocks(e->shape[1])};
+      if (sc->shape != want || (sc->dtype != DType::kF32 && sc->dtype != DType::kBF16)) {
+        return make_error(ErrorCode::kInvalidArgument, sc->file + ": tensor '" + sname + "' has shape " + sc->shape_string() +
+                                                           " dtype " + dtype_name(sc->dtype) + ", 128x128 block scales need [" +
+                                                           std::to_string(want[0]) + ", " + std::to_string(want[1]) + "] F32");
+      }
+      ts.emplace_back(t, sc);
+    }
+    auto codes = arena_.take_array<uint8_t>(size_t(rows * cols), parts.front()->name);
+    if (!codes.ok()) return codes.error();
+    std::vector<float> scales;
+    int64_t off = 0;
+    for (const auto& [t, sc] : ts) {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(*codes + off, t->data, t->n_bytes, cudaMemcpyHostToDevice));
+      off += int64_t(t->n_bytes);
+      std::vector<float> s(size_t(sc->numel()));
+      STRATA_RETURN_IF_ERROR(convert_to_f32(*sc, sc->data, sc->numel(), s.data()));
+      scales.insert(scales.end(), s.begin(), s.end());
+    }
+    auto dev_scales = upload_f32(arena_, scales, parts.front()->name + " scales");
+    if (!dev_scales.ok()) return dev_scales.error();
+    uint16_t* w = reinterpret_cast<uint16_t*>(*codes);
+    fp8_->push_back({w, *dev_scales, rows, cols});
+    return w;
+  }
+
   WeightLoader w_;
   DeviceArena& arena_;
   WeightSplit& split_;
+  std::vector<Fp8Matrix>* fp8_;
 };
 
 // --load-format dummy: matrices uniform in [-scale, scale] (one draw per group), vectors their
 // entries' constants (norms at their unit, biases 0).
+// With fp8: the layer matrices are drawn so into a bf16 staging buffer, then quantized to FP8
+// blocks in the arena (fp8.h).
 class RandomSink : public WeightSink {
  public:
-  RandomSink(DeviceArena& arena, uint64_t seed, float scale, cudaStream_t stream)
-      : arena_(arena), seed_(seed), scale_(scale), stream_(stream) {}
+  RandomSink(DeviceArena& arena, uint64_t seed, float scale, cudaStream_t stream, std::vector<Fp8Matrix>* fp8 = nullptr)
+      : arena_(arena), seed_(seed), scale_(scale), stream_(stream), fp8_(fp8) {}
+  ~RandomSink() override {
+    if (staging_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaFree(staging_);
+    }
+  }
   Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) override {
+    int64_t rows = 0, cols = 0;
+    if (fp8_ != nullptr && fp8_role(parts) && fp8_group_shape(parts, &rows, &cols)) {
+      if (rows * cols > staging_elems_) {
+        if (staging_ != nullptr) {
+          STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+          STRATA_CUDA_RETURN_IF_ERROR(cudaFree(staging_));
+          staging_ = nullptr;
+        }
+        STRATA_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&staging_), size_t(rows * cols) * 2));
+        staging_elems_ = rows * cols;
+      }
+      auto codes = arena_.take_array<uint8_t>(size_t(rows * cols), parts.front()->name);
+      if (!codes.ok()) return codes.error();
+      auto scales = arena_.take_array<float>(size_t(fp8_blocks(rows) * fp8_blocks(cols)), parts.front()->name + " scales");
+      if (!scales.ok()) return scales.error();
+      launch_fill_random_bf16(staging_, rows * cols, ++seed_, scale_, stream_);
+      launch_quantize_fp8_blocks(staging_, *codes, *scales, rows, cols, stream_);
+      uint16_t* w = reinterpret_cast<uint16_t*>(*codes);
+      fp8_->push_back({w, *scales, rows, cols});
+      return w;
+    }
     int64_t n = 0;
     for (const WeightEntry* e : parts) n += e->numel();
     auto p = arena_.take_array<uint16_t>(size_t(n), parts.front()->name);
@@ -274,6 +379,9 @@ class RandomSink : public WeightSink {
   uint64_t seed_;
   float scale_;
   cudaStream_t stream_;
+  std::vector<Fp8Matrix>* fp8_;
+  uint16_t* staging_ = nullptr;
+  int64_t staging_elems_ = 0;
 };
 
 // The entries of `layer` grouped as a backend fuses them (WeightFuse), in manifest order.
@@ -307,6 +415,21 @@ void CudaDecoder::adopt_family(const FamilyFlags& flags, cpu::Activation act, co
   moe_ = flags.moe;
   fused_ok_ = !one_plus_w_ && !sandwich_ && embed_scale_ == 1.0f && attn_softcap_ == 0.0f && final_softcap_ == 0.0f && !moe_;
   attn_scale_ = flags.attn_scale > 0.0f ? flags.attn_scale : float(1.0 / std::sqrt(double(cfg_.head_dim)));
+}
+
+Status CudaDecoder::attach_fp8() {
+  if (fp8_mats_.empty()) return Status();
+  int64_t max_k = 0, max_n = 0;
+  for (const Fp8Matrix& f : fp8_mats_) {
+    max_k = std::max(max_k, f.k);
+    max_n = std::max(max_n, f.n);
+  }
+  STRATA_RETURN_IF_ERROR(gemm_->enable_fp8(opt_.max_tokens, max_k, max_n));
+  for (const Fp8Matrix& f : fp8_mats_) STRATA_RETURN_IF_ERROR(gemm_->add_fp8(f.w, f.scales, f.n, f.k));
+  log::info("CUDA {}: {} layer matrices in FP8 (128x128 block scales): FP8 GEMV for decode rows, block-scaled FP8 GEMMs "
+            "with per-token activation scales for larger steps",
+            cfg_.model_type, fp8_mats_.size());
+  return Status();
 }
 
 Status CudaDecoder::upload_rope(const RopeConfig& rc) {
@@ -371,7 +494,7 @@ Status CudaDecoder::place_weights(const WeightManifest& manifest, WeightSink& si
   return Status();
 }
 
-Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& options) {
+Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, const CudaModelOptions& given) {
   auto cfg = load_model_config(dir);
   if (!cfg.ok()) return cfg.error();
   auto flags = family_flags(*cfg);
@@ -379,12 +502,22 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   auto archive = SafetensorsArchive::open_dir(dir);
   if (!archive.ok()) return archive.error();
   STRATA_RETURN_IF_ERROR(resolve_weight_names(&*cfg, **archive));
-  if (flags->gemma4) return load_gemma4(*cfg, *archive, options);
-  if (flags->hybrid) return load_hybrid(*cfg, *archive, options);
+  if (flags->gemma4) return load_gemma4(*cfg, *archive, given);
+  if (flags->hybrid) return load_hybrid(*cfg, *archive, given);
   auto spec = family_decoder_spec(*cfg);
   if (!spec.ok()) return spec.error();
   auto manifest = decoder_manifest(*cfg, *spec);
   if (!manifest.ok()) return manifest.error();
+  // Fine-grained FP8 keeps its codes on the device; its f32 block scales do not make it a
+  // checkpoint wider than bf16 (no hi + lo split).
+  const QuantConfig* q = cfg->quant.get();
+  const bool fp8 = q != nullptr && q->format == QuantFormat::kFp8Block && q->block_rows == kFp8Block &&
+                   q->block_cols == kFp8Block && given.fp8_weights == CudaModelOptions::Fp8Weights::kAuto &&
+                   !given.deterministic;
+  CudaModelOptions options = given;
+  if (fp8 && options.split_weights == CudaModelOptions::SplitWeights::kAuto) {
+    options.split_weights = CudaModelOptions::SplitWeights::kOff;
+  }
 
   std::unique_ptr<CudaDecoder> m(new CudaDecoder());
   m->cfg_ = *cfg;
@@ -400,7 +533,8 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   // f32 / f16 checkpoints: matrices go up as bf16 hi + lo pairs (weight_split.h).
   B.split = WeightSplit::for_checkpoint(**archive, options, m->cfg_.model_type);
   if (B.split->on()) m->fused_ok_ = false;
-  CheckpointSink sink(WeightLoader(*archive, m->cfg_.weight_prefix, m->cfg_.quant), A, *B.split);
+  CheckpointSink sink(WeightLoader(*archive, m->cfg_.weight_prefix, m->cfg_.quant), A, *B.split,
+                      fp8 ? &m->fp8_mats_ : nullptr);
   STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
   for (const auto& t : types) {
     if (t != "full_attention" && t != "sliding_attention") {
@@ -421,6 +555,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::load(const std::string& dir, c
   auto g = Gemm::create(ws, kGemmWorkspace);
   if (!g.ok()) return g.error();
   m->gemm_ = std::move(*g);
+  STRATA_RETURN_IF_ERROR(m->attach_fp8());
   std::vector<WeightSplit::Input> split_inputs = {{B.h, options.max_tokens, d.H}, {B.rows_h, options.max_logit_rows, d.H},
                                                    {B.act, options.max_tokens, d.I}};
   // The codec attention writes its output's lo part too (o_proj then reads hi + lo).
@@ -454,8 +589,13 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
   STRATA_RETURN_IF_ERROR(m->take_weight_arena(arena_bytes(d, options, manifest->tied_embeddings, int(types.size()))));
   DeviceArena& A = *m->arena_;
   Buffers& B = *m->buf_;
-  RandomSink sink(A, seed, scale, m->stream_);
-  STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
+  if (options.random_fp8 && options.deterministic) {
+    return make_error(ErrorCode::kInvalidArgument, "--quantization fp8: random FP8 weights with --deterministic are not supported (its batch-invariant GEMMs are bf16)");
+  }
+  {
+    RandomSink sink(A, seed, scale, m->stream_, options.random_fp8 ? &m->fp8_mats_ : nullptr);
+    STRATA_RETURN_IF_ERROR(m->place_weights(*manifest, sink));
+  }
   for (const auto& t : types) STRATA_RETURN_IF_ERROR(m->upload_rope(cfg.rope_for(t)));
   for (int64_t l = 0; l < d.L; ++l) {
     Layer& L = m->layers_[size_t(l)];
@@ -468,6 +608,7 @@ Result<std::unique_ptr<CudaDecoder>> CudaDecoder::random(const ModelConfig& cfg,
   auto g = Gemm::create(ws, kGemmWorkspace);
   if (!g.ok()) return g.error();
   m->gemm_ = std::move(*g);
+  STRATA_RETURN_IF_ERROR(m->attach_fp8());
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m->stream_));
   return m;
 }
@@ -639,6 +780,8 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     g.in_ss_parts = in_parts;
     g.in_eps = cfg_.rms_eps;
     g.act = Act(act_);
+    g.w_scale = gemm_->fp8_scales(w);
+    g.w_scale_ld = fp8_blocks(k);
     return g;
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -659,12 +802,13 @@ void CudaDecoder::launch_fused_decode(const StepShape& shape) {
     o.ss_out = B.ss_parts;
     // The attention before it reads little: o_proj's weights and the first gate/up rows stream
     // into L2 meanwhile.
-    o.prefetch_bytes = tune.attn_overlap_prefetch ? d.nh * d.hd * 2 : 0;
+    const int64_t wb = o.w_scale != nullptr ? 1 : 2;  // bytes of a weight
+    o.prefetch_bytes = tune.attn_overlap_prefetch ? d.nh * d.hd * wb : 0;
     o.prefetch_spread = true;
     if (tune.attn_overlap_next_rows > 0 && L.gate_up != nullptr) {
       o.ahead[0] = L.gate_up;
-      o.ahead[1] = L.gate_up + d.I * d.H;
-      o.ahead_bytes = std::min<int64_t>(tune.attn_overlap_next_rows, d.I) * d.H * 2;
+      o.ahead[1] = reinterpret_cast<const char*>(L.gate_up) + d.I * d.H * wb;
+      o.ahead_bytes = std::min<int64_t>(tune.attn_overlap_next_rows, d.I) * d.H * wb;
     }
     launch_gemv(o, st);
     launch_gemv(gemv(B.h, L.gate_up, B.act, d.I, d.H, GemvIn::kNormScaled, B.ss_parts, parts, GemvOut::kGatedAct), st);

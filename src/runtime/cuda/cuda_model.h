@@ -104,6 +104,18 @@ struct CudaModelOptions {
   // KvCodecStep over both. Full-attention models only (KvCodecStep::supported).
   int32_t kv_quant_start = 0;
   std::vector<KvCodecSpec> kv_quant_codecs;
+  // FP8 weights (backend/cuda/fp8.h) of the decoder families' layer matrices (q|k|v, o,
+  // gate|up, down; embeddings, LM head, routers and experts stay bf16). kAuto: a fine-grained
+  // FP8 checkpoint (quant_method fp8, 128x128 blocks) keeps its codes and block scales on the
+  // device: decode rows stream them through the FP8 GEMV (weight-only), larger steps quantize
+  // their activations per token and 128 columns and run block-scaled FP8 GEMMs. kDequantize:
+  // such checkpoints are dequantized at load and run as any other (weight-only FP8).
+  // --deterministic always dequantizes (its batch-invariant GEMMs are bf16).
+  enum class Fp8Weights : uint8_t { kAuto, kDequantize };
+  Fp8Weights fp8_weights = Fp8Weights::kAuto;
+  // random(): the layer matrices drawn in bf16 as usual, then quantized to FP8 blocks and kept
+  // as a fine-grained FP8 checkpoint's would be (--load-format dummy --quantization fp8).
+  bool random_fp8 = false;
 };
 
 class CudaDecoder {
@@ -208,6 +220,16 @@ class CudaDecoder {
     virtual Result<uint16_t*> matrix(const std::vector<const WeightEntry*>& parts) = 0;
     virtual Result<float*> vector(const std::vector<const WeightEntry*>& parts) = 0;
   };
+  // An FP8 matrix a sink placed: its codes (in the arena, held as the layers hold bf16
+  // matrices) and block scales [ceil(n / 128), ceil(k / 128)]; registered with the GEMM
+  // (Gemm::add_fp8) once it exists.
+  struct Fp8Matrix {
+    const uint16_t* w = nullptr;
+    const float* scales = nullptr;
+    int64_t n = 0, k = 0;
+  };
+  // Whether the layer matrices are FP8 (set at load).
+  bool fp8_weights() const { return !fp8_mats_.empty(); }
 
  private:
   // The shared decoder's families: the family's flags (cuda_family.h) with its activation, the
@@ -216,6 +238,8 @@ class CudaDecoder {
   void adopt_family(const FamilyFlags& flags, cpu::Activation act, const CudaModelOptions& options);
   Status upload_rope(const RopeConfig& rc);
   Status place_weights(const WeightManifest& manifest, WeightSink& sink);
+  // Registers fp8_mats_ with gemm_ (and its activation scratch).
+  Status attach_fp8();
   CudaDecoder();  // out of line: members hold types complete in cuda_model.cpp only
   Status init_common(const CudaModelOptions& options);
   // The device arena of the weights and step scratch (bytes from the loader's sizing).
@@ -296,6 +320,7 @@ class CudaDecoder {
   ConvertStaging convert_host_[2];
   int convert_turn_ = 0;
   std::unique_ptr<Gemm> gemm_;
+  std::vector<Fp8Matrix> fp8_mats_;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;
   int64_t n_logit_rows_ = 0;  // of the last enqueued step

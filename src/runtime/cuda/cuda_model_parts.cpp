@@ -34,12 +34,24 @@ size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_ro
   if (!tied) add(2 * d.V * d.H);
   add(4 * d.H);
   for (int i = 0; i < n_rope_types; ++i) add(4 * d.hd);
+  // A layer matrix [rows, cols]; with random FP8, as the sink stores it when its parts stack whole
+  // 128-row blocks (stacks: the rows of the parts before the last).
+  auto matrix = [&](int64_t rows, int64_t cols, std::initializer_list<int64_t> stacks) {
+    bool fp8 = o.random_fp8 && cols % 16 == 0;
+    for (const int64_t s : stacks) fp8 = fp8 && s % 128 == 0;
+    if (!fp8) {
+      add(size_t(2 * rows * cols));
+      return;
+    }
+    add(size_t(rows * cols));
+    add(size_t(4 * ((rows + 127) / 128) * ((cols + 127) / 128)));
+  };
   for (int64_t l = 0; l < d.L; ++l) {
-    add(2 * d.qkv_rows * d.H);
-    add(2 * d.H * d.nh * d.hd);
+    matrix(d.qkv_rows, d.H, {d.nh * d.hd, d.nkv * d.hd});
+    matrix(d.H, d.nh * d.hd, {});
     if (l < d.L - d.n_sparse) {  // as many dense layers as there are (which ones does not matter)
-      add(2 * 2 * d.I * d.H);
-      add(2 * d.H * d.I);
+      matrix(2 * d.I, d.H, {d.I});
+      matrix(d.H, d.I, {});
     } else {
       add(2 * d.E * d.H);
       add(2 * d.E * 2 * d.mI * d.H);

@@ -146,6 +146,9 @@ struct Dims {
 Dims dims_of(const ModelConfig& c);
 inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 // Bytes the arena needs: weights (bf16 matrices, f32 vectors) and step scratch.
+// random_fp8 (CudaModelOptions) counts the layer matrices the FP8 sinks quantize at one byte a
+// weight plus their block scales; a checkpoint's FP8 matrices are counted as bf16 (a module
+// its config leaves unconverted uploads as bf16).
 size_t arena_bytes(const Dims& d, const CudaModelOptions& o, bool tied, int n_rope_types);
 // Takes arena pieces for the step scratch and metadata.
 Status take_scratch(DeviceArena& arena, const Dims& d, const CudaModelOptions& o, CudaDecoder::Buffers* b, void** workspace);
