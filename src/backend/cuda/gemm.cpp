@@ -154,11 +154,7 @@ const Gemm::Plan& Gemm::fp8_plan(int64_t m, int64_t n, int64_t k, GemmOut out) {
   const auto key = std::make_tuple(m, n, k, int(out));
   auto it = fp8_plans_.find(key);
   if (it != fp8_plans_.end()) return it->second;
-  Plan p;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  Plan p = tn_plan(CUDA_R_8F_E4M3, m, n, k, out);
   const cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
   const cublasLtMatmulMatrixScale_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am)));
@@ -167,24 +163,7 @@ const Gemm::Plan& Gemm::fp8_plan(int64_t m, int64_t n, int64_t k, GemmOut out) {
   const void* sa = fp8_x_scales_;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof(sa)));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, out == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
-                                                 uint64_t(m), n));
-  cublasLtMatmulPreference_t pref = nullptr;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes_, sizeof(workspace_bytes_)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic",
-               "no block-scaled FP8 algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                   " k=" + std::to_string(k) + " (" + cublasLtGetStatusString(st) + ")");
-  }
-  p.algo = result.algo;
+  p.algo = first_algo(p, "no block-scaled FP8 algorithm", m, n, k);
   return fp8_plans_.emplace(key, p).first->second;
 }
 
@@ -262,15 +241,7 @@ const Gemm::Plan& Gemm::plan(int64_t m, int64_t n, int64_t k, GemmOut out) {
   const auto key = std::make_tuple(m, n, k, int(out));
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  Plan p;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, out == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
-                                                 uint64_t(m), n));
+  Plan p = tn_plan(CUDA_R_16BF, m, n, k, out);
   if (invariant_ref_m_ > 0) {
     p.algo = invariant_algo(p, n, k, out);
     cublasLtMatmulHeuristicResult_t check{};
@@ -282,20 +253,38 @@ const Gemm::Plan& Gemm::plan(int64_t m, int64_t n, int64_t k, GemmOut out) {
     }
     return plans_.emplace(key, p).first->second;
   }
+  p.algo = first_algo(p, "no algorithm", m, n, k);
+  return plans_.emplace(key, p).first->second;
+}
+
+Gemm::Plan Gemm::tn_plan(cudaDataType_t in, int64_t m, int64_t n, int64_t k, GemmOut out) const {
+  Plan p;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, uint64_t(k), uint64_t(n), k));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, uint64_t(k), uint64_t(m), k));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, out == GemmOut::kF32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
+                                                 uint64_t(m), n));
+  return p;
+}
+
+cublasLtMatmulAlgo_t Gemm::first_algo(const Plan& p, const char* what, int64_t m, int64_t n, int64_t k) {
   cublasLtMatmulPreference_t pref = nullptr;
   STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes_, sizeof(workspace_bytes_)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0) {
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic",
-               "no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+               std::string(what) + " for m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                   " (" + cublasLtGetStatusString(st) + ")");
   }
-  p.algo = result.algo;
-  return plans_.emplace(key, p).first->second;
+  return result.algo;
 }
 
 // Candidates come from the heuristic at m = ref_m with the reduction schemes masked off (no

@@ -91,6 +91,10 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   const Plan& plan(int64_t m, int64_t n, int64_t k, GemmOut out);
+  // The TN descriptor and layouts of y[m, n] = x[m, k] . W[n, k]^T with A and B of type `in`.
+  Plan tn_plan(cudaDataType_t in, int64_t m, int64_t n, int64_t k, GemmOut out) const;
+  // The heuristic's first algorithm for p within the workspace; exits naming `what` and the shape.
+  cublasLtMatmulAlgo_t first_algo(const Plan& p, const char* what, int64_t m, int64_t n, int64_t k);
   // The batch-invariant algorithm of (n, k, out), chosen on first use.
   const cublasLtMatmulAlgo_t& invariant_algo(const Plan& p, int64_t n, int64_t k, GemmOut out);
   void destroy_plans();
