@@ -30,6 +30,8 @@ echo 'not json' >"$TMP/bad.json"
 
 expect_error "--model $TMP/missing" "$TMP/missing"
 expect_error "--kv-cache-dtype int3" "--kv-cache-dtype" "int3"
+expect_error "--quantization int3 --load-format dummy" "--quantization" "int3"
+expect_error "--quantization fp8" "--quantization fp8" "--load-format dummy"
 expect_error "--kv-config $TMP/kv.json" "--kv-config" "99"
 expect_error "--kv-config $TMP/bad.json" "--kv-config"
 expect_error "--kv-config $TMP/none.json" "$TMP/none.json"
