@@ -13,14 +13,8 @@ set -u
 out=${OUT:-/tmp/strata-serve-bench}
 mkdir -p "$out"
 bin=${STRATA_DEVICE_BIN:-.device/bin}
-export STRATA_SOURCE_DIR=$PWD
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-# Shared libraries the static-deps build still needs (cpp-httplib, brotli), when packaged.
-[ -d "$bin/lib" ] && export LD_LIBRARY_PATH=$PWD/$bin/lib:$LD_LIBRARY_PATH
-if ldd $bin/strata | grep -q "not found"; then
-  extra=$(dirname "$(find / -name 'libcublasLt.so.13' 2>/dev/null | head -1)")
-  export LD_LIBRARY_PATH=$extra:$LD_LIBRARY_PATH
-fi
+source scripts/device/serve_common.sh
+device_libs "$bin"
 n=${1:-256}
 in_len=${2:-1024}
 out_len=${3:-1024}
@@ -40,23 +34,10 @@ source scripts/device/llama8b_dummy.sh
 model=$(make_llama8b_dummy)
 
 port=18080
-healthy() {
-  if command -v curl >/dev/null; then curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1
-  else python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; fi
-}
 max_len=$((in_len + out_len + 64))
-$bin/strata serve --model "$model" --device cuda --load-format dummy --gpu-memory-fraction 0.85 \
+start_server $port "$out/serve.log" --model "$model" --device cuda --load-format dummy --gpu-memory-fraction 0.85 \
   --max-num-seqs "$conc" --max-batch-tokens 4096 --max-model-len "$max_len" --max-queued 4096 \
-  --port $port --served-model-name llama8b-dummy ${STRATA_SERVE_ARGS:-} >"$out/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do
-  healthy && break
-  kill -0 $server 2>/dev/null || break
-  sleep 1
-done
-if ! healthy; then
-  echo "server did not come up"; tail -20 "$out/serve.log"; kill $server 2>/dev/null; exit 1
-fi
+  --served-model-name llama8b-dummy ${STRATA_SERVE_ARGS:-}
 grep -E "CUDA engine|serving" "$out/serve.log"
 # A short warm-up (captures the small decode graphs, loads the GEMM plans), then the run.
 timeout 120 $bin/strata bench serve --url http://127.0.0.1:$port --num-prompts 16 --max-concurrency 16 \

@@ -60,6 +60,8 @@ struct BenchArgs {
   double peak_bandwidth_gbs = 0.0;  // roofline: copy bandwidth (read + write); 0: measure or none
   double peak_tflops = 0.0;         // roofline: bf16 GEMM rate; 0: measure or none
   std::string model_config;         // roofline: a model directory (config.json) when the server gives no shape
+  std::string extra_body;           // a JSON object merged into every request (e.g. a response_format)
+  json extra;                       // extra_body parsed
 };
 
 struct Prompt {
@@ -120,6 +122,7 @@ Outcome run_one(const BenchArgs& a, const std::string& model, const Prompt& p) {
   cli.set_connection_timeout(std::chrono::seconds(10));
   json body = {{"model", model}, {"prompt", p.prompt}, {"max_tokens", p.max_tokens}, {"stream", true},
                {"stream_options", {{"include_usage", true}}}, {"temperature", 0.0}, {"ignore_eos", a.ignore_eos}};
+  if (a.extra.is_object()) body.merge_patch(a.extra);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -282,7 +285,12 @@ RooflineInputs roofline_inputs(const BenchArgs& a, const json& card) {
   return r;
 }
 
-int run_bench_serve(const BenchArgs& a) {
+int run_bench_serve(const BenchArgs& args) {
+  BenchArgs a = args;
+  if (!a.extra_body.empty()) {
+    a.extra = json::parse(a.extra_body, nullptr, false);
+    if (!a.extra.is_object()) { log::error("--extra-body must be a JSON object, got '{}'", a.extra_body); return 2; }
+  }
   if (a.num_prompts < 1) { log::error("--num-prompts must be >= 1"); return 2; }
   if (a.input_len < 1 || a.output_len < 1) { log::error("--random-input-len and --random-output-len must be >= 1"); return 2; }
   int vocab = 0;
@@ -385,6 +393,7 @@ int run_bench_serve(const BenchArgs& a) {
               {"failed", int64_t(outcomes.size()) - completed}, {"max_concurrency", concurrency},
               {"request_rate", a.request_rate > 0 ? json(a.request_rate) : json("inf")},
               {"random_input_len", a.input_len}, {"random_output_len", a.output_len}, {"ignore_eos", a.ignore_eos},
+              {"extra_body", a.extra},
               {"duration_s", duration}, {"total_input_tokens", in_tokens}, {"total_output_tokens", out_tokens},
               {"request_throughput", completed / duration}, {"output_throughput", out_tokens / duration},
               {"total_token_throughput", (in_tokens + out_tokens) / duration},
@@ -465,6 +474,8 @@ void register_bench(CLI::App& app) {
   serve->add_flag("--ignore-eos", a->ignore_eos, "Generate exactly max_tokens tokens");
   serve->add_option("--seed", a->seed, "Seed of the random prompts and arrivals")->capture_default_str();
   serve->add_option("--json", a->json_out, "Write the results as JSON to this file");
+  serve->add_option("--extra-body", a->extra_body,
+                    "A JSON object merged into every request body (e.g. '{\"response_format\": {...}}')");
   serve->add_option("--api-key", a->api_key, "Bearer key");
   serve->add_option("--timeout", a->timeout_s, "Seconds a request may take")->capture_default_str();
   serve->add_option("--peak-bandwidth-gbs", a->peak_bandwidth_gbs,

@@ -763,10 +763,15 @@ void Engine::step() {
         Active& a = *core_->active.at(span.seq->id);
         const bool argmax = argmax_only(a.req, a.sampler, core_->runner.vocab());
         RowSample rs;
-        if (device_sampling && !argmax && !a.matcher && (a.req.logprobs < 0 || device_logprobs)) {
+        if (device_sampling && !argmax && (!a.matcher || core_->runner.device_masks()) &&
+            (a.req.logprobs < 0 || device_logprobs)) {
           rs.sampler = &a.sampler;
           rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
           rs.top_logprobs = a.req.logprobs;
+          if (a.matcher) {
+            bool any = false;
+            rs.mask = next_mask(a, &any);  // none allowed: the device answers -1
+          }
         }
         want.push_back(argmax || rs.sampler != nullptr ? 0 : 1);
         if (device_sampling) samples.push_back(rs);
@@ -852,17 +857,19 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
     // token (argmax_only said so).
     const int32_t device_token = rows.sampled.empty() ? StepRows::kNotSampled : rows.sampled.at(last_row);
     if (last == nullptr && device_token == -1) {
-      finish(a, FinishReason::kError, "sampling failed: every logit of the row is -inf or NaN");
+      finish(a, FinishReason::kError, a.matcher ? kNoGrammarToken : "sampling failed: every logit of the row is -inf or NaN");
       continue;
     }
-    STRATA_CHECK(last != nullptr || !a.matcher, "a constrained row has host logits");
+    STRATA_CHECK(last != nullptr || !a.matcher || device_token != StepRows::kNotSampled,
+                 "a constrained row has host logits or a device-sampled token");
     const int32_t token = last != nullptr ? sample_token(a, last, vocab)
                           : device_token != StepRows::kNotSampled ? device_token
                                                                   : rows.argmax.at(last_row);
     if (token < 0) {
-      finish(a, FinishReason::kError, "the grammar allows no token here (within the sampled vocabulary)");
+      finish(a, FinishReason::kError, kNoGrammarToken);
       continue;
     }
+    if (last == nullptr && !accept_device_token(a, token)) continue;
     seq.tokens.push_back(token);
     if (emit_token(a, token, last, last == nullptr ? &rows : nullptr, last_row)) fill_forced(a);
   }

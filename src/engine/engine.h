@@ -218,6 +218,11 @@ class Engine {
   void admit_grammar(Active& a);
   bool replay_grammar(Active& a, const std::vector<int32_t>& generated);
   int32_t sample_token(Active& a, const float* logits, int32_t vocab);
+  // a's next-token mask in its scratch (timed in the stats); *any: it keeps an id the sampler
+  // may draw. A device-sampled token then advances the matcher through accept_device_token
+  // (false: the request has failed and is gone).
+  struct TokenMask next_mask(Active& a, bool* any);
+  bool accept_device_token(Active& a, int32_t token);
   // Token fill: the one id a's mask admits (-1: none or several), and the loop appending such
   // ids after a committed token (false once `a` has finished and is gone).
   int32_t only_allowed_token(Active& a);

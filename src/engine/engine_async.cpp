@@ -16,6 +16,11 @@
 //   runs steps in queue order, so a later step reusing them writes after n+1 has read them.
 // - Device sampling draws come from each request's own RNG in its own order (a dropped
 //   token's draw belongs to a request that has ended).
+// Constrained rows overlap on an executor with device_masks(): the step is queued with
+// masks_later, the previous step is collected (its tokens advance the matchers), and the rows'
+// masks go to sample_enqueued() while the device runs the forward. Token fill needs a
+// sequence's newest token before its next step is planned, so overlapped steps do not fill
+// (the tokens are the same: a filled position is the one id its mask allows).
 // Requests that need the newest token on the host before the next step (prompt logprobs,
 // checkpoints, logprobs unless the executor computes them with the token: device_logprobs(),
 // and penalties unless it adds the fed token to their history: device_penalties()) are
@@ -56,8 +61,11 @@ void Engine::admit_overlap(Active& a) {
                          !core_->runner.device_penalties();
   const bool on_device = argmax_only(a.req, a.sampler, core_->runner.vocab()) || core_->runner.device_sampling();
   const bool logprobs_on_device = a.req.logprobs < 0 || (core_->runner.device_sampling() && core_->runner.device_logprobs());
+  // A grammar's mask needs the last token on the host: it overlaps only where the executor
+  // takes masks after the step's forward is queued (masks_later).
+  const bool grammar_on_device = a.req.grammar == nullptr || (core_->runner.device_masks() && core_->runner.device_sampling());
   a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && !a.req.prompt_logprobs &&
-                  a.ckpt_key.empty() && a.req.grammar == nullptr;  // a grammar's mask needs the last token on the host
+                  a.ckpt_key.empty() && grammar_on_device;
   if (!a.device_only) ++core_->n_host_bound;
 }
 
@@ -72,6 +80,7 @@ void Engine::step_overlapped(const StepPlan& plan) {
   std::vector<TokenFeed> feed;
   std::vector<uint64_t> ids;  // the spans' sequences: one may end before this step is committed
   ids.reserve(plan.spans.size());
+  std::vector<std::pair<size_t, int32_t>> masked;  // (span, logit row) of constrained rows
   int32_t n_rows = 0;
   for (size_t i = 0; i < plan.spans.size(); ++i) {
     const ScheduledSpan& span = plan.spans[i];
@@ -92,23 +101,50 @@ void Engine::step_overlapped(const StepPlan& plan) {
       rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
       rs.top_logprobs = a.req.logprobs;
     }
+    if (a.matcher) {
+      rs.mask_later = true;
+      masked.emplace_back(i, n_rows - 1);
+    }
     want.push_back(0);
     if (device_sampling) samples.push_back(rs);
   }
-  try {
-    c.runner.enqueue(plan, want, samples, feed);
-  } catch (const std::exception& e) {
+  const bool masks_later = !masked.empty();
+  auto fail_step = [&](const std::exception& e) {
     log::error("step failed: {}", e.what());
     drain_pipeline();
     for (uint64_t id : ids) {
       auto it = c.active.find(id);
       if (it != c.active.end()) finish(*it->second, FinishReason::kError, std::string("step failed: ") + e.what());
     }
+  };
+  try {
+    c.runner.enqueue(plan, want, samples, feed, masks_later);
+  } catch (const std::exception& e) {
+    fail_step(e);
     return;
   }
   if (c.in_flight) ++c.stats.overlapped_steps;
   // The previous step's tokens: streamed, and the requests they end are finished.
   drain_pipeline();
+  if (masks_later) {
+    // Every matcher has taken its sequence's previous token: the masks of this step's rows,
+    // computed while the device runs its forward. A row whose request has just ended samples
+    // unmasked (its token is dropped below); one whose mask allows nothing draws -1.
+    std::vector<TokenMask>& masks = c.step_masks;
+    masks.assign(size_t(n_rows), TokenMask{});
+    for (const auto& [span, row] : masked) {
+      auto it = c.active.find(ids[span]);
+      if (it == c.active.end()) continue;
+      bool any = false;
+      masks[size_t(row)] = next_mask(*it->second, &any);
+    }
+    try {
+      c.runner.sample_enqueued(masks);
+    } catch (const std::exception& e) {
+      fail_step(e);
+      return;
+    }
+  }
   // This step's positions are computed; each sampled token gets a placeholder.
   std::vector<Core::InFlightSample> pending;
   pending.reserve(size_t(n_rows));
@@ -166,7 +202,7 @@ void Engine::drain_pipeline() {
     const int32_t sampled = rows->sampled.empty() ? StepRows::kNotSampled : rows->sampled.at(size_t(s.row));
     const int32_t token = sampled != StepRows::kNotSampled ? sampled : rows->argmax.at(size_t(s.row));
     if (token < 0) {
-      finish(a, FinishReason::kError, "sampling failed: every logit of the row is -inf or NaN");
+      finish(a, FinishReason::kError, a.matcher ? kNoGrammarToken : "sampling failed: every logit of the row is -inf or NaN");
       continue;
     }
     if (s.index >= 0) {
@@ -174,6 +210,7 @@ void Engine::drain_pipeline() {
     } else {
       a.seq.tokens.push_back(token);
     }
+    if (!accept_device_token(a, token)) continue;
     emit_token(a, token, nullptr, rows, size_t(s.row));
   }
 }

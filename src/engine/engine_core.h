@@ -134,9 +134,13 @@ struct Engine::Core {
   std::vector<DraftRow> draft_rows;
   std::vector<std::vector<int32_t>> drafts;
   std::vector<int32_t> verify_tokens;
+  std::vector<TokenMask> step_masks;  // an overlapped step's rows' masks (engine_async.cpp)
   // Copies tier hits of new sequences in the background; last, so its thread stops first.
   std::unique_ptr<TierPromoter> promoter;
 };
+
+// A constrained row whose mask leaves no id the sampler may draw.
+inline constexpr const char* kNoGrammarToken = "the grammar allows no token here (within the sampled vocabulary)";
 
 // Whether a's next token is the argmax of the raw logits (greedy with nothing that reshapes
 // the row, no logprobs): an executor may then hand back that token without the logits.

@@ -1,14 +1,21 @@
 // Constrained decoding in the engine: a request's grammar (GenerationRequest::grammar) becomes
 // a per-sequence Matcher at admission; every sampled row of the request draws under the
 // matcher's token mask (Sampler's TokenMask: after bias and penalties, before temperature and
-// the filters) and the matcher advances by the committed token. A verify span draws each row
+// the filters) and the matcher advances by the committed token. An executor that samples on
+// its device (device_masks()) takes the mask with the row (RowSample::mask): the row's logits
+// stay there. In overlapped steps the mask of a row depends on the token its sequence drew in
+// the step before, which reaches the host only after the row's step was queued: the step is
+// queued with masks_later, the host collects the previous step, advances the matchers, fills
+// the masks while the device runs the forward, and then queues the step's sampling
+// (engine_async.cpp). A verify span draws each row
 // under the mask of the matcher advanced through the tokens accepted before it, so the matcher
 // only ever advances by committed tokens and a rejected draft needs no rollback. A checkpoint
 // stores the generated ids; resuming replays them through a fresh matcher, which gives the
 // state the uninterrupted run had (the matcher is a function of the tokens it accepted).
 //
-// Token fill: after a committed token, while the mask admits exactly one id (not a stop id),
-// that id is appended without sampling; the next step runs the filled span and the pending
+// Token fill (steps run one at a time; an overlapped step has planned the sequence's next
+// decode before its token arrives): after a committed token, while the mask admits exactly one
+// id (not a stop id), that id is appended without sampling; the next step runs the filled span and the pending
 // token in one forward (the scheduler takes a decoding sequence's uncomputed tokens as a
 // chunk) and samples only at its end. A filled position consumes the RNG draw and enters the
 // penalty history as a sampled one would, so the output equals plain constrained decoding.
@@ -57,25 +64,37 @@ bool Engine::replay_grammar(Active& a, const std::vector<int32_t>& generated) {
   return true;
 }
 
-int32_t Engine::sample_token(Active& a, const float* logits, int32_t vocab) {
-  if (!a.matcher) return a.sampler.sample(logits, vocab);
+TokenMask Engine::next_mask(Active& a, bool* any) {
   const auto t0 = Clock::now();
   a.matcher->fill_next_token_bitmask(a.mask.data());
   const int32_t n_ids = a.req.grammar->vocab().size();
   // The row can be sampled only if the mask keeps an id the sampler may draw.
-  const int32_t limit = std::min(n_ids, a.sampler.effective_vocab(vocab));
-  bool any = false;
-  for (int32_t w = 0; w * 32 < limit && !any; ++w) {
+  const int32_t limit = std::min(n_ids, a.sampler.effective_vocab(core_->runner.vocab()));
+  *any = false;
+  for (int32_t w = 0; w * 32 < limit && !*any; ++w) {
     uint32_t bits = a.mask[size_t(w)];
     if ((w + 1) * 32 > limit) bits &= (limit - w * 32 >= 32) ? ~0u : ((1u << (limit - w * 32)) - 1u);
-    any = bits != 0;
+    *any = bits != 0;
   }
   core_->stats.grammar_mask.add(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  return TokenMask{a.mask.data(), n_ids};
+}
+
+int32_t Engine::sample_token(Active& a, const float* logits, int32_t vocab) {
+  if (!a.matcher) return a.sampler.sample(logits, vocab);
+  bool any = false;
+  const TokenMask mask = next_mask(a, &any);
   if (!any) return -1;
-  const TokenMask mask{a.mask.data(), n_ids};
   const int32_t token = a.sampler.sample(logits, vocab, &mask);
   STRATA_CHECK(a.matcher->accept_token(token), "the grammar accepts the token its mask allowed (" + std::to_string(token) + ")");
   return token;
+}
+
+bool Engine::accept_device_token(Active& a, int32_t token) {
+  if (!a.matcher || a.matcher->accept_token(token)) return true;
+  // The device drew under the mask the matcher gave: a token it rejects is a fault of the step.
+  finish(a, FinishReason::kError, "the grammar rejects the device-sampled token " + std::to_string(token));
+  return false;
 }
 
 int32_t Engine::only_allowed_token(Active& a) {

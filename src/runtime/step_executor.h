@@ -59,6 +59,12 @@ struct RowSample {
   // -1: no logprobs; 0..kMaxTopLogprobs: the row's raw logprobs come back in StepRows (the
   // chosen token's and that many alternatives'); only when device_logprobs().
   int32_t top_logprobs = -1;
+  // Constrained decoding (device_masks()): the ids the row may take, as the host Sampler's
+  // TokenMask (after bias and penalties, before temperature and the filters). words null: no
+  // mask. The words are read while run() or enqueue() runs; a step enqueue()d with
+  // masks_later reads the masks handed to sample_enqueued() instead.
+  TokenMask mask;
+  bool mask_later = false;  // the row's mask comes with sample_enqueued() (masks_later)
 };
 
 // A decode span whose input token the previous queued step produces on the device (overlapped
@@ -119,6 +125,9 @@ class StepExecutor {
   // step is queued, joins the row's penalty history on the device, so the tokens are those of
   // one step at a time. Implies supports_overlap() and device_sampling().
   virtual bool device_penalties() const { return false; }
+  // True when RowSamples may carry a grammar mask (RowSample::mask) and enqueue() may defer a
+  // step's sampling until its masks are known (masks_later). Implies device_sampling().
+  virtual bool device_masks() const { return false; }
 
   // Overlapped steps (supports_overlap()): enqueue() queues a step and returns without waiting
   // for the device; collect() waits for the oldest queued step and hands its rows (argmax and
@@ -128,10 +137,20 @@ class StepExecutor {
   // whose input token the previous enqueued step produces (their token in seq->tokens is a
   // placeholder the executor may read but must not use). Both throw std::exception on a
   // failed step.
+  //
+  // masks_later (device_masks()): enqueue() queues the step's forward only; the rows whose
+  // RowSample has mask_later are sampled under masks the engine computes from the previous
+  // step's tokens, which it collects meanwhile. sample_enqueued(masks) ([n_rows], words null
+  // where a row has none) then queues the step's sampling and token copies, before the next
+  // enqueue() or collect(); the device runs the forward while the host computes the masks.
   virtual bool supports_overlap() const { return false; }
   virtual void enqueue(const StepPlan& /*plan*/, const std::vector<uint8_t>& /*want_logits*/,
-                       std::span<const RowSample> /*samples*/, std::span<const TokenFeed> /*feed*/) {
+                       std::span<const RowSample> /*samples*/, std::span<const TokenFeed> /*feed*/,
+                       bool /*masks_later*/) {
     throw std::logic_error("this executor runs steps one at a time (run())");
+  }
+  virtual void sample_enqueued(std::span<const TokenMask> /*masks*/) {
+    throw std::logic_error("this executor takes no grammar masks (device_masks())");
   }
   virtual const StepRows& collect() { throw std::logic_error("this executor runs steps one at a time (run())"); }
 

@@ -12,7 +12,10 @@
 // batch-dependent kernels give the same bits. Requests with logprobs: the device's logprobs,
 // overlapped or not, against the host's (Sampler::logprobs over copied logits rows). Requests
 // with repetition, presence and frequency penalties: overlapped, one step at a time, and with
-// the host's sampler. Models: llama3-tiny, qwen3-tiny and gemma3-tiny (whose sliding-window
+// the host's sampler. Constrained requests (a regex grammar over a synthetic vocabulary of the
+// model's width): overlapped (sampling queued after the masks, no token fill), one step at a
+// time with the device's masked sampler (token fill on) and with the host's sampler give the
+// same tokens, each accepted by the grammar. Models: llama3-tiny, qwen3-tiny and gemma3-tiny (whose sliding-window
 // layers page in a pool of their own, giving back blocks behind the window while a step that
 // read them may still be in flight). Needs a GPU.
 #include <gtest/gtest.h>
@@ -27,6 +30,8 @@
 #include "gpu_test_util.h"
 #include "model/model_config.h"
 #include "runtime/cuda/cuda_executor.h"
+#include "sampling/grammar/grammar.h"
+#include "sampling/grammar/matcher.h"
 
 namespace strata::cuda {
 namespace {
@@ -461,6 +466,90 @@ TEST_P(GpuEngineOverlap, DeviceLogprobsMatchHostLogprobs) {
     }
   }
   EXPECT_GT(checked, 200);
+}
+
+// A vocabulary of the model's width for grammars: the EOS ids are stop ids, one id is "@" (no
+// other token holds that byte, so a grammar's "@" is a forced token), every other id one or two
+// characters of a small alphabet.
+std::shared_ptr<const grammar::Vocabulary> synthetic_vocab(const ModelConfig& cfg) {
+  const std::string chars = "abcdefghij0123456789,;";
+  std::vector<std::string> bytes;
+  std::vector<int32_t> stops(cfg.eos_ids.begin(), cfg.eos_ids.end());
+  bool at = false;
+  for (int32_t id = 0; id < cfg.vocab_size; ++id) {
+    if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+      bytes.push_back("<eos" + std::to_string(id) + ">");
+    } else if (!at && id >= int32_t(chars.size())) {
+      bytes.push_back("@");
+      at = true;
+    } else if (id < int32_t(chars.size())) {
+      bytes.push_back(std::string(1, chars[size_t(id)]));
+    } else {
+      bytes.push_back(std::string(1, chars[size_t(id) % 10]) + chars[size_t(id * 7) % chars.size()]);
+    }
+  }
+  auto v = grammar::Vocabulary::create(std::move(bytes), stops, stops);
+  EXPECT_TRUE(v.ok()) << (v.ok() ? "" : v.error().to_string());
+  return v.ok() ? *v : nullptr;
+}
+
+TEST_P(GpuEngineOverlap, ConstrainedRowsMatchSingleStepsAndTheHostSampler) {
+  const std::string name = GetParam();
+  auto cfg = load_model_config(model_path(name));
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_FALSE(cfg->eos_ids.empty());
+  auto vocab = synthetic_vocab(*cfg);
+  ASSERT_NE(vocab, nullptr);
+  grammar::GrammarCache cache;
+  // After each comma two "@" are forced: filled when steps run one at a time.
+  const grammar::GrammarSpec spec{grammar::GrammarKind::kRegex, "(ab|c[0-9]+|d[e-j]*)(,@@(ab|c[0-9]+|d[e-j]*))*;", {}};
+  auto masks = cache.get_masks(spec, vocab);
+  ASSERT_TRUE(masks.ok()) << masks.error().to_string();
+  std::vector<GenerationRequest> reqs = base_workload(47);
+  int32_t constrained = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 3 == 2) continue;  // unconstrained neighbours in the same steps
+    reqs[i].grammar = *masks;
+    reqs[i].grammar_key = grammar::GrammarCache::key_of(spec);
+    reqs[i].ignore_eos = false;
+    reqs[i].max_tokens = 8 + int32_t(i % 6) * 8;
+    ++constrained;
+  }
+  auto off_engine = make_engine(name, false, true);
+  auto on_engine = make_engine(name, true, true);
+  auto host_engine = make_engine(name, false, true, false, false);
+  ASSERT_NE(off_engine, nullptr);
+  ASSERT_NE(on_engine, nullptr);
+  ASSERT_NE(host_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, "");
+  const RunResult on = run_workload(*on_engine, reqs, "");
+  const RunResult host = run_workload(*host_engine, reqs, "");
+  expect_same(on, off, "", name + " overlapped");
+  expect_same(host, off, "", name + " host sampler");
+  EXPECT_EQ(off.stats.overlapped_steps, 0);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2) << on.stats.steps << " steps: constrained rows overlap";
+  EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
+  EXPECT_EQ(on.stats.fill_tokens, 0) << "overlapped steps do not fill";
+  EXPECT_GT(off.stats.fill_tokens, 0) << "the grammar forces tokens (b after a): one step at a time fills them";
+  int32_t ended = 0;
+  for (const auto& q : reqs) {
+    if (q.grammar == nullptr) continue;
+    const Outcome& o = off.out.at(q.id);
+    grammar::Matcher m(*masks, 0);
+    for (int32_t t : o.tokens) ASSERT_TRUE(m.accept_token(t)) << name << " " << q.id << ": token " << t << " outside the grammar";
+    if (o.reason == FinishReason::kStop) {
+      EXPECT_TRUE(m.is_complete()) << name << " " << q.id;
+      ++ended;
+    } else {
+      EXPECT_EQ(o.reason, FinishReason::kLength) << name << " " << q.id << ": " << o.message;
+    }
+  }
+  std::printf("%s: %d constrained requests, %d ended by the grammar; %lld tokens filled one step at a time; "
+              "%lld of %lld steps overlapped; %lld masks, mean %.4f ms\n",
+              name.c_str(), constrained, ended, (long long)off.stats.fill_tokens, (long long)on.stats.overlapped_steps,
+              (long long)on.stats.steps, (long long)on.stats.grammar_mask.count,
+              on.stats.grammar_mask.sum_ms / double(std::max<int64_t>(1, on.stats.grammar_mask.count)));
+  EXPECT_GT(ended, 0);
 }
 
 // gemma3-tiny: sliding-window layers paging in a pool of their own.

@@ -39,13 +39,47 @@ struct Case {
   std::optional<Sampler> twin;    // next_draw(), penalty lists
   SamplingRow row;
   bool has_pos_inf = false;
+  std::vector<uint32_t> mask;  // a grammar mask (words of mask_ids ids), or empty
+  int32_t mask_ids = 0;
+  const TokenMask* host_mask() const {
+    tm = TokenMask{mask.data(), mask_ids};
+    return mask.empty() ? nullptr : &tm;
+  }
+  mutable TokenMask tm;
 };
 
 struct Batch {
   std::vector<SamplingRow> rows;
   std::vector<int32_t> bias_ids, seen_ids, count_ids, count_values;
   std::vector<float> bias_values;
+  std::vector<uint32_t> masks;  // [masked rows, (vocab + 31) / 32]
+  int32_t masked_rows = 0;
 };
+
+// A grammar mask for a row (about a third of rows): a few ids, most ids, one id, or most of
+// a shorter vocabulary, always with one id whose raw logit is finite (a bias or penalty keeps
+// it finite), so the row has a token.
+void random_mask(std::mt19937& rng, int32_t vocab, Case* c, Batch* batch) {
+  if (rng() % 3 != 0) return;
+  const int kind = int(rng() % 4);
+  const int32_t words = (vocab + 31) / 32;
+  c->mask_ids = kind == 3 ? std::max(1, vocab - int32_t(rng() % 40) - 1) : vocab;
+  c->mask.assign(size_t(words), 0u);
+  auto allow = [&](int32_t id) { c->mask[size_t(id >> 5)] |= 1u << (id & 31); };
+  const int32_t n = c->mask_ids;
+  if (kind == 0) {
+    for (int j = 1 + int(rng() % 20); j > 0; --j) allow(int32_t(rng() % uint32_t(n)));
+  } else if (kind == 1 || kind == 3) {
+    for (int32_t id = 0; id < n; ++id) {
+      if (rng() % 10 < 7) allow(id);
+    }
+  }
+  int32_t finite = int32_t(rng() % uint32_t(n));
+  for (int32_t k = 0; k < n && !std::isfinite(c->logits[size_t(finite)]); ++k) finite = (finite + 1) % n;
+  allow(finite);
+  c->row.mask = batch->masked_rows++;
+  batch->masks.insert(batch->masks.end(), c->mask.begin(), c->mask.end());
+}
 
 std::vector<float> random_logits(std::mt19937& rng, int32_t vocab, bool* has_pos_inf) {
   std::uniform_int_distribution<int> kind_d(0, 9);
@@ -157,7 +191,9 @@ void make_case(std::mt19937& rng, int32_t vocab, Case* c, Batch* batch) {
   r.top_logprobs = c->has_pos_inf ? -1 : int32_t(rng() % 23) - 2;  // -2, -1: none
   if (r.top_logprobs < 0) r.top_logprobs = -1;
   c->row = r;
-  batch->rows.push_back(r);
+  const int32_t limit = c->params.vocab_limit > 0 ? std::min(vocab, c->params.vocab_limit) : vocab;
+  if (limit == vocab) random_mask(rng, vocab, c, batch);  // (within a vocab limit the mask may allow none)
+  batch->rows.push_back(c->row);
 }
 
 template <class T>
@@ -182,6 +218,7 @@ DeviceResult run_device(const std::vector<Case>& cases, const Batch& batch, int3
   DeviceBuffer<int32_t> d_bias_ids(batch.bias_ids.size()), d_seen(batch.seen_ids.size()),
       d_count_ids(batch.count_ids.size()), d_count_values(batch.count_values.size());
   DeviceBuffer<float> d_bias_values(batch.bias_values.size());
+  DeviceBuffer<uint32_t> d_masks(batch.masks.size());
   DeviceBuffer<int32_t> d_tokens(n_rows), d_top_ids(size_t(n_rows) * kSamplingMaxTopLogprobs);
   DeviceBuffer<float> d_chosen(n_rows), d_top_lp(size_t(n_rows) * kSamplingMaxTopLogprobs), d_probs(size_t(n_rows) * vocab);
   DeviceBuffer<uint8_t> d_ws(sampling_workspace_bytes(n_rows, vocab));
@@ -199,6 +236,8 @@ DeviceResult run_device(const std::vector<Case>& cases, const Batch& batch, int3
   b.seen_ids = upload(d_seen, batch.seen_ids);
   b.count_ids = upload(d_count_ids, batch.count_ids);
   b.count_values = upload(d_count_values, batch.count_values);
+  b.masks = upload(d_masks, batch.masks);
+  b.mask_words = (vocab + 31) / 32;
   b.tokens = d_tokens.p;
   b.chosen_logprob = d_chosen.p;
   b.top_ids = d_top_ids.p;
@@ -251,7 +290,7 @@ double boundary_distance(const std::vector<float>& probs, int32_t n, bool by_pro
 }
 
 struct Tally {
-  int greedy = 0, sampled = 0, near_boundary = 0, logprob_rows = 0;
+  int greedy = 0, sampled = 0, near_boundary = 0, logprob_rows = 0, masked = 0;
 };
 
 void check_cases(std::vector<Case>& cases, const Batch& batch, int32_t vocab, Tally* tally) {
@@ -261,9 +300,13 @@ void check_cases(std::vector<Case>& cases, const Batch& batch, int32_t vocab, Ta
     Case& c = cases[r];
     const int32_t n = c.ref->effective_vocab(vocab);
     const int32_t got = dev.tokens[r];
-    c.ref->distribution(c.logits.data(), vocab, ref_probs.data());
+    c.ref->distribution(c.logits.data(), vocab, ref_probs.data(), c.host_mask());
     Sampler host = *c.ref;  // a copy, so the case can be checked again with the same draw
-    const int32_t want = host.sample(c.logits.data(), vocab);
+    const int32_t want = host.sample(c.logits.data(), vocab, c.host_mask());
+    if (!c.mask.empty()) {
+      ++tally->masked;
+      EXPECT_TRUE(got < c.mask_ids && ((c.mask[size_t(got >> 5)] >> (got & 31)) & 1u)) << "token " << got << " outside the mask";
+    }
     SCOPED_TRACE("row " + std::to_string(r) + " vocab " + std::to_string(vocab) + " T " +
                  std::to_string(c.params.temperature) + " top_k " + std::to_string(c.params.top_k) + " top_p " +
                  std::to_string(c.params.top_p) + " min_p " + std::to_string(c.params.min_p) + " limit " +
@@ -343,9 +386,10 @@ void random_rows_match(std::mt19937& rng, bool compact) {
   }
   set_sampling_compact(true);
   std::printf("compact path %s: greedy rows %d, sampled rows %d (token differs from the host's within 1e-5 of a "
-              "boundary: %d), logprob rows %d\n",
-              compact ? "on" : "off", tally.greedy, tally.sampled, tally.near_boundary, tally.logprob_rows);
+              "boundary: %d), logprob rows %d, grammar-masked rows %d\n",
+              compact ? "on" : "off", tally.greedy, tally.sampled, tally.near_boundary, tally.logprob_rows, tally.masked);
   EXPECT_GT(tally.sampled, 0);
+  EXPECT_GT(tally.masked, 0);
   // Boundary cases need a draw within 1e-5 of a cumulative mass boundary: a few per thousand
   // at most with these row counts.
   EXPECT_LE(tally.near_boundary * 100, tally.sampled);

@@ -7,7 +7,10 @@
 // cancellation, and host-bound requests (logprobs) that make the engine fall back to single
 // steps: the tokens equal those of single steps, request by request. An executor that computes
 // logprobs with the token (device_logprobs()) takes requests with logprobs off the host: they
-// overlap, with the host path's logprobs.
+// overlap, with the host path's logprobs. Constrained requests (a regex grammar) on an
+// executor that takes grammar masks overlap too: their steps are queued with masks_later and
+// sampled once the previous step's tokens have advanced the matchers; the tokens equal the
+// host sampler's under the host's masks (with token fill, one step at a time).
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -18,6 +21,8 @@
 #include "core/check.h"
 #include "engine/engine.h"
 #include "runtime/host/model_runner.h"
+#include "sampling/grammar/grammar.h"
+#include "sampling/grammar/matcher.h"
 #include "sampling/logprobs.h"
 
 namespace strata {
@@ -110,10 +115,12 @@ class QueuedHostExecutor final : public StepExecutor {
   }
   bool device_sampling() const override { return device_logprobs_; }
   bool device_logprobs() const override { return device_logprobs_; }
+  bool device_masks() const override { return device_logprobs_; }
   bool supports_overlap() const override { return true; }
   void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want, std::span<const RowSample> samples,
-               std::span<const TokenFeed> feed) override {
+               std::span<const TokenFeed> feed, bool masks_later) override {
     STRATA_CHECK(queue_.size() < 2, "two steps queued");
+    STRATA_CHECK(!deferred_, "a step waits for its masks");
     for (uint8_t w : want) STRATA_CHECK(w == 0, "an overlapped step has no host rows");
     std::vector<std::pair<Sequence*, int32_t>> placeholders;
     for (const TokenFeed& f : feed) {
@@ -131,11 +138,40 @@ class QueuedHostExecutor final : public StepExecutor {
     StepRows q;
     q.argmax = last_;
     q.host_row.assign(n_rows, -1);
+    if (masks_later) {
+      // Sampled in sample_enqueued(), from this step's logits and the samplers' state now.
+      deferred_ = true;
+      deferred_logits_.assign(logits, logits + n_rows * size_t(kVocab));
+      deferred_samplers_.clear();
+      for (const RowSample& r : samples) {
+        STRATA_CHECK(r.mask_later || r.mask.words == nullptr, "a deferred step's masks come later");
+        deferred_samplers_.push_back(r.sampler ? std::optional<Sampler>(*r.sampler) : std::nullopt);
+      }
+      queue_.push_back(std::move(q));
+      return;
+    }
     if (device_logprobs_) answer_samples(logits, samples, q);
     queue_.push_back(std::move(q));
   }
+  void sample_enqueued(std::span<const TokenMask> masks) override {
+    STRATA_CHECK(deferred_, "no step waits for its masks");
+    deferred_ = false;
+    ++deferred_steps;
+    StepRows& q = queue_.back();
+    std::vector<RowSample> samples(deferred_samplers_.size());
+    for (size_t r = 0; r < samples.size(); ++r) {
+      if (deferred_samplers_[r]) samples[r].sampler = &*deferred_samplers_[r];
+      if (r < masks.size()) samples[r].mask = masks[r];
+    }
+    answer_samples(deferred_logits_.data(), samples, q);
+    // The next step's fed inputs are the tokens drawn, as a device's merged tokens.
+    for (size_t r = 0; r < q.sampled.size(); ++r) {
+      if (q.sampled[r] != StepRows::kNotSampled) last_[r] = q.sampled[r];
+    }
+  }
   const StepRows& collect() override {
     STRATA_CHECK(!queue_.empty(), "nothing queued");
+    STRATA_CHECK(!deferred_ || queue_.size() > 1, "collect() of a step that waits for its masks");
     rows_ = std::move(queue_.front());
     queue_.pop_front();
     return rows_;
@@ -151,6 +187,8 @@ class QueuedHostExecutor final : public StepExecutor {
   void write_block(int32_t b, const uint8_t* in) override { inner_.write_block(b, in); }
   int64_t plain_steps = 0;
   int64_t logprob_rows = 0;  // rows answered with their logprobs
+  int64_t masked_rows = 0;   // rows sampled under a grammar mask
+  int64_t deferred_steps = 0;  // enqueued with masks_later
 
  private:
   void answer_samples(const float* logits, std::span<const RowSample> samples, StepRows& out) {
@@ -164,6 +202,17 @@ class QueuedHostExecutor final : public StepExecutor {
       if (samples[r].sampler == nullptr) continue;
       STRATA_CHECK(samples[r].sampler->params().greedy(), "the test executor samples greedy rows only");
       out.sampled[r] = out.argmax[r];
+      if (samples[r].mask.words != nullptr) {
+        // The lowest allowed id at the row's masked maximum, -1 when the mask allows none.
+        const float* row = logits + r * size_t(kVocab);
+        const TokenMask& m = samples[r].mask;
+        int32_t best = -1;
+        for (int32_t v = 0; v < std::min(kVocab, m.n_ids); ++v) {
+          if (((m.words[v >> 5] >> (v & 31)) & 1u) && (best < 0 || row[v] > row[best])) best = v;
+        }
+        out.sampled[r] = best;
+        ++masked_rows;
+      }
       if (samples[r].top_logprobs < 0) continue;
       TokenLogprobs lp;
       STRATA_CHECK(compute_logprobs(logits + r * size_t(kVocab), kVocab, out.argmax[r], samples[r].top_logprobs, &lp).ok(),
@@ -190,20 +239,26 @@ class QueuedHostExecutor final : public StepExecutor {
   bool device_logprobs_ = false;
   std::vector<int32_t> last_;  // the last enqueued step's argmax
   std::deque<StepRows> queue_;
+  bool deferred_ = false;  // the newest queued step waits for sample_enqueued()
+  std::vector<float> deferred_logits_;
+  std::vector<std::optional<Sampler>> deferred_samplers_;
 };
 
 struct Result {
   std::map<std::string, test::Outcome> out;
   EngineStats stats;
   int64_t logprob_rows = 0;  // answered by the executor
+  int64_t masked_rows = 0;
+  int64_t deferred_steps = 0;
 };
 
 // Every request queued before the first step; `cancel_id` is read first and cancelled after
 // three tokens.
 Result run_workload(ThreadPool& pool, bool overlap, const std::vector<GenerationRequest>& reqs,
-                    const std::string& cancel_id = "", bool device_logprobs = false) {
+                    const std::string& cancel_id = "", bool device_logprobs = false, bool token_fill = true) {
   auto model = std::make_unique<HashModel>(pool);
   EngineOptions o;
+  o.token_fill = token_fill;
   o.block_size = 4;
   o.kv_blocks = 48;  // 192 tokens for up to 8 sequences of up to 72: preemptions
   o.max_num_seqs = 8;
@@ -250,6 +305,8 @@ Result run_workload(ThreadPool& pool, bool overlap, const std::vector<Generation
   }
   engine.shutdown();
   r.logprob_rows = executor->logprob_rows;
+  r.masked_rows = executor->masked_rows;
+  r.deferred_steps = executor->deferred_steps;
   return r;
 }
 
@@ -381,6 +438,85 @@ TEST(EngineAsync, DeviceLogprobsOverlapWithTheHostPathsValues) {
       }
     }
   }
+}
+
+// A 64-id vocabulary over the hash model: id 2 is EOS (a stop id), the others one or two
+// characters, so a grammar sometimes forces a token ("a" must be followed by "b").
+std::shared_ptr<const grammar::Vocabulary> hash_vocab() {
+  static const std::shared_ptr<const grammar::Vocabulary> v = [] {
+    const std::string chars = "abcdefghij0123456789,;";
+    std::vector<std::string> bytes;
+    for (int32_t id = 0; id < kVocab; ++id) {
+      if (id == 2) {
+        bytes.push_back("</s>");
+      } else if (id < int32_t(chars.size())) {
+        bytes.push_back(std::string(1, chars[size_t(id)]));
+      } else {
+        bytes.push_back(std::string(1, chars[size_t(id) % 10]) + chars[size_t(id * 7) % chars.size()]);
+      }
+    }
+    auto made = grammar::Vocabulary::create(std::move(bytes), {2}, {2});
+    STRATA_CHECK(made.ok(), "the test vocabulary");
+    return *made;
+  }();
+  return v;
+}
+
+// Greedy requests under one regex, half of them with unconstrained neighbours: host logits and
+// the host sampler's masks (with token fill), the executor's masks one step at a time, and
+// overlapped steps whose sampling waits for the masks give the same tokens; every constrained
+// output is one the grammar accepts, and those that end by the grammar are complete.
+TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
+  ThreadPool pool(2);
+  grammar::GrammarCache cache;
+  const grammar::GrammarSpec spec{grammar::GrammarKind::kRegex, "(ab|c[0-9]+|d[e-j]*)(,(ab|c[0-9]+|d[e-j]*))*;", {}};
+  auto masks = cache.get_masks(spec, hash_vocab());
+  ASSERT_TRUE(masks.ok()) << masks.error().to_string();
+  std::vector<GenerationRequest> reqs = workload();
+  int n_constrained = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 2 == 1 && i % 7 != 3) continue;  // unconstrained neighbours
+    reqs[i].grammar = *masks;
+    reqs[i].grammar_key = grammar::GrammarCache::key_of(spec);
+    reqs[i].ignore_eos = false;
+    reqs[i].max_tokens = 8 + int32_t(i % 5) * 9;
+    ++n_constrained;
+  }
+  const Result host = run_workload(pool, false, reqs, "", false, true);
+  const Result single = run_workload(pool, false, reqs, "", true, false);
+  const Result overlap = run_workload(pool, true, reqs, "", true, true);
+  EXPECT_EQ(host.masked_rows, 0);
+  EXPECT_GT(single.masked_rows, 0);
+  EXPECT_EQ(single.deferred_steps, 0);
+  EXPECT_GT(overlap.deferred_steps, 0);
+  EXPECT_GT(overlap.stats.overlapped_steps, overlap.stats.steps / 2) << "constrained rows are not host-bound";
+  int64_t filled = 0, ended_by_grammar = 0;
+  for (const auto& q : reqs) {
+    const test::Outcome& h = host.out.at(q.id);
+    filled += h.final.usage.fill_tokens;
+    for (const Result* d : {&single, &overlap}) {
+      const test::Outcome& o = d->out.at(q.id);
+      const std::string what = q.id + (d == &single ? " (single steps)" : " (overlapped)");
+      EXPECT_EQ(o.tokens, h.tokens) << what;
+      EXPECT_EQ(o.final.finish_reason, h.final.finish_reason) << what << ": " << o.final.message;
+    }
+    EXPECT_EQ(overlap.out.at(q.id).final.usage.fill_tokens, 0) << q.id << ": overlapped steps do not fill";
+    if (q.grammar == nullptr) continue;
+    grammar::Matcher m(*masks, 0);
+    for (int32_t t : h.tokens) ASSERT_TRUE(m.accept_token(t)) << q.id << ": token " << t << " outside the grammar";
+    if (h.final.finish_reason == FinishReason::kStop) {
+      EXPECT_TRUE(m.is_complete()) << q.id;
+      ++ended_by_grammar;
+    } else {
+      EXPECT_EQ(h.final.finish_reason, FinishReason::kLength) << q.id << ": " << h.final.message;
+    }
+  }
+  std::printf("%d constrained requests: %lld ended by the grammar, %lld tokens filled on the host path; %lld rows "
+              "masked by the executor, %lld steps sampled after their masks\n",
+              n_constrained, (long long)ended_by_grammar, (long long)filled, (long long)overlap.masked_rows,
+              (long long)overlap.deferred_steps);
+  EXPECT_GT(ended_by_grammar, 0);
+  EXPECT_GT(filled, 0) << "the grammar forces tokens (b after a)";
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // segment at a time, 8 float4 loads in flight per lane):
 //   copy       raw logits -> NaN-cleaned row, argmax (+ raw top-n lists for logprobs, + the
 //              first top-k digit when there are no edits)
-//   edits      logit bias (in order), repetition, presence/frequency on the sparse ids
+//   edits      logit bias (in order), repetition, presence/frequency on the sparse ids, then
+//              the grammar mask (ids it leaves out become -inf)
 //   argmax     again, only when an edit changed the row
 //   top-k      k-th largest processed logit by radix selection on order-preserving keys
 //              (11 + 11 + 10 bits, counting histograms)
@@ -525,7 +526,8 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
   const bool pend_on = pend >= 0 && pend < n;
   const bool rep_on = P.repetition_penalty != 1.0f && (P.seen_count > 0 || pend_on);
   const bool pf_on = (P.presence_penalty != 0.0f || P.frequency_penalty != 0.0f) && (P.counts_count > 0 || pend_on);
-  const bool edits = P.bias_count > 0 || rep_on || pf_on;
+  const bool mask_on = P.mask >= 0 && b.masks != nullptr;
+  const bool edits = P.bias_count > 0 || rep_on || pf_on || mask_on;
   const bool copy = !greedy || edits;
   const bool want_lp = P.top_logprobs >= 0 && b.chosen_logprob != nullptr;
   const int top_n = want_lp ? min(P.top_logprobs, kMaxTop) : 0;
@@ -625,13 +627,26 @@ __global__ void __launch_bounds__(kThreads, 1) sampling_kernel(SamplingBatch b, 
     __syncthreads();
     best_v = -INFINITY;
     best_i = INT_MAX;
-    row_pass<false>(work, n_seg, nullptr, [&](int i, float w) -> u64 {
-      if (better(w, i, best_v, best_i)) {
-        best_v = w;
-        best_i = i;
-      }
-      return 0;
-    });
+    if (mask_on) {
+      // The mask last, with the argmax: -inf stays -inf through every edit above, as on the host.
+      const uint32_t* m = b.masks + int64_t(P.mask) * b.mask_words;
+      row_pass<true>(work, n_seg, nullptr, [&](int i, float& w) -> u64 {
+        if (i < n && !((m[i >> 5] >> (i & 31)) & 1u)) w = -INFINITY;
+        if (better(w, i, best_v, best_i)) {
+          best_v = w;
+          best_i = i;
+        }
+        return 0;
+      });
+    } else {
+      row_pass<false>(work, n_seg, nullptr, [&](int i, float w) -> u64 {
+        if (better(w, i, best_v, best_i)) {
+          best_v = w;
+          best_i = i;
+        }
+        return 0;
+      });
+    }
     block_argmax(sh, best_v, best_i);
   }
   const float proc_max = best_v;

@@ -54,6 +54,10 @@ struct SamplingRow {
   // seen it). The penalties count it once more: seen by repetition, and one more occurrence
   // for presence/frequency. -1: the lists are complete.
   int32_t pending = -1;
+  // Constrained decoding: row of SamplingBatch::masks holding the ids this row may take (bit i
+  // of word i / 32), applied after bias and penalties and before temperature and the filters,
+  // as the host Sampler's TokenMask; ids the mask leaves out are -inf. -1: no mask.
+  int32_t mask = -1;
 };
 
 struct SamplingBatch {
@@ -69,6 +73,8 @@ struct SamplingBatch {
   const int32_t* count_values = nullptr;
   const int32_t* pending_tokens = nullptr;  // device, indexed by the rows' pending (may be null);
                                             // ids outside the row's vocabulary add nothing
+  const uint32_t* masks = nullptr; // device [rows with a mask, mask_words], indexed by the rows' mask
+  int32_t mask_words = 0;          // words per mask row, >= (vocab + 31) / 32
   int32_t* tokens = nullptr;       // [n_rows] out: the sampled token; -1 where every logit of
                                    // the row's vocabulary is -inf or NaN (the host refuses those)
   // Logprobs, written for rows with top_logprobs >= 0 (may be null when no row asks):

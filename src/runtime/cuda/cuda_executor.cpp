@@ -51,11 +51,14 @@ int64_t sampling_list_capacity(const CudaModelOptions& o) {
   return std::min<int64_t>(int64_t(o.max_logit_rows) * o.max_blocks_per_seq * o.block_size, int64_t(1) << 24);
 }
 int64_t sampling_bias_capacity(const CudaModelOptions& o) { return int64_t(o.max_logit_rows) * 1024; }
-// Bytes of the arena: workspace, rows and tokens, three id lists, bias ids and values, and
-// alignment slack for the eight pieces.
+// Grammar masks: one row of words per logit row, the vocabulary rounded up to 32 ids.
+int32_t sampling_mask_words(int32_t vocab) { return (vocab + 31) / 32; }
+// Bytes of the arena: workspace, rows and tokens, three id lists, bias ids and values, the
+// masks, and alignment slack for the nine pieces.
 size_t sampling_scratch_bytes(const CudaModelOptions& o, int32_t vocab) {
   return sampling_workspace_bytes(o.max_logit_rows, vocab) + size_t(o.max_logit_rows) * (sizeof(SamplingRow) + 4) +
-         size_t(sampling_list_capacity(o)) * 12 + size_t(sampling_bias_capacity(o)) * 8 + 8 * 256;
+         size_t(sampling_list_capacity(o)) * 12 + size_t(sampling_bias_capacity(o)) * 8 +
+         size_t(o.max_logit_rows) * size_t(sampling_mask_words(vocab)) * 4 + 9 * 256;
 }
 
 }  // namespace
@@ -105,6 +108,8 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
     STRATA_RETURN_IF_ERROR(take(&s->count_values, lists, "penalty counts"));
     STRATA_RETURN_IF_ERROR(take(&s->bias_ids, bias, "logit bias ids"));
     STRATA_RETURN_IF_ERROR(take(&s->bias_values, bias, "logit bias values"));
+    s->mask_words = sampling_mask_words(vocab);
+    STRATA_RETURN_IF_ERROR(take(&s->masks, rows * size_t(s->mask_words), "grammar masks"));
     return Status();
   }();
   if (st.ok()) {
@@ -120,6 +125,14 @@ CudaExecutor::CudaExecutor(std::unique_ptr<CudaDecoder> decoder, int64_t kv_stag
 
 void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned,
                                           std::span<const int32_t> pending, const int32_t* pending_tokens) {
+  prepare_device_sampling(samples, pending);
+  std::vector<TokenMask>& masks = sampling_->by_row;
+  masks.assign(samples.size(), TokenMask{});
+  for (size_t r = 0; r < samples.size(); ++r) masks[r] = samples[r].mask;
+  launch_prepared_sampling(masks, pinned, pending_tokens);
+}
+
+void CudaExecutor::prepare_device_sampling(std::span<const RowSample> samples, std::span<const int32_t> pending) {
   Sampling& s = *sampling_;
   s.h_rows.clear();
   s.h_row_index.clear();
@@ -160,12 +173,33 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
     s.h_rows.push_back(row);
     s.h_row_index.push_back(int32_t(r));
   }
-  if (s.h_rows.empty()) return;
   if (int64_t(s.h_rows.size()) > s.max_rows || int64_t(s.h_seen.size()) > s.list_capacity ||
       int64_t(s.h_count_ids.size()) > s.list_capacity || int64_t(s.h_bias_ids.size()) > s.bias_capacity) {
     throw std::runtime_error("device sampling: the step's rows (" + std::to_string(s.h_rows.size()) + "), penalty ids (" +
                              std::to_string(s.h_seen.size()) + ", " + std::to_string(s.h_count_ids.size()) +
                              ") or logit_bias entries (" + std::to_string(s.h_bias_ids.size()) + ") pass the scratch's capacity");
+  }
+}
+
+void CudaExecutor::launch_prepared_sampling(std::span<const TokenMask> masks, uint8_t* pinned, const int32_t* pending_tokens) {
+  Sampling& s = *sampling_;
+  if (s.h_rows.empty()) return;
+  const int32_t vocab = decoder_->config().vocab_size;
+  // Each masked row's words, bits past its n_ids (and past the vocabulary) cleared, as the host
+  // Sampler leaves those ids out.
+  s.h_masks.clear();
+  int32_t n_masked = 0;
+  for (size_t i = 0; i < s.h_rows.size(); ++i) {
+    const size_t r = size_t(s.h_row_index[i]);
+    s.h_rows[i].mask = -1;
+    if (r >= masks.size() || masks[r].words == nullptr) continue;
+    const int32_t n_ids = std::clamp(masks[r].n_ids, 0, vocab);
+    const size_t at = s.h_masks.size();
+    s.h_masks.resize(at + size_t(s.mask_words), 0u);
+    const int32_t full = n_ids / 32;
+    std::memcpy(s.h_masks.data() + at, masks[r].words, size_t(full) * 4);
+    if (n_ids % 32 != 0) s.h_masks[at + size_t(full)] = masks[r].words[full] & ((1u << (n_ids % 32)) - 1u);
+    s.h_rows[i].mask = n_masked++;
   }
   // The sampler reads row i of its batch as logits row h_row_index[i]: rows are packed so
   // that each sampled row's logits stay where the step wrote them (stride = vocab, base at
@@ -191,7 +225,7 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
   up(s.seen_ids, s.h_seen.data(), s.h_seen.size() * 4);
   up(s.count_ids, s.h_count_ids.data(), s.h_count_ids.size() * 4);
   up(s.count_values, s.h_count_values.data(), s.h_count_values.size() * 4);
-  const int32_t vocab = decoder_->config().vocab_size;
+  up(s.masks, s.h_masks.data(), s.h_masks.size() * 4);
   const float* logits = decoder_->device_logits();
   for (size_t i = 0; i < s.h_rows.size();) {
     size_t j = i + 1;
@@ -208,6 +242,8 @@ void CudaExecutor::launch_device_sampling(std::span<const RowSample> samples, ui
     b.count_ids = s.count_ids;
     b.count_values = s.count_values;
     b.pending_tokens = pending_tokens;
+    b.masks = n_masked > 0 ? s.masks : nullptr;
+    b.mask_words = s.mask_words;
     b.tokens = s.tokens + i;
     b.workspace = s.workspace;
     b.workspace_bytes = s.workspace_bytes;

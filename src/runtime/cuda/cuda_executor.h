@@ -46,7 +46,8 @@ class CudaExecutor final : public StepExecutor {
   // set_token_feed) and copied back to pinned memory; collect() waits for that copy only.
   bool supports_overlap() const override { return overlap_ != nullptr; }
   void enqueue(const StepPlan& plan, const std::vector<uint8_t>& want_logits, std::span<const RowSample> samples,
-               std::span<const TokenFeed> feed) override;
+               std::span<const TokenFeed> feed, bool masks_later) override;
+  void sample_enqueued(std::span<const TokenMask> masks) override;
   const StepRows& collect() override;
   int32_t vocab() const override { return decoder_->config().vocab_size; }
   int32_t n_kv_blocks() const override { return decoder_->n_kv_blocks(); }
@@ -72,6 +73,9 @@ class CudaExecutor final : public StepExecutor {
   // Overlapped steps take rows with penalties: a fed row's previous token joins its penalty
   // history on the device (SamplingRow::pending).
   bool device_penalties() const override { return device_sampling() && overlap_ != nullptr; }
+  // Grammar masks ride with the rows' parameters (SamplingRow::mask); an overlapped step's
+  // sampling may wait for them (masks_later).
+  bool device_masks() const override { return device_sampling(); }
   // The hybrid families' recurrent state slots on the device (CudaDecoder::save_state).
   int64_t state_floats() const override { return decoder_->state_floats(); }
   void save_state(int32_t slot, float* dst) override;
@@ -118,12 +122,16 @@ class CudaExecutor final : public StepExecutor {
     int32_t* seen_ids = nullptr;
     int32_t* count_ids = nullptr;
     int32_t* count_values = nullptr;
+    uint32_t* masks = nullptr;  // [max_rows, mask_words] grammar masks
+    int32_t mask_words = 0;
     int64_t max_rows = 0, list_capacity = 0, bias_capacity = 0;
     // Host side of one step.
     std::vector<SamplingRow> h_rows;
     std::vector<int32_t> h_row_index;  // logit row of each sampled row
     std::vector<int32_t> h_tokens, h_bias_ids, h_seen, h_count_ids, h_count_values;
     std::vector<float> h_bias_values;
+    std::vector<uint32_t> h_masks;   // [masked rows, mask_words]
+    std::vector<TokenMask> by_row;   // each logit row's mask (launch_device_sampling)
   };
   std::unique_ptr<Sampling> sampling_;  // null: device sampling off
   bool sampling_on_ = true;
@@ -137,13 +145,22 @@ class CudaExecutor final : public StepExecutor {
   // not accepted yet (-1: none).
   void launch_device_sampling(std::span<const RowSample> samples, uint8_t* pinned = nullptr,
                               std::span<const int32_t> pending = {}, const int32_t* pending_tokens = nullptr);
-  static size_t sampling_stage_bytes(std::span<const RowSample> samples);
+  // The two halves of launch_device_sampling: the host lists from the samplers (read now: a
+  // sampler may be gone by the time a deferred step samples), then the uploads and launches
+  // with each logit row's mask (masks [logit rows] or empty; words null: none).
+  void prepare_device_sampling(std::span<const RowSample> samples, std::span<const int32_t> pending);
+  void launch_prepared_sampling(std::span<const TokenMask> masks, uint8_t* pinned, const int32_t* pending_tokens);
+  size_t sampling_stage_bytes(std::span<const RowSample> samples) const;
   // Packs the plan's spans into batch_ (token ids from each sequence's tokens).
   void pack(const StepPlan& plan);
   // Overlapped steps: device and pinned buffers, the queue of at most two steps (null: off).
   std::unique_ptr<CudaExecutorOverlap, CudaExecutorOverlapFree> overlap_;
   std::vector<int32_t> pending_;  // [logit rows] of the step being queued (launch_device_sampling)
   void setup_overlap();
+  // enqueue()'s second half (the sampling, the merge, the copies back) for the step in slot;
+  // sample_enqueued() runs it for a step queued with masks_later.
+  void finish_enqueue(int32_t slot, std::span<const TokenMask> masks);
+  void abandon_enqueued();
   int32_t overlap_queued() const;
   void overlap_interrupted();  // a run() step: the next overlapped step feeds nothing
   // STRATA_PROFILE_STEPS=1: where the step time goes, logged every 256 steps: the engine's

@@ -42,11 +42,14 @@ struct CudaExecutorOverlap {
     int64_t number = 0;               // the step's place among overlapped steps (profiling)
     int32_t n_rows = 0;
     int64_t n_tokens = 0;
+    int32_t n_sampled = 0;
     double enqueue_ms = 0;
   };
   Slot slot[2];
   int32_t head = 0, queued = 0;
   int32_t last_rows = -1;  // rows of the last enqueued step (-1: none, or a run() since)
+  bool deferred = false;   // the newest step waits for sample_enqueued() (masks_later)
+  std::vector<TokenMask> no_masks;
   // STRATA_PROFILE_STEPS: timed events before and after each step's work, a ring indexed by
   // the step's number (an event is recorded again four steps on, after both its readers), and
   // sums over the steps since the last log line.
@@ -146,18 +149,19 @@ void CudaExecutor::setup_overlap() {
   decoder_->set_token_feed(overlap_->d_desc, overlap_->d_tokens);
 }
 
-size_t CudaExecutor::sampling_stage_bytes(std::span<const RowSample> samples) {
+size_t CudaExecutor::sampling_stage_bytes(std::span<const RowSample> samples) const {
   // As launch_device_sampling fills the lists: penalty lists only where their penalty is on.
-  size_t rows = 0, bias = 0, seen = 0, counts = 0;
+  size_t rows = 0, bias = 0, seen = 0, counts = 0, masked = 0;
   for (const RowSample& r : samples) {
     if (r.sampler == nullptr) continue;
     const SamplingParams& p = r.sampler->params();
     ++rows;
+    if (r.mask.words != nullptr || r.mask_later) ++masked;
     bias += p.logit_bias.size();
     if (p.repetition_penalty != 1.0f) seen += r.sampler->seen_ids().size();
     if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) counts += r.sampler->token_counts().size();
   }
-  return rows * sizeof(SamplingRow) + bias * 8 + seen * 4 + counts * 8 + 6 * 256;
+  return rows * sizeof(SamplingRow) + bias * 8 + seen * 4 + counts * 8 + masked * size_t(sampling_->mask_words) * 4 + 7 * 256;
 }
 
 namespace {
@@ -181,12 +185,14 @@ void ensure_stage(CudaExecutorOverlap::Slot& sl, size_t bytes) {
 }  // namespace
 
 void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& want_logits,
-                           std::span<const RowSample> samples, std::span<const TokenFeed> feed) {
+                           std::span<const RowSample> samples, std::span<const TokenFeed> feed, bool masks_later) {
   STRATA_CHECK(overlap_ != nullptr, "enqueue() without overlapped steps");
   CudaExecutorOverlap& o = *overlap_;
   if (o.queued >= 2) throw std::logic_error("CUDA step: two overlapped steps are queued already");
+  if (o.deferred) throw std::logic_error("CUDA step: the previous step waits for its masks (sample_enqueued)");
   const Clock::time_point t0 = Clock::now();
-  CudaExecutorOverlap::Slot& sl = o.slot[(o.head + o.queued) % 2];
+  const int32_t slot = (o.head + o.queued) % 2;
+  CudaExecutorOverlap::Slot& sl = o.slot[slot];
   const cudaStream_t stream = decoder_->stream();
   pack(plan);
   const int64_t n_rows = batch_.n_logit_rows();
@@ -245,9 +251,72 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
     cudaMemsetAsync(o.d_desc, 0, 4, stream);  // no later step may take this feed
     throw std::runtime_error("CUDA step: " + st.error().to_string());
   }
-  if (n_sampled > 0 && batch_.n_tokens() > 0) {
+  sl.n_rows = int32_t(n_rows);
+  sl.n_sampled = n_sampled;
+  sl.n_tokens = batch_.n_tokens();
+  sl.number = number;
+  sl.enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  o.last_rows = int32_t(n_rows);
+  ++o.queued;
+  try {
+    if (n_sampled > 0 && batch_.n_tokens() > 0) prepare_device_sampling(samples, pending_);
+    if (masks_later) {
+      o.deferred = true;  // the forward runs; sample_enqueued() queues the rest
+      return;
+    }
+    std::vector<TokenMask>& masks = sampling_ ? sampling_->by_row : o.no_masks;
+    masks.assign(samples.size(), TokenMask{});
+    for (size_t r = 0; r < samples.size(); ++r) masks[r] = samples[r].mask;
+    finish_enqueue(slot, masks);
+  } catch (...) {
+    abandon_enqueued();
+    throw;
+  }
+}
+
+void CudaExecutor::sample_enqueued(std::span<const TokenMask> masks) {
+  STRATA_CHECK(overlap_ != nullptr && overlap_->deferred, "sample_enqueued() without a step enqueued with masks_later");
+  CudaExecutorOverlap& o = *overlap_;
+  o.deferred = false;
+  const Clock::time_point t0 = Clock::now();
+  const int32_t slot = (o.head + o.queued - 1) % 2;
+  CudaExecutorOverlap::Slot& sl = o.slot[slot];
+  try {
+    if (!masks.empty() && int32_t(masks.size()) != sl.n_rows) throw std::invalid_argument("CUDA step: masks has one entry per logit row");
+    finish_enqueue(slot, masks);
+  } catch (...) {
+    abandon_enqueued();
+    throw;
+  }
+  sl.enqueue_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// A step whose second half failed: it leaves the queue (nothing will collect it) and no later
+// step may take its tokens.
+void CudaExecutor::abandon_enqueued() {
+  CudaExecutorOverlap& o = *overlap_;
+  o.deferred = false;
+  --o.queued;
+  o.last_rows = -1;
+  o.chain_from = o.n_enqueued + 1;
+  cudaMemsetAsync(o.d_desc, 0, 4, decoder_->stream());
+}
+
+// The second half of a queued step: its sampling (the lists prepare_device_sampling made, the
+// masks), the merge of every row's token, the copies back and the step's events.
+void CudaExecutor::finish_enqueue(int32_t slot, std::span<const TokenMask> masks) {
+  CudaExecutorOverlap& o = *overlap_;
+  CudaExecutorOverlap::Slot& sl = o.slot[slot];
+  const cudaStream_t stream = decoder_->stream();
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA step: ") + what + ": " + cudaGetErrorString(e));
+  };
+  const int64_t n_rows = sl.n_rows;
+  const int32_t n_sampled = sl.n_sampled;
+  const int64_t number = sl.number;
+  if (n_sampled > 0 && sl.n_tokens > 0) {
     // The sampler runs before this step's merge: o.d_tokens still holds the previous step's.
-    launch_device_sampling(samples, sl.h_stage, pending_, o.d_tokens);
+    launch_prepared_sampling(masks, sl.h_stage, o.d_tokens);
   }
   if (n_rows > 0) {
     check(cudaMemcpyAsync(sl.d_row_sample, sl.h_row_sample, size_t(n_rows) * 4, cudaMemcpyHostToDevice, stream), "row upload");
@@ -261,23 +330,18 @@ void CudaExecutor::enqueue(const StepPlan& plan, const std::vector<uint8_t>& wan
     check(cudaMemcpyAsync(sl.h_tokens, o.d_tokens, size_t(n_rows) * 4, cudaMemcpyDeviceToHost, stream), "token copy");
   }
   sl.lp_top_n.clear();
-  if (logprobs_ && n_sampled > 0 && batch_.n_tokens() > 0) {
+  if (logprobs_ && n_sampled > 0 && sl.n_tokens > 0) {
     logprobs_->copy_out(sampling_->h_rows, sl.lp, sl.lp_top_n, stream);
   }
   if (profile_) check(cudaEventRecord(o.end[number % CudaExecutorOverlap::kRing], stream), "event");
   check(cudaEventRecord(sl.done, stream), "event");
-  sl.number = number;
   ++o.n_enqueued;
-  sl.n_rows = int32_t(n_rows);
-  sl.n_tokens = batch_.n_tokens();
-  sl.enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  o.last_rows = int32_t(n_rows);
-  ++o.queued;
 }
 
 const StepRows& CudaExecutor::collect() {
   STRATA_CHECK(overlap_ != nullptr && overlap_->queued > 0, "collect() with no overlapped step queued");
   CudaExecutorOverlap& o = *overlap_;
+  if (o.deferred && o.queued == 1) throw std::logic_error("CUDA step: collect() of a step that waits for its masks");
   CudaExecutorOverlap::Slot& sl = o.slot[o.head];
   o.head = (o.head + 1) % 2;
   --o.queued;
