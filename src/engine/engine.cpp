@@ -877,7 +877,7 @@ void Engine::commit(const StepPlan& plan, const StepRows& rows) {
 
 bool Engine::emit_token(Active& a, int32_t token, const float* last, const StepRows* rows, size_t row, bool in_run,
                         bool grammar_current) {
-  const bool grammar = a.matcher && grammar_current;
+  const bool grammar = a.constrained() && grammar_current;
   if (!in_run) a.sampler.accept(token);
   ++a.n_generated;
   ++core_->stats.generated_tokens;

@@ -223,6 +223,9 @@ class Engine {
   // (false: the request has failed and is gone).
   struct TokenMask next_mask(Active& a, bool* any);
   bool accept_device_token(Active& a, int32_t token);
+  // Advances a's grammar state by its generated token number `position` (the reasoning
+  // markers and what lies between them pass the matcher by); false: the grammar rejects it.
+  bool grammar_take(Active& a, int32_t token, int32_t position);
   // Token fill: the one id a's mask admits (-1: none or several), and the loop appending such
   // ids after a committed token (false once `a` has finished and is gone).
   int32_t only_allowed_token(Active& a);

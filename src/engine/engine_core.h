@@ -61,6 +61,9 @@ struct Engine::Active {
   // Constrained decoding (engine_grammar.cpp): the sequence's place in its grammar, advanced
   // by every committed token, and the scratch bitmask of the next token. Null: unconstrained.
   std::unique_ptr<grammar::Matcher> matcher;
+  bool grammar_wait = false;   // in a reasoning section: the grammar starts after its end
+  // Whether the next token is drawn under the grammar (not while it reasons first).
+  bool constrained() const { return matcher && !grammar_wait; }
   std::vector<uint32_t> mask;  // [vocab.mask_words()]
   int32_t fill_tokens = 0;     // token fill: forced tokens appended without sampling
   int32_t fill_spans = 0;

@@ -45,29 +45,46 @@ void Engine::admit_grammar(Active& a) {
   if (a.req.grammar == nullptr) return;
   // Only committed tokens advance the matcher (see above): it keeps no rollback history.
   a.matcher = std::make_unique<grammar::Matcher>(a.req.grammar, 0);
+  a.grammar_wait = a.req.grammar_in_think;
   a.mask.assign(size_t(a.req.grammar->vocab().mask_words()), 0u);
   ++core_->stats.grammar_requests;
 }
 
 bool Engine::replay_grammar(Active& a, const std::vector<int32_t>& generated) {
   if (!a.matcher) return true;
-  for (int32_t id : generated) {
-    if (!a.matcher->accept_token(id)) {
-      a.matcher->reset();
-      return false;
-    }
-  }
-  if (a.matcher->is_complete()) {  // a complete output would have finished, not checkpointed
+  auto fail = [&] {
     a.matcher->reset();
+    a.grammar_wait = a.req.grammar_in_think;
     return false;
+  };
+  for (size_t i = 0; i < generated.size(); ++i) {
+    if (!grammar_take(a, generated[i], int32_t(i))) return fail();
   }
+  if (a.constrained() && a.matcher->is_complete()) return fail();  // a complete output would have finished
   return true;
 }
 
+bool Engine::grammar_take(Active& a, int32_t token, int32_t position) {
+  if (!a.matcher) return true;
+  if (a.grammar_wait) {
+    if (token == a.req.grammar_think_end) a.grammar_wait = false;
+    return true;
+  }
+  if (position == 0 && token == a.req.grammar_think_open && token >= 0) {
+    a.grammar_wait = true;
+    return true;
+  }
+  return a.matcher->accept_token(token);
+}
+
 TokenMask Engine::next_mask(Active& a, bool* any) {
+  *any = true;
+  if (a.grammar_wait) return TokenMask{};  // reasoning: no constraint yet
   const auto t0 = Clock::now();
   a.matcher->fill_next_token_bitmask(a.mask.data());
   const int32_t n_ids = a.req.grammar->vocab().size();
+  const int32_t open = a.req.grammar_think_open;
+  if (a.n_generated == 0 && open >= 0 && open < n_ids) a.mask[size_t(open) / 32] |= 1u << (open % 32);
   // The row can be sampled only if the mask keeps an id the sampler may draw.
   const int32_t limit = std::min(n_ids, a.sampler.effective_vocab(core_->runner.vocab()));
   *any = false;
@@ -85,13 +102,13 @@ int32_t Engine::sample_token(Active& a, const float* logits, int32_t vocab) {
   bool any = false;
   const TokenMask mask = next_mask(a, &any);
   if (!any) return -1;
-  const int32_t token = a.sampler.sample(logits, vocab, &mask);
-  STRATA_CHECK(a.matcher->accept_token(token), "the grammar accepts the token its mask allowed (" + std::to_string(token) + ")");
+  const int32_t token = a.sampler.sample(logits, vocab, mask.words != nullptr ? &mask : nullptr);
+  STRATA_CHECK(grammar_take(a, token, a.n_generated), "the grammar accepts the token its mask allowed (" + std::to_string(token) + ")");
   return token;
 }
 
 bool Engine::accept_device_token(Active& a, int32_t token) {
-  if (!a.matcher || a.matcher->accept_token(token)) return true;
+  if (grammar_take(a, token, a.n_generated)) return true;
   // The device drew under the mask the matcher gave: a token it rejects is a fault of the step.
   finish(a, FinishReason::kError, "the grammar rejects the device-sampled token " + std::to_string(token));
   return false;
@@ -117,7 +134,7 @@ int32_t Engine::only_allowed_token(Active& a) {
 }
 
 bool Engine::fill_forced(Active& a) {
-  if (!a.matcher || !options_.token_fill || a.req.logprobs >= 0 || core_->runner.state_floats() > 0) return true;
+  if (!a.constrained() || !options_.token_fill || a.req.logprobs >= 0 || core_->runner.state_floats() > 0) return true;
   const grammar::Vocabulary& v = a.req.grammar->vocab();
   bool first = true;
   while (a.n_generated < a.req.max_tokens && !a.matcher->is_complete()) {

@@ -178,7 +178,7 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
     const bool match = r < k && t == seq.tokens[draft0 + size_t(r)];
     if (match) ++accepted;
     if (!match || is_stop(t) || a.n_generated + int32_t(out.size()) >= a.req.max_tokens ||
-        (a.matcher && a.matcher->is_complete())) {
+        (a.constrained() && a.matcher->is_complete())) {
       break;
     }
   }

@@ -36,6 +36,13 @@ struct GenerationRequest {
   // vocabulary must be the model's tokenizer's, with the engine's EOS ids among its stop ids.
   std::shared_ptr<const grammar::TokenMaskCache> grammar;
   std::string grammar_key;
+  // Reasoning models: the grammar applies after the reasoning section. think_end closes it;
+  // in_think: the prompt opened it, so the output is free until think_end; think_open (-1:
+  // none): an id the first token may be besides the grammar's, which opens a section the
+  // grammar then waits out the same way. The markers themselves pass the matcher by.
+  int32_t grammar_think_open = -1;
+  int32_t grammar_think_end = -1;
+  bool grammar_in_think = false;
   // Embedding: the request runs its prompt only and finishes with the final hidden state of
   // its last token (last-token pooling; only on an engine whose model has hidden_output).
   bool embed = false;

@@ -194,10 +194,12 @@ std::optional<ApiError> prepare_request(const ApiRequest& r, const ServedModel& 
     if (!ids.ok()) return bad_field("messages", "messages: " + ids.error().message);
     g.prompt = std::move(ids).value();
     out->output.reasoning_starts_inside = m.reasoning && prompt_opens_reasoning(text);
-    if (constraint && out->output.reasoning_starts_inside) {
-      return bad_field(constraint->field, constraint->field + ": the prompt opens a reasoning section, and a constraint "
-                                          "starting after it is not supported yet (turn reasoning off, e.g. "
-                                          "chat_template_kwargs {\"enable_thinking\": false})");
+    if (constraint && m.reasoning) {
+      // The constraint starts after the reasoning: the prompt opened it, or the first token
+      // may open it.
+      g.grammar_think_end = m.tokenizer.piece_to_id("</think>");
+      g.grammar_in_think = out->output.reasoning_starts_inside;
+      if (!g.grammar_in_think) g.grammar_think_open = m.tokenizer.piece_to_id("<think>");
     }
     out->prompt_text = std::move(text);
   }

@@ -202,16 +202,16 @@ class QueuedHostExecutor final : public StepExecutor {
       if (samples[r].sampler == nullptr) continue;
       STRATA_CHECK(samples[r].sampler->params().greedy(), "the test executor samples greedy rows only");
       out.sampled[r] = out.argmax[r];
-      if (samples[r].mask.words != nullptr) {
-        // The lowest allowed id at the row's masked maximum, -1 when the mask allows none.
+      if (!samples[r].sampler->params().logit_bias.empty() || samples[r].mask.words != nullptr) {
+        // The host sampler's token (greedy: no draw) under the row's bias and mask; -1 when the
+        // mask allows no id, as a device answers.
         const float* row = logits + r * size_t(kVocab);
         const TokenMask& m = samples[r].mask;
-        int32_t best = -1;
-        for (int32_t v = 0; v < std::min(kVocab, m.n_ids); ++v) {
-          if (((m.words[v >> 5] >> (v & 31)) & 1u) && (best < 0 || row[v] > row[best])) best = v;
-        }
-        out.sampled[r] = best;
-        ++masked_rows;
+        bool any = m.words == nullptr;
+        for (int32_t v = 0; v < std::min(kVocab, m.n_ids) && !any; ++v) any = (m.words[v >> 5] >> (v & 31)) & 1u;
+        Sampler s = *samples[r].sampler;
+        out.sampled[r] = any ? s.sample(row, kVocab, m.words != nullptr ? &m : nullptr) : -1;
+        if (m.words != nullptr) ++masked_rows;
       }
       if (samples[r].top_logprobs < 0) continue;
       TokenLogprobs lp;
@@ -481,6 +481,18 @@ TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
     reqs[i].ignore_eos = false;
     reqs[i].max_tokens = 8 + int32_t(i % 5) * 9;
     ++n_constrained;
+    // Reasoning first: opened by the prompt, or by the first token (id 40, pushed there by a
+    // bias); a bias makes the end marker (id 41) come soon.
+    if (i % 4 == 0) reqs[i].grammar_in_think = true;
+    if (i % 4 == 0 || i % 4 == 1) {
+      reqs[i].grammar_think_end = 41;
+      reqs[i].sampling.logit_bias = {{41, 2.5f}};
+      reqs[i].max_tokens += 20;
+    }
+    if (i % 4 == 1) {
+      reqs[i].grammar_think_open = 40;
+      reqs[i].sampling.logit_bias.push_back({40, 30.0f});
+    }
   }
   const Result host = run_workload(pool, false, reqs, "", false, true);
   const Result single = run_workload(pool, false, reqs, "", true, false);
@@ -490,7 +502,7 @@ TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
   EXPECT_EQ(single.deferred_steps, 0);
   EXPECT_GT(overlap.deferred_steps, 0);
   EXPECT_GT(overlap.stats.overlapped_steps, overlap.stats.steps / 2) << "constrained rows are not host-bound";
-  int64_t filled = 0, ended_by_grammar = 0;
+  int64_t filled = 0, ended_by_grammar = 0, reasoned = 0, free_reasoning = 0;
   for (const auto& q : reqs) {
     const test::Outcome& h = host.out.at(q.id);
     filled += h.final.usage.fill_tokens;
@@ -502,8 +514,32 @@ TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
     }
     EXPECT_EQ(overlap.out.at(q.id).final.usage.fill_tokens, 0) << q.id << ": overlapped steps do not fill";
     if (q.grammar == nullptr) continue;
+    // The grammar's part: after the reasoning section when there is one.
+    size_t from = 0;
+    if (q.grammar_think_end >= 0) {
+      const bool opened = q.grammar_in_think || (!h.tokens.empty() && h.tokens[0] == q.grammar_think_open);
+      if (!q.grammar_in_think) {
+        EXPECT_TRUE(opened) << q.id << ": the first token opens the reasoning (bias)";
+      }
+      if (opened) {
+        auto end = std::find(h.tokens.begin() + (q.grammar_in_think ? 0 : 1), h.tokens.end(), q.grammar_think_end);
+        if (end == h.tokens.end()) {
+          EXPECT_EQ(h.final.finish_reason, FinishReason::kLength) << q.id << ": still reasoning";
+          continue;
+        }
+        from = size_t(end - h.tokens.begin()) + 1;
+        ++reasoned;
+        // Free text: somewhere before the end marker a token the grammar would refuse there.
+        grammar::Matcher g(*masks, 0);
+        bool refused = false;
+        for (size_t j = q.grammar_in_think ? 0 : 1; j + 1 < from && !refused; ++j) refused = !g.accept_token(h.tokens[j]);
+        free_reasoning += refused ? 1 : 0;
+      }
+    }
     grammar::Matcher m(*masks, 0);
-    for (int32_t t : h.tokens) ASSERT_TRUE(m.accept_token(t)) << q.id << ": token " << t << " outside the grammar";
+    for (size_t j = from; j < h.tokens.size(); ++j) {
+      ASSERT_TRUE(m.accept_token(h.tokens[j])) << q.id << ": token " << h.tokens[j] << " (" << j << ") outside the grammar";
+    }
     if (h.final.finish_reason == FinishReason::kStop) {
       EXPECT_TRUE(m.is_complete()) << q.id;
       ++ended_by_grammar;
@@ -517,6 +553,10 @@ TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
               (long long)overlap.deferred_steps);
   EXPECT_GT(ended_by_grammar, 0);
   EXPECT_GT(filled, 0) << "the grammar forces tokens (b after a)";
+  std::printf("%lld requests reasoned first and then followed the grammar; %lld of those reasoned with tokens the "
+              "grammar refuses\n", (long long)reasoned, (long long)free_reasoning);
+  EXPECT_GE(reasoned, 6);
+  EXPECT_GT(free_reasoning, 0) << "the reasoning section is not constrained";
 }
 
 }  // namespace
