@@ -77,6 +77,7 @@ Err parse_response_format(const json& rf, std::optional<OutputConstraint>* out) 
 
 Err parse_structured_outputs(const json& so, std::optional<OutputConstraint>* out) {
   if (!so.is_object()) return wrong_type("structured_outputs", so, "an object");
+  bool flexible = false;  // disable_any_whitespace: false asks for JSON whitespace between tokens
   for (auto it = so.begin(); it != so.end(); ++it) {
     const std::string k = it.key();
     const std::string f = "structured_outputs." + k;
@@ -97,11 +98,18 @@ Err parse_structured_outputs(const json& so, std::optional<OutputConstraint>* ou
       if (v.get<bool>()) {
         if (auto e = set(out, f, GrammarKind::kJsonObject, "")) return e;
       }
-    } else if (k == "disable_any_whitespace" || k == "disable_fallback" || k == "disable_additional_properties") {
-      if (!v.is_boolean()) return wrong_type(f, v, "a boolean");  // compact output and no fallback are the defaults here
+    } else if (k == "disable_any_whitespace") {
+      // Compact JSON unless asked otherwise (absent or true: no whitespace; false: any).
+      if (!v.is_boolean()) return wrong_type(f, v, "a boolean");
+      flexible = !v.get<bool>();
+    } else if (k == "disable_fallback" || k == "disable_additional_properties") {
+      if (!v.is_boolean()) return wrong_type(f, v, "a boolean");  // no fallback is the default here
     } else {
       return bad_field(f, f + " is not supported: give one of json, regex, choice, grammar or json_object");
     }
+  }
+  if (flexible && *out && ((*out)->spec.kind == GrammarKind::kJsonSchema || (*out)->spec.kind == GrammarKind::kJsonObject)) {
+    (*out)->spec.json.whitespace = grammar::JsonWhitespace::kFlexible;
   }
   return std::nullopt;
 }

@@ -142,6 +142,20 @@ TEST(ApiRequest, ParsesOutputConstraints) {
   EXPECT_EQ(r.constraint->spec.text, "{\"type\":\"string\"}");
   ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"guided_grammar", "root ::= \"a\""}}, kLimits, &r));
   EXPECT_EQ(r.constraint->spec.kind, GrammarKind::kEbnf);
+  // JSON whitespace: compact unless disable_any_whitespace is false.
+  EXPECT_EQ(r.constraint->spec.json.whitespace, strata::grammar::JsonWhitespace::kCompact);
+  for (const bool disable : {true, false}) {
+    ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"structured_outputs", {{"disable_any_whitespace", disable},
+                                           {"json", schema}}}}, kLimits, &r));
+    EXPECT_EQ(r.constraint->spec.json.whitespace,
+              disable ? strata::grammar::JsonWhitespace::kCompact : strata::grammar::JsonWhitespace::kFlexible);
+  }
+  ASSERT_FALSE(parse_completion_request({{"prompt", "x"}, {"structured_outputs", {{"json", schema}}}}, kLimits, &r));
+  EXPECT_EQ(r.constraint->spec.json.whitespace, strata::grammar::JsonWhitespace::kCompact);
+  auto e = parse_completion_request({{"prompt", "x"}, {"structured_outputs", {{"json", schema}, {"disable_any_whitespace", 1}}}},
+                                    kLimits, &r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_NE(e->message.find("structured_outputs.disable_any_whitespace"), std::string::npos) << e->message;
 }
 
 TEST(ApiRequest, CompletionPromptForms) {
