@@ -75,6 +75,7 @@ struct ServeArgs {
   std::string kv_config;
   std::string kv_quant_start = "auto";
   int32_t state_snapshot_interval = 512;
+  int64_t state_snapshot_bytes = int64_t(256) << 20;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_tokens;
   DeviceArgs dev;
@@ -267,6 +268,7 @@ int run_serve(ServeArgs a) {
   eo.model_identity = state_identity_for(*model, eo);
   eo.kv_codecs = *kv_codecs;
   eo.state_snapshot_interval = a.state_snapshot_interval;
+  eo.state_snapshot_bytes = a.state_snapshot_bytes;
   eo.kv_codecs = device_eo.kv_codecs;  // bf16 on cuda
   eo.kv_blocks = device_eo.kv_blocks;  // the device pool on cuda
   eo.kv_quant_blocks = device_eo.kv_quant_blocks;  // the device's codec pool (--kv-quant-start)
@@ -478,6 +480,9 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--state-snapshot-interval", a->state_snapshot_interval,
                   "Tokens between recurrent-state snapshots for prefix caching (a multiple of 64 and of the block size)")
+      ->capture_default_str();
+  cmd->add_option("--state-snapshot-bytes", a->state_snapshot_bytes,
+                  "Host bytes for recurrent-state snapshots; with --kv-disk-dir the oldest go to disk")
       ->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "Default temperature (request > flag > generation_config.json)");
   cmd->add_option("--top-p", a->top_p, "Default top_p");

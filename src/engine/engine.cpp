@@ -284,7 +284,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   core_->stats.kv = core_->kv.stats(0.0);
   if (core_->kv_window) core_->stats.kv_window = core_->kv_window->stats(0.0);
   queue_.publish_stats(core_->stats);
-  setup_kv_tiers(kv_plan->pools.n_window_blocks > 0 || kv_plan->shape.has_state);
+  setup_kv_tiers();
   setup_checkpoints();
   setup_speculation();
   setup_overlap();
@@ -391,17 +391,42 @@ void Engine::write_checkpoint(Active& a) {
   core_->ckpt_writer->write(std::move(c));  // a full queue drops it (counted): the next one carries on
 }
 
-void Engine::setup_kv_tiers(bool unsupported) {
+namespace {
+
+int64_t sum_bytes(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); }
+
+// Part `w` of `total` by weight (w / all), at least `floor`.
+int64_t share(int64_t total, double w, double all, int64_t floor) {
+  return std::max(floor, int64_t(double(total) * (w / all)));
+}
+
+}  // namespace
+
+void Engine::setup_kv_tiers() {
   if (options_.kv_host_bytes < 0) {
     throw std::invalid_argument("kv_host_bytes must be >= 0, got " + std::to_string(options_.kv_host_bytes));
   }
   if (options_.kv_host_bytes <= 0 && options_.kv_disk_dir.empty() && options_.kv_redis_url.empty()) return;
-  if (unsupported || !options_.prefix_caching) {
-    log::warn("KV tiers are off: {}", unsupported ? "the model has sliding-window layers or recurrent state"
-                                                  : "prefix caching is off");
+  if (!options_.prefix_caching) {
+    log::warn("KV tiers are off: prefix caching is off");
     return;
   }
   const std::vector<int64_t> tensors = core_->runner.block_tensor_bytes();
+  const std::vector<int64_t> window_tensors =
+      core_->kv_window ? core_->runner.window_block_tensor_bytes() : std::vector<int64_t>{};
+  const int64_t full_bb = sum_bytes(tensors), window_bb = sum_bytes(window_tensors);
+  const int64_t state_bb = core_->snapshots ? core_->runner.state_floats() * int64_t(sizeof(float)) : 0;
+  if (full_bb == 0 || (core_->kv_window && window_bb == 0)) {
+    log::warn("KV tiers are off: {}", full_bb == 0 ? "every attention layer of the model has a sliding window"
+                                                   : "the executor does not copy its sliding-window pool");
+    return;
+  }
+  // The budgets split by what one block of tokens costs in each: a full block, a window block,
+  // and a snapshot's share (one per state_snapshot_interval tokens). Snapshots take no host
+  // bytes here: the snapshot store is their host memory (state_snapshot_bytes).
+  const double per_block_state =
+      state_bb > 0 ? double(state_bb) * options_.block_size / std::max(options_.state_snapshot_interval, 1) : 0.0;
+  const double host_all = double(full_bb + window_bb), disk_all = host_all + per_block_state;
   std::string identity = namespace_identity(*model_, options_) + ";tensors=";
   for (int64_t b : tensors) identity += std::to_string(b) + ",";
   std::unique_ptr<RedisTier> redis;
@@ -417,12 +442,59 @@ void Engine::setup_kv_tiers(bool unsupported) {
     if (!r.ok()) throw std::invalid_argument("--kv-redis-url: " + r.error().message);
     redis = std::move(r).value();
   }
-  auto tiers = make_kv_tiers(tensors, identity, options_.kv_host_bytes, options_.kv_disk_dir, options_.kv_disk_bytes,
+  const bool companions = window_bb > 0 || state_bb > 0;
+  const int64_t host_full = companions && options_.kv_host_bytes > 0
+                                ? share(options_.kv_host_bytes, double(full_bb), host_all, full_bb)
+                                : options_.kv_host_bytes;
+  const int64_t disk_full = companions ? share(options_.kv_disk_bytes, double(full_bb), disk_all, full_bb)
+                                       : options_.kv_disk_bytes;
+  auto tiers = make_kv_tiers(tensors, identity, host_full, options_.kv_disk_dir, disk_full,
                              options_.kv_disk_read_delay_s, std::move(redis));
   if (!tiers.ok()) throw std::invalid_argument(tiers.error().message);
   core_->tiers = std::move(tiers).value();
   core_->tier_buf.resize(size_t(core_->tiers->block_bytes()));
   Core* c = core_.get();
+  const std::filesystem::path disk_dir(options_.kv_disk_dir);
+  TierCompanions comp;
+  if (window_bb > 0) {
+    // Window blocks under the same chain hashes as the full blocks, in their own tiers.
+    std::string wid = identity + ";pool=window;tensors=";
+    for (int64_t b : window_tensors) wid += std::to_string(b) + ",";
+    auto w = make_kv_tiers(window_tensors, wid,
+                           options_.kv_host_bytes > 0 ? share(options_.kv_host_bytes, double(window_bb), host_all, window_bb) : 0,
+                           disk_dir.empty() ? std::string() : (disk_dir / "window").string(),
+                           share(options_.kv_disk_bytes, double(window_bb), disk_all, window_bb), options_.kv_disk_read_delay_s);
+    if (!w.ok()) throw std::invalid_argument(w.error().message);
+    c->window_tiers = std::move(w).value();
+    c->kv_window->set_evict_hook([c](int32_t block, uint64_t hash) {
+      c->window_demote_blocks.push_back(block);
+      c->window_demote_hashes.push_back(hash);
+      if (c->window_demote_blocks.size() * size_t(c->window_tiers->block_bytes()) >= Core::kDemoteBatchBytes) c->flush_demotions();
+    });
+    comp.window_kv = c->kv_window.get();
+    comp.window_tiers = c->window_tiers.get();
+    comp.window = c->sched.options().window;
+    comp.install_window = [c](std::span<const int32_t> blocks, const uint8_t* bytes) {
+      c->flush_demotions();
+      c->runner.write_window_blocks(blocks, bytes);
+    };
+  }
+  if (state_bb > 0) {
+    comp.snapshots = c->snapshots.get();
+    comp.state_floats = c->runner.state_floats();
+    if (!disk_dir.empty()) {
+      // Snapshots the store drops for room, and those it holds at shutdown, go to disk.
+      auto st = make_kv_tiers({state_bb}, identity + ";pool=state;floats=" + std::to_string(comp.state_floats), 0,
+                              (disk_dir / "state").string(), share(options_.kv_disk_bytes, per_block_state, disk_all, state_bb),
+                              options_.kv_disk_read_delay_s);
+      if (!st.ok()) throw std::invalid_argument(st.error().message);
+      c->state_tiers = std::move(st).value();
+      comp.state_tiers = c->state_tiers.get();
+      c->snapshots->set_evict_hook([c](uint64_t hash, const StateSnapshot& snap) {
+        if (!c->state_tiers->contains(hash)) c->state_tiers->demote(hash, reinterpret_cast<const uint8_t*>(snap.data.data()));
+      });
+    }
+  }
   // Demotions and promotions copy blocks straight between the pool and host slots (a device: DMA).
   if (const std::span<uint8_t> host = c->tiers->host_memory(); !host.empty()) {
     c->host_tier_registered = c->runner.register_host_memory(host.data(), host.size());
@@ -447,10 +519,17 @@ void Engine::setup_kv_tiers(bool unsupported) {
       [c](std::span<const int32_t> blocks, std::span<const uint8_t* const> srcs) {
         c->flush_demotions();
         c->runner.write_blocks_from(blocks, srcs);
-      });
+      },
+      std::move(comp));
 }
 
-bool Engine::flush_kv_tiers(double timeout_s) { return !core_ || !core_->tiers || core_->tiers->flush(timeout_s); }
+bool Engine::flush_kv_tiers(double timeout_s) {
+  if (!core_ || !core_->tiers) return true;
+  bool ok = core_->tiers->flush(timeout_s);
+  if (core_->window_tiers) ok = core_->window_tiers->flush(timeout_s) && ok;
+  if (core_->state_tiers) ok = core_->state_tiers->flush(timeout_s) && ok;
+  return ok;
+}
 
 Status Engine::load_lora(const std::string& name, const std::string& dir, int32_t max_rank) {
   if (name.empty()) return make_error(ErrorCode::kInvalidArgument, "an adapter needs a name");
@@ -511,9 +590,46 @@ void Engine::shutdown() {
         }
       }
     }
-    if (!core_->tiers->flush(options_.kv_flush_timeout_s)) {
+    persist_companions();
+    if (!flush_kv_tiers(options_.kv_flush_timeout_s)) {
       log::warn("KV disk tier: the writer queue did not drain within {} s", options_.kv_flush_timeout_s);
     }
+  }
+}
+
+void Engine::persist_companions() {
+  // The window pool's cached blocks and the snapshot store's snapshots, as the full pool's.
+  if (core_->window_tiers) {
+    if (DiskTier* disk = core_->window_tiers->disk()) {
+      const BlockPool& pool = core_->kv_window->pool();
+      std::vector<int32_t> ids;
+      for (int32_t q = 0; q < pool.n_idle_queues(); ++q) {
+        for (int32_t id = pool.idle_front(q); id >= 0; id = pool.idle_next(id)) {
+          if (!core_->window_tiers->contains(pool.meta(id).hash)) ids.push_back(id);
+        }
+      }
+      const size_t wb = size_t(core_->window_tiers->block_bytes());
+      const size_t batch = std::max<size_t>(1, (size_t(64) << 20) / std::max<size_t>(wb, 1));
+      std::vector<uint8_t> bytes(std::min(batch, ids.size()) * wb);
+      for (size_t i = 0; i < ids.size(); i += batch) {
+        const size_t n = std::min(batch, ids.size() - i);
+        core_->runner.read_window_blocks(std::span<const int32_t>(ids).subspan(i, n), bytes.data());
+        for (size_t k = 0; k < n; ++k) {
+          const uint64_t hash = pool.meta(ids[i + k]).hash;
+          if (!disk->enqueue(hash, bytes.data() + k * wb) && core_->window_tiers->flush(options_.kv_flush_timeout_s)) {
+            disk->enqueue(hash, bytes.data() + k * wb);
+          }
+        }
+      }
+    }
+  }
+  if (core_->state_tiers && core_->snapshots) {
+    DiskTier* disk = core_->state_tiers->disk();
+    core_->snapshots->for_each([&](uint64_t hash, const StateSnapshot& snap) {
+      if (disk == nullptr || disk->contains(hash)) return;
+      const auto* bytes = reinterpret_cast<const uint8_t*>(snap.data.data());
+      if (!disk->enqueue(hash, bytes) && core_->state_tiers->flush(options_.kv_flush_timeout_s)) disk->enqueue(hash, bytes);
+    });
   }
 }
 
@@ -1000,6 +1116,8 @@ void Engine::publish_stats() {
   }
   if (core_->snapshots) s.state_snapshots = core_->snapshots->stats();
   if (core_->tiers) s.kv_tiers = core_->tiers->stats();
+  if (core_->window_tiers) s.kv_window_tiers = core_->window_tiers->stats();
+  if (core_->state_tiers) s.state_tiers = core_->state_tiers->stats();
   if (core_->checkpoints) s.checkpoints_foreign = core_->checkpoints->foreign_skipped();
   if (core_->ckpt_writer) s.checkpoints = core_->ckpt_writer->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();

@@ -239,7 +239,9 @@ class Engine {
   void fail_all(const std::string& message, bool drain_queue);
   void publish_stats();
   // Opens the lower KV tiers the options ask for and hooks them to the pool and the scheduler.
-  void setup_kv_tiers(bool unsupported);
+  void setup_kv_tiers();
+  // Shutdown: the window pool's cached blocks and the held snapshots go down to their disk tiers.
+  void persist_companions();
   // Queues a's published blocks the shared KV tier lacks for it (another replica may want them).
   void share_blocks(Active& a);
   // Opens the checkpoint store when options_.checkpoint_every > 0.

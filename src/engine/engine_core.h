@@ -107,11 +107,27 @@ struct Engine::Core {
   std::vector<uint64_t> demote_hashes;
   std::vector<uint8_t> demote_buf;
   void flush_demotions() {
+    if (!window_demote_blocks.empty()) {
+      // Window blocks are few per sequence: one read, then copies into the tier.
+      const size_t wb = size_t(window_tiers->block_bytes());
+      demote_buf.resize(window_demote_blocks.size() * wb);
+      runner.read_window_blocks(window_demote_blocks, demote_buf.data());
+      for (size_t i = 0; i < window_demote_blocks.size(); ++i) window_tiers->demote(window_demote_hashes[i], demote_buf.data() + i * wb);
+      window_demote_blocks.clear();
+      window_demote_hashes.clear();
+    }
     if (demote_blocks.empty()) return;
     demote_to_tiers(*tiers, runner, demote_blocks, demote_hashes, demote_buf);
     demote_blocks.clear();
     demote_hashes.clear();
   }
+  // The sliding-window pool's blocks and the recurrent-state snapshots have tiers of their own
+  // (host memory and disk for window blocks, disk for snapshots: the snapshot store is their
+  // host memory), beside `tiers` and keyed by the same chain hashes; null: none.
+  std::unique_ptr<KvTiers> window_tiers;
+  std::unique_ptr<KvTiers> state_tiers;
+  std::vector<int32_t> window_demote_blocks;
+  std::vector<uint64_t> window_demote_hashes;
   bool host_tier_registered = false;  // the host tier's memory is registered with the executor
   ~Core() {
     if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());

@@ -15,6 +15,14 @@
 // sequence to the scheduler, whose admission then finds the whole prefix in the pool. The
 // references are dropped once the sequence has left the waiting state (it holds its own then)
 // or ended.
+//
+// Models whose prefix hit needs more than the full-attention blocks (Companions: the
+// sliding-window pool's blocks from the hit's window start, a recurrent-state snapshot at the
+// hit, as the scheduler's admission asks) promote those too: start() picks the longest prefix
+// whose full blocks and companions the pools and tiers hold together, the promotion thread
+// reads the companions before the full blocks, and poll() installs and publishes them (window
+// blocks held like the full ones, the snapshot put in the snapshot store) once the whole full
+// chain is in.
 #pragma once
 
 #include <chrono>
@@ -31,9 +39,22 @@
 
 #include "kv/host/kv_tiers.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_cache.h"
 #include "runtime/sequence.h"
 
 namespace strata {
+
+// What a hit needs besides the full-attention blocks; every member null/0: nothing.
+struct TierCompanions {
+  KvCacheManager* window_kv = nullptr;  // the sliding-window pool
+  KvTiers* window_tiers = nullptr;      // its lower tiers (null: only pool blocks count)
+  int32_t window = 0;                   // tokens
+  // Window-pool blocks `blocks` from bytes (block i at i * window_tiers->block_bytes()).
+  std::function<void(std::span<const int32_t> blocks, const uint8_t* bytes)> install_window;
+  StateSnapshotStore* snapshots = nullptr;  // recurrent state: a snapshot at the hit
+  KvTiers* state_tiers = nullptr;           // snapshots' lower tiers (null: the store alone)
+  int64_t state_floats = 0;
+};
 
 class TierPromoter {
  public:
@@ -48,7 +69,8 @@ class TierPromoter {
   // four at a time).
   static constexpr int64_t kStagingBytes = int64_t(256) << 20;
 
-  TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, InstallFn install);
+  TierPromoter(KvCacheManager& kv, KvTiers& tiers, uint64_t prefix_salt, int64_t block_bytes, InstallFn install,
+               TierCompanions companions = TierCompanions());
   // Finishes the read in progress and drops the rest (returning its leases).
   ~TierPromoter();
   TierPromoter(const TierPromoter&) = delete;
@@ -78,6 +100,15 @@ class TierPromoter {
     const Sequence* seq = nullptr;  // null: the sequence ended meanwhile
     std::vector<uint64_t> hashes;   // tier blocks to copy, in chain order
     std::vector<int32_t> blocks;    // their pool blocks
+    // Companions to read from their tiers (the promotion thread, before the full blocks):
+    // window blocks and their window-pool blocks, the snapshot at state_pos (hash 0: none).
+    std::vector<uint64_t> window_hashes;
+    std::vector<int32_t> window_blocks;
+    std::vector<uint8_t> window_bytes;
+    uint64_t state_hash = 0;
+    int32_t state_pos = 0;
+    std::vector<float> state;
+    bool companions_read = false;  // every companion read (set before `finished`)
     // Under mu_: batches taken by the promotion thread, not yet installed; their disk blocks
     // (staging bytes); reads done.
     std::deque<Batch> staged;
@@ -96,10 +127,17 @@ class TierPromoter {
   struct Hold {
     Sequence* seq = nullptr;
     std::vector<int32_t> blocks;  // references this promoter took
+    std::vector<int32_t> window_blocks;  // the same in the window pool
     bool handed_over = false;     // returned by poll()
   };
   void worker_loop();
   void release_leases(Batch& b);
+  // Whether a hit of n blocks has its companions in the pools or tiers.
+  bool companions_at(std::span<const uint64_t> hashes, int32_t n) const;
+  void release_hold(Hold& h, double now);
+  // A finished job's companions into the window pool and the snapshot store (poll()).
+  void install_companions(Job& j, Hold& hold, double now);
+  bool has_companions() const { return companions_.window_kv != nullptr || companions_.snapshots != nullptr; }
 
   KvCacheManager& kv_;
   KvTiers& tiers_;
@@ -107,6 +145,7 @@ class TierPromoter {
   int64_t block_bytes_;
   size_t max_staged_;  // blocks
   InstallFn install_;
+  TierCompanions companions_;
   std::unordered_map<uint64_t, Hold> holds_;  // by Sequence::id (engine thread only)
   std::vector<std::unique_ptr<Job>> jobs_;    // engine thread owns them; the worker reads via queue_
   int64_t promoted_blocks_ = 0;

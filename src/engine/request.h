@@ -127,6 +127,8 @@ struct EngineStats {
   int64_t kv_converted_blocks = 0;  // blocks converted into the codec pool (shared ones not counted)
   StateSnapshotStats state_snapshots;  // recurrent-state snapshots (hybrid families)
   KvTierStats kv_tiers;      // host and disk KV tiers (enabled false: none)
+  KvTierStats kv_window_tiers;  // the same for the sliding-window pool's blocks
+  KvTierStats state_tiers;      // recurrent-state snapshots on disk (hybrid families)
   int64_t steps = 0;
   int64_t overlapped_steps = 0;   // steps queued while the previous one ran (async scheduling)
   int64_t prompt_tokens = 0;      // of finished requests

@@ -54,8 +54,7 @@ int32_t Scheduler::covered(const Sequence* seq) const {
 }
 
 int32_t Scheduler::window_first_block(int32_t pos) const {
-  // The sliding layers' query at position q reads keys p > q - window.
-  return std::max(0, pos - options_.window + 1) / kv_.block_size();
+  return strata::window_first_block(pos, options_.window, kv_.block_size());
 }
 
 bool Scheduler::snapshots_on() const {

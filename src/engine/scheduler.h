@@ -66,6 +66,12 @@ struct SchedulerOptions : StepLimits {
 
 class KvConversion;
 
+// The first block a sliding-window layer's query at position `pos` reads (keys p > pos - window):
+// a prefix hit of pos tokens needs the window pool's blocks from there to its end.
+inline int32_t window_first_block(int32_t pos, int32_t window, int32_t block_size) {
+  return (pos - window + 1 > 0 ? pos - window + 1 : 0) / block_size;
+}
+
 class Scheduler {
  public:
   // kv: the full-attention layers' pool. kv_window: the sliding-window layers' pool (required

@@ -44,6 +44,7 @@ float* StateSnapshotStore::insert(uint64_t hash, int32_t position, size_t n_floa
   if (bytes > stats_.capacity_bytes) return nullptr;
   while (stats_.bytes + bytes > stats_.capacity_bytes) {
     Entry& victim = lru_.back();
+    if (evict_hook_) evict_hook_(victim.hash, victim.snapshot);
     stats_.bytes -= int64_t(victim.snapshot.data.size() * sizeof(float));
     map_.erase(victim.hash);
     lru_.pop_back();

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +59,14 @@ class StateSnapshotStore {
   // mean equal state), or one snapshot is larger than the whole budget.
   float* insert(uint64_t hash, int32_t position, size_t n_floats);
   void note_restore() { ++stats_.restores; }
+  // Called with each snapshot insert() drops for room, before it goes (the lower tiers keep
+  // a copy: engine/engine.cpp).
+  void set_evict_hook(std::function<void(uint64_t hash, const StateSnapshot&)> hook) { evict_hook_ = std::move(hook); }
+  // Every snapshot held, most recently used first.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (const Entry& e : lru_) f(e.hash, e.snapshot);
+  }
   StateSnapshotStats stats() const { return stats_; }
 
  private:
@@ -68,6 +77,7 @@ class StateSnapshotStore {
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<uint64_t, std::list<Entry>::iterator> map_;
   StateSnapshotStats stats_;
+  std::function<void(uint64_t, const StateSnapshot&)> evict_hook_;
 };
 
 }  // namespace strata

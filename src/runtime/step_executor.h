@@ -166,6 +166,17 @@ class StepExecutor {
   virtual void read_block(int32_t block, uint8_t* out) = 0;
   virtual void write_block(int32_t block, const uint8_t* in) = 0;
 
+  // Blocks of the sliding-window pool (n_kv_window_blocks()) as flat bytes, laid out as
+  // read_block's over the layers whose KV pages there; empty: the executor keeps no window
+  // pool. Block i of a call at i * (sum of window_block_tensor_bytes()).
+  virtual std::vector<int64_t> window_block_tensor_bytes() const { return {}; }
+  virtual void read_window_blocks(std::span<const int32_t> /*blocks*/, uint8_t* /*out*/) {
+    throw std::logic_error("this executor keeps no sliding-window pool");
+  }
+  virtual void write_window_blocks(std::span<const int32_t> /*blocks*/, const uint8_t* /*in*/) {
+    throw std::logic_error("this executor keeps no sliding-window pool");
+  }
+
   // Many blocks at once, block i's bytes at i * (sum of block_tensor_bytes()) in the same
   // layout as read_block / write_block. Executors whose per-block copy has a fixed cost (a
   // device pool) move the whole list in a few large transfers; by default one block at a time.

@@ -140,6 +140,31 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
       header(os, "strata_kv_redis_reconnects_total", "counter", "Times the Redis KV tier's writer reconnected.");
       os << "strata_kv_redis_reconnects_total{" << m << "} " << r.reconnects << '\n';
     }
+    // The sliding-window pool's blocks and the recurrent-state snapshots, in tiers of their own.
+    const std::pair<const char*, const KvTierStats*> companions[] = {{"window", &e.kv_window_tiers}, {"state", &e.state_tiers}};
+    bool any = false;
+    for (const auto& [pool, c] : companions) any = any || c->enabled;
+    if (any) {
+      header(os, "strata_kv_companion_tier_blocks", "gauge",
+             "Sliding-window blocks (pool=window) and state snapshots (pool=state) held by the lower tiers.");
+      for (const auto& [pool, c] : companions) {
+        if (!c->enabled) continue;
+        os << "strata_kv_companion_tier_blocks{" << m << ",pool=\"" << pool << "\",tier=\"host\"} " << c->host_blocks << '\n';
+        os << "strata_kv_companion_tier_blocks{" << m << ",pool=\"" << pool << "\",tier=\"disk\"} " << c->disk.blocks << '\n';
+      }
+      header(os, "strata_kv_companion_tier_hit_blocks_total", "counter",
+             "Sliding-window blocks and state snapshots a prefix hit brought back from a lower tier.");
+      for (const auto& [pool, c] : companions) {
+        if (!c->enabled) continue;
+        os << "strata_kv_companion_tier_hit_blocks_total{" << m << ",pool=\"" << pool << "\",tier=\"host\"} " << c->host_hit_blocks << '\n';
+        os << "strata_kv_companion_tier_hit_blocks_total{" << m << ",pool=\"" << pool << "\",tier=\"disk\"} " << c->disk_hit_blocks << '\n';
+      }
+      header(os, "strata_kv_companion_tier_demoted_blocks_total", "counter",
+             "Sliding-window blocks and state snapshots evicted into the lower tiers.");
+      for (const auto& [pool, c] : companions) {
+        if (c->enabled) os << "strata_kv_companion_tier_demoted_blocks_total{" << m << ",pool=\"" << pool << "\"} " << c->demoted_blocks << '\n';
+      }
+    }
   }
   header(os, "strata_engine_steps_total", "counter", "Engine steps (packed forwards).");
   os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';

@@ -237,7 +237,8 @@ INSTANTIATE_TEST_SUITE_P(Hybrids, GpuHybrid, ::testing::Values("qwen3next-tiny",
 
 // ---------------------------------------------------------------- through the engine
 
-std::unique_ptr<Engine> start_engine(const std::string& name, int32_t max_batch_tokens, bool prefix_caching, bool deterministic) {
+std::unique_ptr<Engine> start_engine(const std::string& name, int32_t max_batch_tokens, bool prefix_caching, bool deterministic,
+                                     const std::string& kv_disk_dir = "") {
   CudaEngineOptions d;
   d.kv_cache_bytes = int64_t(32) << 20;
   d.block_size = 16;
@@ -258,6 +259,7 @@ std::unique_ptr<Engine> start_engine(const std::string& name, int32_t max_batch_
   eo.model_identity = name;
   eo.prefix_caching = prefix_caching;
   eo.state_snapshot_interval = 64;
+  eo.kv_disk_dir = kv_disk_dir;
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   if (!e.ok()) return nullptr;
@@ -373,6 +375,45 @@ TEST_P(GpuHybridEngine, PrefixHitGivesTheColdRunsTokens) {
       }
     }
   }
+}
+
+// The snapshot in the disk tier: turn 1 (150 tokens) runs, the engine shuts down (its store's
+// snapshots and its blocks go to disk), and a new engine over the same directory serves turn 2
+// from disk: the full blocks and the snapshot at 128, which the state tier brings back. Bit for
+// bit the cold run's tokens (deterministic mode).
+TEST_P(GpuHybridEngine, DiskTiersServeTheNextTurnAfterARestart) {
+  const std::string name = GetParam();
+  const std::filesystem::path disk = std::filesystem::temp_directory_path() / ("strata_gpu_hybrid_tiers_" + name);
+  std::filesystem::remove_all(disk);
+  GenerationRequest turn2;
+  {
+    auto first = start_engine(name, 64, true, true, disk.string());
+    ASSERT_NE(first, nullptr);
+    const int32_t vocab = first->model_config().vocab_size;
+    auto turn1 = greedy_request("t1", random_ids(1, 150, vocab), 20);
+    const Outcome out1 = drain(**first->submit(turn1));
+    ASSERT_EQ(out1.tokens.size(), 20u) << out1.final.message;
+    turn2 = greedy_request("t2", turn1.prompt, 24);
+    turn2.prompt.insert(turn2.prompt.end(), out1.tokens.begin(), out1.tokens.end());
+    const auto extra = random_ids(2, 30, vocab);
+    turn2.prompt.insert(turn2.prompt.end(), extra.begin(), extra.end());
+    first->shutdown();
+  }
+  auto warm = start_engine(name, 64, true, true, disk.string());
+  ASSERT_NE(warm, nullptr);
+  const Outcome hit = drain(**warm->submit(turn2));
+  EXPECT_EQ(hit.final.usage.cached_tokens, 128) << name;
+  const EngineStats s = warm->stats();
+  EXPECT_GE(s.kv_tiers.disk_hit_blocks, 8) << name;
+  EXPECT_GE(s.state_tiers.disk_hit_blocks, 1) << name;
+  EXPECT_GE(s.state_snapshots.restores, 1) << name;
+  warm->shutdown();
+  auto cold_engine = start_engine(name, 2048, false, true);
+  ASSERT_NE(cold_engine, nullptr);
+  const Outcome cold = drain(**cold_engine->submit(turn2));
+  cold_engine->shutdown();
+  EXPECT_EQ(hit.tokens, cold.tokens) << name << ": a hit from the disk tiers differs from the cold run";
+  std::filesystem::remove_all(disk);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hybrids, GpuHybridEngine, ::testing::Values("qwen3next-tiny", "qwen35-tiny", "qwen35moe-tiny"),

@@ -43,6 +43,8 @@ struct PoolSetup {
   int32_t max_model_len = 512;
   int64_t kv_bytes = int64_t(32) << 20;
   bool random_weights = false;
+  int64_t kv_host_bytes = 0;  // EngineOptions::kv_host_bytes
+  std::string kv_disk_dir;    // EngineOptions::kv_disk_dir
 };
 
 struct Started {
@@ -82,6 +84,8 @@ Started start(const std::string& dir, const std::string& name, const PoolSetup& 
   eo.max_queued = 64;
   eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
+  eo.kv_host_bytes = s.kv_host_bytes;
+  eo.kv_disk_dir = s.kv_disk_dir;
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   if (!e.ok()) return out;
@@ -210,6 +214,57 @@ TEST_P(GpuWindow, LongGenerationsMatchFullKvWithBlocksReturned) {
   a.engine->shutdown();
   b.engine->shutdown();
   cold.engine->shutdown();
+}
+
+// The window pool's blocks in the host and disk tiers (read from and written to the device): a
+// 300-token prompt runs, two others push its blocks out of the window pool (24 blocks), and
+// the prompt again takes its full blocks from the device and its window blocks from the host
+// tier (the hit reaches past the last window); after a restart both come from disk. Every run
+// gives the first run's tokens (batch-invariant kernels).
+TEST_P(GpuWindow, EvictedAndRestartedWindowBlocksComeBackFromTheTiers) {
+  const std::string name = GetParam();
+  const std::string dir = model_path(name);
+  const std::filesystem::path disk = std::filesystem::temp_directory_path() / ("strata_gpu_window_tiers_" + name);
+  std::filesystem::remove_all(disk);
+  PoolSetup s;
+  s.window_blocks = 24;
+  s.kv_host_bytes = int64_t(64) << 20;
+  s.kv_disk_dir = disk.string();
+  const int32_t vocab = 512;
+  const auto a = random_ids(31, 300, vocab), b = random_ids(32, 300, vocab), c = random_ids(33, 300, vocab);
+  std::vector<int32_t> first;
+  {
+    Started st = start(dir, name, s);
+    ASSERT_NE(st.engine, nullptr);
+    // The full pool holds all four prompts: the hit takes the full blocks from the device and
+    // the window blocks from the host tier.
+    Outcome o = drain(**st.engine->submit(greedy_request(name + "-a", a, 8)));
+    ASSERT_EQ(o.tokens.size(), 8u) << o.final.message;
+    first = o.tokens;
+    for (const auto* p : {&b, &c}) {
+      ASSERT_EQ(drain(**st.engine->submit(greedy_request(name + "-bc", *p, 8))).tokens.size(), 8u);
+    }
+    ASSERT_TRUE(st.engine->flush_kv_tiers(30.0));
+    EXPECT_GT(st.engine->stats().kv_window_tiers.demoted_blocks, 0);
+    Outcome again = drain(**st.engine->submit(greedy_request(name + "-a-again", a, 8)));
+    EXPECT_GE(again.final.usage.cached_tokens, 288) << name;
+    EXPECT_EQ(again.tokens, first) << name << ": a hit through the window tier differs from the cold run";
+    const EngineStats t = st.engine->stats();
+    EXPECT_GE(t.kv_window_tiers.host_hit_blocks, 1) << name;
+    std::printf("%s: window tier demoted %lld blocks, host hits %lld\n", name.c_str(), (long long)t.kv_window_tiers.demoted_blocks,
+                (long long)t.kv_window_tiers.host_hit_blocks);
+    st.engine->shutdown();
+  }
+  Started st = start(dir, name, s);
+  ASSERT_NE(st.engine, nullptr);
+  Outcome o = drain(**st.engine->submit(greedy_request(name + "-a-restart", a, 8)));
+  EXPECT_GE(o.final.usage.cached_tokens, 288) << name;
+  EXPECT_EQ(o.tokens, first) << name << ": a hit from disk after a restart differs from the cold run";
+  const EngineStats t = st.engine->stats();
+  EXPECT_GE(t.kv_tiers.disk_hit_blocks, 16) << name;
+  EXPECT_GE(t.kv_window_tiers.disk_hit_blocks, 1) << name;
+  st.engine->shutdown();
+  std::filesystem::remove_all(disk);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuWindow, ::testing::Values("gemma2-tiny", "gemma3-tiny", "gemma4-tiny"),

@@ -376,6 +376,16 @@ void CudaExecutor::write_block(int32_t block, const uint8_t* in) {
   if (!st.ok()) throw std::runtime_error("KV block copy to the device: " + st.error().to_string());
 }
 
+void CudaExecutor::read_window_blocks(std::span<const int32_t> blocks, uint8_t* out) {
+  Status st = decoder_->read_window_kv_blocks(blocks, out);
+  if (!st.ok()) throw std::runtime_error("window KV block copy to the host: " + st.error().to_string());
+}
+
+void CudaExecutor::write_window_blocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  Status st = decoder_->write_window_kv_blocks(blocks, in);
+  if (!st.ok()) throw std::runtime_error("window KV block copy to the device: " + st.error().to_string());
+}
+
 void CudaExecutor::read_blocks(std::span<const int32_t> blocks, uint8_t* out) {
   if (!transfer_) return StepExecutor::read_blocks(blocks, out);
   Status st = transfer_->read(blocks, out);

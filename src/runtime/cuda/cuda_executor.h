@@ -83,6 +83,9 @@ class CudaExecutor final : public StepExecutor {
   std::vector<int64_t> block_tensor_bytes() const override;
   void read_block(int32_t block, uint8_t* out) override;
   void write_block(int32_t block, const uint8_t* in) override;
+  std::vector<int64_t> window_block_tensor_bytes() const override { return decoder_->kv_window_part_bytes(); }
+  void read_window_blocks(std::span<const int32_t> blocks, uint8_t* out) override;
+  void write_window_blocks(std::span<const int32_t> blocks, const uint8_t* in) override;
   // A gather/scatter kernel and one large copy per staging chunk (kv_transfer.h).
   void read_blocks(std::span<const int32_t> blocks, uint8_t* out) override;
   void write_blocks(std::span<const int32_t> blocks, const uint8_t* in) override;

@@ -1105,6 +1105,51 @@ Status CudaDecoder::write_kv_block(int32_t block, const uint8_t* in) {
   return Status();
 }
 
+int64_t CudaDecoder::kv_window_block_bytes() const { return kv_->layout().window_bytes_per_block(); }
+
+std::vector<int64_t> CudaDecoder::kv_window_part_bytes() const {
+  const KvPoolLayout& kl = kv_->layout();
+  std::vector<int64_t> v;
+  for (int p = 0; p < 2 * kl.n_layers; ++p) {
+    if (kl.window_part(p)) v.push_back(kl.part_bytes(p));
+  }
+  return v;
+}
+
+Status CudaDecoder::read_window_kv_blocks(std::span<const int32_t> blocks, uint8_t* out) {
+  const KvPoolLayout& kl = kv_->layout();
+  for (int32_t block : blocks) {
+    if (block < 0 || block >= kv_->n_window_blocks()) {
+      return make_error(ErrorCode::kOutOfRange, "window KV block " + std::to_string(block) + " outside the pool");
+    }
+    for (int p = 0; p < 2 * kl.n_layers; ++p) {
+      if (!kl.window_part(p)) continue;
+      const size_t part = size_t(kl.part_bytes(p));
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(out, kv_->part(p) + size_t(block) * part, part, cudaMemcpyDeviceToHost, stream_));
+      out += part;
+    }
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
+Status CudaDecoder::write_window_kv_blocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  const KvPoolLayout& kl = kv_->layout();
+  for (int32_t block : blocks) {
+    if (block < 0 || block >= kv_->n_window_blocks()) {
+      return make_error(ErrorCode::kOutOfRange, "window KV block " + std::to_string(block) + " outside the pool");
+    }
+    for (int p = 0; p < 2 * kl.n_layers; ++p) {
+      if (!kl.window_part(p)) continue;
+      const size_t part = size_t(kl.part_bytes(p));
+      STRATA_CUDA_CHECK(cudaMemcpyAsync(kv_->part(p) + size_t(block) * part, in, part, cudaMemcpyHostToDevice, stream_));
+      in += part;
+    }
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status();
+}
+
 int64_t CudaDecoder::arena_bytes_for(const ModelConfig& cfg, const CudaModelOptions& options) {
   if (is_hybrid_type(cfg.model_type)) {
     auto b = hybrid_arena_bytes(cfg, options);

@@ -191,6 +191,12 @@ class CudaDecoder {
   // kv_block_bytes() says (waits for the stream).
   Status read_kv_block(int32_t block, uint8_t* out);
   Status write_kv_block(int32_t block, const uint8_t* in);
+  // The same for blocks of the sliding-window pool over the layers paged there (block i of a
+  // call at i * kv_window_block_bytes(); 0 bytes: no window pool).
+  int64_t kv_window_block_bytes() const;
+  std::vector<int64_t> kv_window_part_bytes() const;
+  Status read_window_kv_blocks(std::span<const int32_t> blocks, uint8_t* out);
+  Status write_window_kv_blocks(std::span<const int32_t> blocks, const uint8_t* in);
   // The KV pool (batched block copies, kv_transfer.h).
   const KvBlockPool& kv_pool() const { return *kv_; }
   // Device bytes the weights and step scratch of this shape take (the KV pool aside).

@@ -1,6 +1,7 @@
 #include "runtime/host/model_runner.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/check.h"
 #include "runtime/host/kv_block_bytes.h"
@@ -99,6 +100,25 @@ void ModelRunner::read_block(int32_t block, uint8_t* out) {
 
 void ModelRunner::write_block(int32_t block, const uint8_t* in) {
   scatter_tier_block(kv_, n_layers_, block, in);
+}
+
+std::vector<int64_t> ModelRunner::window_block_tensor_bytes() const {
+  if (!window_paged_) return {};
+  return tier_tensor_bytes(kv_, n_layers_, true);
+}
+
+void ModelRunner::read_window_blocks(std::span<const int32_t> blocks, uint8_t* out) {
+  STRATA_CHECK(window_paged_, "no sliding-window pool");
+  const std::vector<int64_t> t = tier_tensor_bytes(kv_, n_layers_, true);
+  const int64_t bb = std::accumulate(t.begin(), t.end(), int64_t(0));
+  for (size_t i = 0; i < blocks.size(); ++i) gather_tier_block(kv_, n_layers_, blocks[i], out + int64_t(i) * bb, true);
+}
+
+void ModelRunner::write_window_blocks(std::span<const int32_t> blocks, const uint8_t* in) {
+  STRATA_CHECK(window_paged_, "no sliding-window pool");
+  const std::vector<int64_t> t = tier_tensor_bytes(kv_, n_layers_, true);
+  const int64_t bb = std::accumulate(t.begin(), t.end(), int64_t(0));
+  for (size_t i = 0; i < blocks.size(); ++i) scatter_tier_block(kv_, n_layers_, blocks[i], in + int64_t(i) * bb, true);
 }
 
 }  // namespace strata
