@@ -1,16 +1,22 @@
 // strata serve --supervise: kill -9 of the engine process mid-generation. Every stream (chat,
 // completions, Anthropic messages; greedy, seeded, with logprobs) and a non-streamed request in
 // flight complete with exactly the output of an uninterrupted server, chunk ids unchanged;
-// /health reports the restart.
+// /health reports the restart. The supervised server keeps KV tiers (host and disk) and
+// checkpoints on. On the demo model (full attention), a sliding-window model
+// (gemma3-tiny) and a hybrid (qwen35-tiny, recurrent state): the tiny ones generate longer, so
+// the kill still lands mid-stream.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { startServer } from './lib/server.mjs';
+import { startServer, tinyModelWithTokenizer } from './lib/server.mjs';
 
-const MAX_TOKENS = 256;
+let MAX_TOKENS = 256;
+let PLAIN_TOKENS = 512;  // the non-streamed request
+// The Anthropic stream (greedy, no ignore_eos there): a prompt whose answer runs past the kill.
+let MESSAGES_PROMPT = 'Write about the sea and the ships upon it.';
 const KILL_AFTER_CHUNKS = 40;  // past the first checkpoint (every 32 tokens under --supervise)
 
 // Each request: how to run it and what it returns ({ text, ids, chunks }).
@@ -50,7 +56,7 @@ function requests(client, url, progress) {
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({
         model: 'strata-demo', max_tokens: MAX_TOKENS, stream: true, temperature: 0,
-        messages: [{ role: 'user', content: 'Write about the sea and the ships upon it.' }],
+        messages: [{ role: 'user', content: MESSAGES_PROMPT }],
       }),
     });
     assert.equal(res.status, 200);
@@ -80,7 +86,7 @@ function requests(client, url, progress) {
   };
   const plain = async () => {
     const c = await client.completions.create({
-      model: 'strata-demo', prompt: 'The history of the world, in brief:', max_tokens: 2 * MAX_TOKENS, ignore_eos: true,
+      model: 'strata-demo', prompt: 'The history of the world, in brief:', max_tokens: PLAIN_TOKENS, ignore_eos: true,
       temperature: 0,
     });
     return { text: c.choices[0].text, finish: c.choices[0].finish_reason, tokens: c.usage.completion_tokens, ids: [c.id] };
@@ -114,9 +120,20 @@ async function waitFor(cond, timeoutMs, what) {
   }
 }
 
-test('kill -9 of the engine process mid-generation: every request completes with the uninterrupted output', { timeout: 180000 }, async () => {
+const MODELS = [
+  { label: 'the demo model', maxTokens: 256, plainTokens: 512 },
+  { label: 'gemma3-tiny (sliding window)', model: 'gemma3-tiny', maxTokens: 3000, plainTokens: 3500 },
+  { label: 'qwen35-tiny (hybrid)', model: 'qwen35-tiny', maxTokens: 3000, plainTokens: 3500, messagesPrompt: 'Write about the mountains.' },
+];
+
+for (const spec of MODELS) {
+test(`kill -9 of the engine process mid-generation, ${spec.label}: every request completes with the uninterrupted output`, { timeout: 180000 }, async () => {
+  MAX_TOKENS = spec.maxTokens;
+  PLAIN_TOKENS = spec.plainTokens;
+  MESSAGES_PROMPT = spec.messagesPrompt ?? 'Write about the sea and the ships upon it.';
+  const model = spec.model ? ['--model', tinyModelWithTokenizer(spec.model), '--served-model-name', 'strata-demo'] : [];
   // The uninterrupted run: a plain server, the same requests at once.
-  const plainServer = await startServer(['--max-num-seqs', '8']);
+  const plainServer = await startServer(['--max-num-seqs', '8', ...model]);
   let expected;
   try {
     expected = await runAll(plainServer.url);
@@ -127,7 +144,7 @@ test('kill -9 of the engine process mid-generation: every request completes with
   assert.equal(expected[3].tokens.length, MAX_TOKENS);
 
   const dir = mkdtempSync(path.join(tmpdir(), 'strata-supervise-'));
-  const server = await startServer(['--supervise', '--max-num-seqs', '8', '--kv-disk-dir', dir]);
+  const server = await startServer(['--supervise', '--max-num-seqs', '8', '--kv-disk-dir', dir, '--kv-host-bytes', String(64 << 20), ...model]);
   try {
     const before = await health(server.url);
     assert.equal(before.status, 200);
@@ -177,6 +194,7 @@ test('kill -9 of the engine process mid-generation: every request completes with
   }
   assert.equal(server.proc.exitCode, 0);
 });
+}
 
 test('/health answers 503 with the reason while the engine process is down', { timeout: 120000 }, async () => {
   const server = await startServer(['--supervise']);

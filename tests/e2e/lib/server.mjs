@@ -1,6 +1,6 @@
 // Starts `strata serve` on a free loopback port and stops it; reads /metrics.
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, existsSync, mkdirSync, copyFileSync } from 'node:fs';
+import { mkdtempSync, existsSync, mkdirSync, copyFileSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 
@@ -74,5 +74,36 @@ export function qwen3SynthModel() {
   copyFileSync(path.join(ref, 'tokenizer_config.json'), path.join(tok, 'tokenizer_config.json'));
   mkdirSync(dir, { recursive: true });
   execFileSync(BINARY, ['bench', 'synth-model', '--out', dir, '--preset', 'tiny', '--tokenizer', tok], { stdio: 'inherit' });
+  return dir;
+}
+
+// A reference tiny checkpoint (tests/data/reference/models/NAME, vocabulary 512) served with a
+// 512-token cut of the Llama-2 tokenizer: its specials, the 256 byte-fallback pieces and the
+// merges whose parts and result fall below 512, so every text encodes; a plain chat template.
+export function tinyModelWithTokenizer(name) {
+  const dir = path.join(tmpdir(), `strata-e2e-${name}-${process.getuid?.() ?? 0}`);
+  if (existsSync(path.join(dir, 'tokenizer_config.json'))) return dir;
+  mkdirSync(dir, { recursive: true });
+  const src = path.join(SOURCE, 'tests', 'data', 'reference', 'models', name);
+  for (const f of ['config.json', 'generation_config.json', 'model.safetensors']) {
+    copyFileSync(path.join(src, f), path.join(dir, f));
+  }
+  const ref = path.join(SOURCE, 'tests', 'data', 'reference', 'tokenizers', 'llama2');
+  const tok = JSON.parse(execFileSync('xz', ['-dc', path.join(ref, 'tokenizer.json.xz')], { maxBuffer: 1 << 28 }).toString());
+  const vocab = {};
+  for (const [piece, id] of Object.entries(tok.model.vocab)) if (id < 512) vocab[piece] = id;
+  const merges = [];
+  for (const m of tok.model.merges) {
+    const [a, b] = Array.isArray(m) ? m : m.split(' ');
+    if (a in vocab && b in vocab && (a + b) in vocab) merges.push(m);
+  }
+  tok.model.vocab = vocab;
+  tok.model.merges = merges;
+  tok.added_tokens = tok.added_tokens.filter((t) => t.id < 512);
+  writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tok));
+  const cfg = JSON.parse(readFileSync(path.join(ref, 'tokenizer_config.json'), 'utf8'));
+  cfg.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}" +
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}";
+  writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(cfg, null, 2));
   return dir;
 }
