@@ -253,7 +253,8 @@ def main():
             host, cached_host, host_engine = ttft_split(server, name, prompt, args.timeout)
             host_blocks = server.metric("strata_kv_tier_hit_blocks_total", "host") - host_before
             server.stop()  # SIGTERM: the pool's cached blocks and the writer queue go to disk
-            files = [os.path.join(disk_dir, f) for f in os.listdir(disk_dir) if f.endswith(".kvb")]
+            # The full blocks' files and those of the window and state tiers (window/, state/).
+            files = [os.path.join(d, f) for d, _, names in os.walk(disk_dir) for f in names if f.endswith(".kvb")]
             for f in files:
                 drop_page_cache(f)
             server = Server(args, disk_dir, pool_bytes, os.path.join(work, f"serve{r + 1}.log"))
