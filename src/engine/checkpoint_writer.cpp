@@ -1,5 +1,6 @@
 #include "engine/checkpoint_writer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/log.h"
@@ -105,15 +106,26 @@ void CheckpointWriter::run() {
     bool ok = true;
     if (op.remove) {
       store_.remove(op.c.key, op.c.run, op.c.generation);
+      lock.lock();
+      last_written_.erase(op.c.run);
+      lock.unlock();
     } else {
+      const uint64_t run = op.c.run;
+      const int64_t generation = op.c.generation;
       auto r = store_.write(std::move(op.c));
       if (!r.ok()) {
         ok = false;
         log::warn("checkpoint not written: {}", r.error().to_string());
       }
       lock.lock();
-      if (!ok) ++stats_.failed;
-      else if (*r) ++stats_.written;
+      if (!ok) {
+        ++stats_.failed;
+      } else if (*r) {
+        ++stats_.written;
+        auto it = last_written_.try_emplace(run, 0).first;
+        stats_.max_gap_tokens = std::max(stats_.max_gap_tokens, generation - it->second);
+        it->second = generation;
+      }
       lock.unlock();
     }
     lock.lock();

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "engine/checkpoint.h"
 
@@ -56,6 +57,7 @@ class CheckpointWriter {
   bool busy_ = false;
   bool stop_ = false;
   CheckpointWriterStats stats_;
+  std::unordered_map<uint64_t, int64_t> last_written_;  // by run: the generation last written
   std::thread thread_;
 };
 

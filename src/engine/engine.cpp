@@ -25,6 +25,10 @@ namespace strata {
 
 namespace {
 
+// Host staging for the blocks of checkpoints on their way to the disk tier (page-locked for a
+// device): what the disk writer has not written yet waits here.
+constexpr int64_t kCheckpointStagingBytes = int64_t(256) << 20;
+
 std::string namespace_identity(const Model& model, const EngineOptions& o) {
   const ModelConfig& c = model.config();
   return "model=" + o.model_identity + ";type=" + c.model_type + ";layers=" + std::to_string(c.n_layers) +
@@ -301,6 +305,16 @@ void Engine::setup_checkpoints() {
   if (options_.checkpoint_queue_bytes < 1) {
     throw std::invalid_argument("checkpoint_queue_bytes must be >= 1, got " + std::to_string(options_.checkpoint_queue_bytes));
   }
+  if (core_->tiers && core_->tiers->disk()) {
+    Core* c = core_.get();
+    c->ckpt_io = std::make_unique<CheckpointBlocks>(
+        c->runner, c->kv, [this] { return now_s(); }, *c->tiers->disk(), c->tiers->block_bytes(), kCheckpointStagingBytes,
+        [c](uint64_t id, int32_t index) {
+          // Dropped by the disk tier: the sequence's next checkpoint hands the block over again.
+          auto it = c->active.find(id);
+          if (it != c->active.end()) it->second->ckpt_blocks = std::min(it->second->ckpt_blocks, index);
+        });
+  }
   if (options_.checkpoint_store == "redis") {
     if (options_.kv_redis_url.empty()) throw std::invalid_argument("--checkpoint-store redis needs --kv-redis-url");
     auto url = parse_redis_url(options_.kv_redis_url);
@@ -372,14 +386,15 @@ void Engine::share_blocks(Active& a) {
 void Engine::write_checkpoint(Active& a) {
   Sequence& seq = a.seq;
   share_blocks(a);
-  if (core_->tiers) {
-    if (DiskTier* disk = core_->tiers->disk()) {
-      const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
-      for (int32_t i = a.ckpt_blocks; i < n; ++i) {
-        core_->runner.read_block(seq.blocks[size_t(i)], core_->tier_buf.data());
-        if (!disk->enqueue(seq.block_hashes[size_t(i)], core_->tier_buf.data())) break;  // queue full: next time
-        a.ckpt_blocks = i + 1;
-      }
+  if (core_->ckpt_io) {
+    // New full blocks go to the disk tier behind the device's queue (CheckpointBlocks): none is
+    // read here. With the staging full the rest wait for the next checkpoint.
+    DiskTier& disk = *core_->tiers->disk();
+    const int32_t n = std::min<int32_t>(seq.n_published, int32_t(std::min(seq.blocks.size(), seq.block_hashes.size())));
+    for (int32_t i = a.ckpt_blocks; i < n; ++i) {
+      const uint64_t h = seq.block_hashes[size_t(i)];
+      if (!disk.contains(h) && !core_->ckpt_io->add(seq.id, i, seq.blocks[size_t(i)], h)) break;
+      a.ckpt_blocks = i + 1;
     }
   }
   Checkpoint c;
@@ -387,8 +402,20 @@ void Engine::write_checkpoint(Active& a) {
   c.run = a.ckpt_run;
   c.generation = a.n_generated;
   c.generated.assign(seq.tokens.begin() + seq.n_prompt, seq.tokens.end());
-  c.sampler = a.sampler.save();
+  // An overlapped step already drew the next token's value: the state from before that draw.
+  c.sampler = a.ckpt_rng_gen == a.n_generated ? a.sampler.save(a.ckpt_rng) : a.sampler.save();
   core_->ckpt_writer->write(std::move(c));  // a full queue drops it (counted): the next one carries on
+}
+
+void Engine::pump_checkpoint_blocks(bool wait) {
+  if (!core_->ckpt_io) return;
+  try {
+    core_->ckpt_io->issue();
+    core_->ckpt_io->settle(wait);
+  } catch (const std::exception& e) {
+    // The blocks are handed over again by their sequences' next checkpoints.
+    log::warn("checkpoint blocks not copied to the host: {}", e.what());
+  }
 }
 
 namespace {
@@ -559,6 +586,7 @@ void Engine::shutdown() {
   stop_ = true;
   queue_.close();
   if (thread_.joinable()) thread_.join();
+  if (core_) pump_checkpoint_blocks(true);  // every checkpoint's blocks reach the disk tier
   if (!started_.exchange(true)) fail_all("the engine was shut down", true);  // never started: end what was queued
   alive_ = false;
   if (core_ && core_->ckpt_writer && !core_->ckpt_writer->flush(options_.kv_flush_timeout_s)) {
@@ -759,6 +787,7 @@ void Engine::loop() {
       step();
       progressed = core_->stats.steps != before;
     }
+    pump_checkpoint_blocks(false);
     publish_stats();
   }
 }
@@ -796,11 +825,24 @@ void Engine::admit_new(std::vector<PendingRequest> incoming) {
   }
 }
 
+namespace {
+
+// Whether a plan's step needs the host between its forward and the next step: logits of every
+// position (prompt logprobs), or a recurrent-state load or save around it.
+bool needs_single_step(const StepPlan& plan) {
+  for (const auto& span : plan.spans) {
+    if (span.logits_all || span.restore_state || span.save_state) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void Engine::step() {
   // A step overlaps the one in flight only while every live request takes its tokens on the
   // device; otherwise that one is collected first and this step runs alone, planned from the
   // same state as without overlap.
-  const bool overlap = core_->overlap && core_->n_host_bound == 0;
+  bool overlap = core_->overlap && core_->n_host_bound == 0;
   if (!overlap) drain_pipeline();
   const double now = now_s();
   if (core_->conversion) {
@@ -830,6 +872,24 @@ void Engine::step() {
     return;
   }
   core_->stats.preemptions = core_->sched.n_preemptions();
+  if (overlap && needs_single_step(plan)) {
+    // Host rows or recurrent state: this step runs alone, after the one in flight. Requests
+    // that one ends (a stop token) leave the plan; their blocks were planned for them only.
+    std::vector<uint64_t> ids;
+    ids.reserve(plan.spans.size());
+    for (const auto& span : plan.spans) ids.push_back(span.seq->id);
+    drain_pipeline();
+    std::vector<ScheduledSpan> kept;
+    kept.reserve(plan.spans.size());
+    plan.n_tokens = 0;
+    for (size_t i = 0; i < plan.spans.size(); ++i) {
+      if (core_->active.count(ids[i]) == 0) continue;
+      kept.push_back(plan.spans[i]);
+      plan.n_tokens += plan.spans[i].n_tokens;
+    }
+    plan.spans = std::move(kept);
+    overlap = false;
+  }
   if (plan.empty()) {
     drain_pipeline();
     return;
@@ -1120,6 +1180,7 @@ void Engine::publish_stats() {
   if (core_->state_tiers) s.state_tiers = core_->state_tiers->stats();
   if (core_->checkpoints) s.checkpoints_foreign = core_->checkpoints->foreign_skipped();
   if (core_->ckpt_writer) s.checkpoints = core_->ckpt_writer->stats();
+  if (core_->ckpt_io) s.checkpoint_blocks = core_->ckpt_io->stats();
   s.prefix_hit_tokens = core_->sched.prefix_hit_tokens();
   s.preemptions = core_->sched.n_preemptions();
   queue_.publish_stats(s);

@@ -250,6 +250,9 @@ class Engine {
   void resume_from_checkpoint(Active& a);
   // Persists a's KV blocks (disk tier) and its checkpoint file.
   void write_checkpoint(Active& a);
+  // Queues the reads of the blocks checkpoints took since the last call and hands those that
+  // have landed to the disk tier (wait: every one).
+  void pump_checkpoint_blocks(bool wait);
   double now_s() const;
 
   std::unique_ptr<Model> model_;

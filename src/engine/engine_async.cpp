@@ -21,11 +21,12 @@
 // masks go to sample_enqueued() while the device runs the forward. Token fill needs a
 // sequence's newest token before its next step is planned, so overlapped steps do not fill
 // (the tokens are the same: a filled position is the one id its mask allows).
-// Requests that need the newest token on the host before the next step (prompt logprobs,
-// checkpoints, logprobs unless the executor computes them with the token: device_logprobs(),
-// and penalties unless it adds the fed token to their history: device_penalties()) are
-// host-bound: while one is live, steps run one at a time (step()
-// collects the step in flight before planning).
+// Requests that need the newest token on the host before the next step (logprobs unless the
+// executor computes them with the token: device_logprobs(), and penalties unless it adds the
+// fed token to their history: device_penalties()) are host-bound: while one is live, steps run
+// one at a time (step() collects the step in flight before planning). A step whose plan loads
+// or saves recurrent state or wants host logits (prompt logprobs) runs alone: step() collects
+// the step in flight after planning it, and drops the spans of requests that step ended.
 #include <string>
 #include <vector>
 
@@ -49,10 +50,18 @@ void Engine::setup_overlap() {
   // under real tokens. Window pools: commit gives back the blocks behind the next query's
   // window while the step that last reads them may still be in flight; whoever takes them
   // next writes in a later step, which the device runs after it.
+  // KV tiers: an evicted block's demotion reads it behind the step in flight (which may still
+  // write it) and ahead of the step about to be queued (which may overwrite it): the reads are
+  // queued before that step (flush_demotions), on the device's queue or waiting for it. Promoted
+  // blocks are installed behind the step in flight too (a block it still reads may have been
+  // given back and taken by the promotion). Checkpoints: their blocks are read behind the
+  // device's queue (CheckpointBlocks), and a checkpoint taken while the next token's draw is
+  // already out records the RNG from before that draw (Active::ckpt_rng). Steps with spans that
+  // load or save recurrent state or want every position's logits (prompt logprobs) run alone:
+  // step() collects the step in flight first.
   // Speculation proposes from every sequence's committed tokens and verifies on the host's
   // logits: its steps run one at a time.
-  c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.tiers &&
-              !c.snapshots && !c.checkpoints && !c.proposer;
+  c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.proposer;
 }
 
 void Engine::admit_overlap(Active& a) {
@@ -64,8 +73,7 @@ void Engine::admit_overlap(Active& a) {
   // A grammar's mask needs the last token on the host: it overlaps only where the executor
   // takes masks after the step's forward is queued (masks_later).
   const bool grammar_on_device = a.req.grammar == nullptr || (core_->runner.device_masks() && core_->runner.device_sampling());
-  a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && !a.req.prompt_logprobs &&
-                  a.ckpt_key.empty() && grammar_on_device;
+  a.device_only = core_->overlap && on_device && !penalties && logprobs_on_device && grammar_on_device;
   if (!a.device_only) ++core_->n_host_bound;
 }
 
@@ -98,7 +106,14 @@ void Engine::step_overlapped(const StepPlan& plan) {
     if (!argmax_only(a.req, a.sampler, vocab)) {
       STRATA_CHECK(device_sampling, "a device-only request without argmax needs device sampling");
       rs.sampler = &a.sampler;
-      rs.draw = a.sampler.params().greedy() ? 0 : a.sampler.next_draw();
+      if (!a.sampler.params().greedy()) {
+        if (!a.ckpt_key.empty() && a.pending_index >= 0) {
+          // The token in flight may be checkpointed when it arrives, after this draw.
+          a.ckpt_rng = a.sampler.rng_state();
+          a.ckpt_rng_gen = a.n_generated + 1;
+        }
+        rs.draw = a.sampler.next_draw();
+      }
       rs.top_logprobs = a.req.logprobs;
     }
     if (a.matcher) {
@@ -118,6 +133,8 @@ void Engine::step_overlapped(const StepPlan& plan) {
     }
   };
   try {
+    // Evicted blocks are read before this step may overwrite them.
+    if (c.tiers) c.flush_demotions();
     c.runner.enqueue(plan, want, samples, feed, masks_later);
   } catch (const std::exception& e) {
     fail_step(e);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_blocks.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/engine.h"
 #include "engine/kv_conversion.h"
@@ -44,6 +45,11 @@ struct Engine::Active {
   uint64_t ckpt_run = 0;       // CheckpointStore run id
   int32_t ckpt_blocks = 0;     // leading blocks already handed to the disk tier
   int32_t shared_blocks = 0;   // leading blocks already handed to the shared (Redis) tier
+  // An overlapped step draws the next token's random value before the one in flight is
+  // accepted: the RNG from before that draw, for the checkpoint at generation ckpt_rng_gen
+  // (the in-flight token's; -1: none), which must not carry a draw of a token it lacks.
+  Xoshiro256::State ckpt_rng{};
+  int32_t ckpt_rng_gen = -1;
   // Overlapped steps (engine_async.cpp). device_only: every token of the request comes from the
   // executor's device (no prompt logprobs, penalties, checkpoints, or logprobs the executor does
   // not compute). pending_index: the position in seq.tokens of a placeholder whose token is
@@ -97,6 +103,9 @@ struct Engine::Core {
   uint64_t next_id = 1;
   EngineStats stats;
   std::unique_ptr<KvConversion> conversion;  // --kv-quant-start: the codec pool and the conversion
+  // Checkpoints' blocks on their way to the disk tier (checkpoints with a disk tier); before
+  // `tiers`, so it outlives the disk writer that gives its slots back.
+  std::unique_ptr<CheckpointBlocks> ckpt_io;
   std::unique_ptr<KvTiers> tiers;  // host and disk tiers below `kv`, when configured
   std::vector<uint8_t> tier_buf;   // one block's bytes
   // Blocks the pool evicted whose bytes still go down to the tiers: read together (a device

@@ -114,6 +114,17 @@ struct CheckpointWriterStats {
   int64_t failed = 0;     // writes the store refused with an I/O error (logged)
   int64_t queued = 0;     // writes waiting now
   int64_t queued_bytes = 0;
+  // The most tokens between two written checkpoints of one request (its first: since the
+  // start), over every request so far.
+  int64_t max_gap_tokens = 0;
+};
+
+// Blocks checkpoints hand to the disk tier (engine/checkpoint_blocks.h).
+struct CheckpointBlockStats {
+  int64_t staged = 0;   // blocks read into the staging
+  int64_t handed = 0;   // of those, taken by the disk tier (queued, or found there already)
+  int64_t dropped = 0;  // of those, refused by the disk tier (its queue full)
+  int64_t deferred = 0; // blocks a checkpoint left for the next one (every slot taken)
 };
 
 struct EngineStats {
@@ -137,6 +148,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t checkpoints_foreign = 0;  // checkpoints skipped: written under another state identity
   CheckpointWriterStats checkpoints;  // written, coalesced, dropped, failed, queued
+  CheckpointBlockStats checkpoint_blocks;
   // Speculative decoding: drafted tokens verified, those accepted, verify spans, and verifies
   // by accepted drafts ([i]: i accepted; the last bucket: kMaxSpecHistogram or more).
   static constexpr int kMaxSpecHistogram = 16;

@@ -30,6 +30,13 @@ std::vector<int32_t> KvCacheManager::acquire_cached(std::span<const uint64_t> bl
   return blocks;
 }
 
+void KvCacheManager::retain(std::span<const int32_t> blocks) {
+  for (int32_t id : blocks) {
+    STRATA_CHECK(pool_.meta(id).ref_count > 0, "retain() of block " + std::to_string(id) + ", which nothing references");
+    pool_.add_ref(id);
+  }
+}
+
 int32_t KvCacheManager::allocate(double now) {
   int32_t id = pool_.pop_free();
   if (id < 0) {

@@ -48,6 +48,10 @@ class KvCacheManager {
   // that hash (the caller keeps its copy unpublished) or this block is already published.
   bool publish(int32_t block, uint64_t hash);
 
+  // One more reference on each of `blocks`, each referenced already (a copy in flight keeps
+  // it from being freed and reused); release() drops it.
+  void retain(std::span<const int32_t> blocks);
+
   // Drops one reference on each block, last block first so that the tails of chains are evicted
   // before their heads. Published blocks whose count reaches zero go idle; a positive
   // `pin_until` (engine clock, s) pins them above ordinary LRU until then. Unpublished ones return

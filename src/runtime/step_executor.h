@@ -205,6 +205,11 @@ class StepExecutor {
     read_blocks_to(blocks, outs);
     return 0;
   }
+  // The same for blocks the caller holds until the ticket lands (a reference on each: no step
+  // writes them meanwhile), so later steps need not wait on the device for the reads at all.
+  virtual uint64_t read_held_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+    return read_blocks_to_async(blocks, outs);
+  }
   // Whether the copies of `ticket` (and every earlier one) have landed; wait: until they have.
   // Throws std::exception when a copy failed (its places hold no valid bytes).
   virtual bool reads_landed(uint64_t /*ticket*/, bool /*wait*/) { return true; }

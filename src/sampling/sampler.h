@@ -77,6 +77,10 @@ class Sampler {
 
   // The whole state (params, RNG, history) as a self-describing little-endian byte string.
   std::string save() const;
+  // The same with the RNG at `rng` instead of its state now: a state rng_state() gave before
+  // draws taken since for tokens not yet accepted (an overlapped step's draw ahead).
+  std::string save(const Xoshiro256::State& rng) const;
+  const Xoshiro256::State& rng_state() const { return rng_.state(); }
   // Errors (kCorrupt) name what is wrong: bad magic/version, truncation, trailing bytes,
   // duplicate or negative ids, out-of-range params.
   static Result<Sampler> restore(std::string_view bytes);

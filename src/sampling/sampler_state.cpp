@@ -92,7 +92,9 @@ Error corrupt(const std::string& what) { return make_error(ErrorCode::kCorrupt, 
 
 }  // namespace
 
-std::string Sampler::save() const {
+std::string Sampler::save() const { return save(rng_.state()); }
+
+std::string Sampler::save(const Xoshiro256::State& rng) const {
   Writer w;
   w.bytes(kMagic, sizeof(kMagic));
   w.u32(kVersion);
@@ -112,7 +114,7 @@ std::string Sampler::save() const {
     w.i32(id);
     w.f32(bias);
   }
-  for (uint64_t word : rng_.state()) w.u64(word);
+  for (uint64_t word : rng) w.u64(word);
   w.u64(static_cast<uint64_t>(n_accepted_));
   w.u32(static_cast<uint32_t>(seen_.size()));
   for (int32_t id : seen_) w.i32(id);

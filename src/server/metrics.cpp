@@ -168,6 +168,9 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   }
   header(os, "strata_engine_steps_total", "counter", "Engine steps (packed forwards).");
   os << "strata_engine_steps_total{" << m << "} " << e.steps << '\n';
+  header(os, "strata_engine_overlapped_steps_total", "counter",
+         "Steps queued while the previous one ran on the device (overlapped scheduling).");
+  os << "strata_engine_overlapped_steps_total{" << m << "} " << e.overlapped_steps << '\n';
   header(os, "strata_engine_prefix_hit_tokens_total", "counter", "Tokens admission took from the prefix cache (recomputations included).");
   os << "strata_engine_prefix_hit_tokens_total{" << m << "} " << e.prefix_hit_tokens << '\n';
   header(os, "strata_checkpoints_foreign_total", "counter",
@@ -179,6 +182,17 @@ std::string render_metrics(const ServerMetrics::Snapshot& s, const EngineStats& 
   const std::pair<const char*, int64_t> ckpt[] = {{"written", e.checkpoints.written}, {"coalesced", e.checkpoints.coalesced},
                                                   {"dropped", e.checkpoints.dropped}, {"failed", e.checkpoints.failed}};
   for (const auto& [what, n] : ckpt) os << "strata_checkpoints_total{" << m << ",result=\"" << what << "\"} " << n << '\n';
+  header(os, "strata_checkpoint_max_gap_tokens", "gauge",
+         "The most generated tokens between two written checkpoints of one request (its first: since the start).");
+  os << "strata_checkpoint_max_gap_tokens{" << m << "} " << e.checkpoints.max_gap_tokens << '\n';
+  header(os, "strata_checkpoint_blocks_total", "counter",
+         "KV blocks of checkpoints by outcome: staged (read off the pool), handed (taken by the disk tier), dropped "
+         "(the disk writer's queue was full), deferred (no staging room: left for the next checkpoint).");
+  const std::pair<const char*, int64_t> cb[] = {{"staged", e.checkpoint_blocks.staged},
+                                                {"handed", e.checkpoint_blocks.handed},
+                                                {"dropped", e.checkpoint_blocks.dropped},
+                                                {"deferred", e.checkpoint_blocks.deferred}};
+  for (const auto& [what, n] : cb) os << "strata_checkpoint_blocks_total{" << m << ",result=\"" << what << "\"} " << n << '\n';
   header(os, "strata_checkpoint_queue_bytes", "gauge", "Bytes of checkpoints waiting for the writer thread.");
   os << "strata_checkpoint_queue_bytes{" << m << "} " << e.checkpoints.queued_bytes << '\n';
   header(os, "strata_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.");

@@ -17,11 +17,15 @@
 // time with the device's masked sampler (token fill on) and with the host's sampler give the
 // same tokens, each accepted by the grammar. Models: llama3-tiny, qwen3-tiny and gemma3-tiny (whose sliding-window
 // layers page in a pool of their own, giving back blocks behind the window while a step that
-// read them may still be in flight). Needs a GPU.
+// read them may still be in flight). With host and disk KV tiers, checkpoints and (qwen35-tiny)
+// recurrent-state snapshots, overlapped steps give the tokens of single steps, and a stopped
+// run resumes from its checkpoints with the uninterrupted tokens. Needs a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -44,7 +48,7 @@ constexpr int32_t kMaxLen = 256;
 constexpr int32_t kPoolBlocks = 20;  // 320 tokens for up to 16 sequences of up to 256: preemptions
 
 std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool deterministic, bool device_logprobs = true,
-                                    bool device_sampling = true) {
+                                    bool device_sampling = true, const std::function<void(EngineOptions&)>& tweak = nullptr) {
   auto cfg = load_model_config(model_path(name));
   EXPECT_TRUE(cfg.ok());
   if (!cfg.ok()) return nullptr;
@@ -73,6 +77,7 @@ std::unique_ptr<Engine> make_engine(const std::string& name, bool overlap, bool 
   eo.kv_codecs = parts->kv_codecs;
   eo.model_identity = name;
   eo.async_scheduling = overlap;
+  if (tweak) tweak(eo);
   auto e = Engine::create(std::move(parts->shape), eo, std::move(parts->executor));
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   if (!e.ok()) return nullptr;
@@ -554,6 +559,141 @@ TEST_P(GpuEngineOverlap, ConstrainedRowsMatchSingleStepsAndTheHostSampler) {
 
 // gemma3-tiny: sliding-window layers paging in a pool of their own.
 INSTANTIATE_TEST_SUITE_P(Models, GpuEngineOverlap, ::testing::Values("llama3-tiny", "qwen3-tiny", "gemma3-tiny"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+// Host and disk KV tiers, checkpoints every 8 tokens and (qwen35-tiny) recurrent-state
+// snapshots (restored by prefix hits) with overlapped steps, batch-invariant kernels, the small
+// pool (demotions and promotions while a step is in flight): the tokens of single steps with the same features, and
+// most steps overlap. Then (full-attention and window models: a hybrid's resumed state comes
+// from a prefill, whose arithmetic differs from the decodes') a run stopped mid-generation and
+// a new engine over the same directories: the resumed requests give the uninterrupted tokens
+// (a checkpoint taken while the next token's draw is out records the RNG from before it).
+class GpuEngineDurableOverlap : public GpuEngineOverlap {};
+
+TEST_P(GpuEngineDurableOverlap, TiersCheckpointsAndStateOverlapAndResume) {
+  namespace fs = std::filesystem;
+  const std::string name = GetParam();
+  const bool hybrid = name.rfind("qwen35", 0) == 0;
+  const fs::path root = fs::temp_directory_path() / ("strata_gpu_durable_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  int run = 0;
+  fs::path dir;
+  auto durable = [&](EngineOptions& o) {
+    o.kv_host_bytes = int64_t(4) << 20;
+    o.kv_disk_dir = dir.string();
+    o.kv_disk_bytes = int64_t(256) << 20;
+    o.checkpoint_every = 8;
+    o.state_snapshot_interval = 64;
+  };
+  auto fresh = [&]() {
+    dir = root / std::to_string(run++);
+    fs::create_directories(dir);
+  };
+  std::vector<GenerationRequest> reqs = base_workload(61);
+  if (hybrid) {
+    // Shared prefixes past the first 64-token snapshot point: later requests restore its state.
+    std::mt19937 rng(5);
+    std::vector<int32_t> head(40);
+    for (auto& t : head) t = 3 + int32_t(rng() % 500);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (i % 4 != 3) reqs[i].prompt.insert(reqs[i].prompt.begin(), head.begin(), head.end());
+    }
+  }
+  fresh();
+  auto off_engine = make_engine(name, false, true, true, true, durable);
+  ASSERT_NE(off_engine, nullptr);
+  const RunResult off = run_workload(*off_engine, reqs, "");
+  fresh();
+  auto on_engine = make_engine(name, true, true, true, true, durable);
+  ASSERT_NE(on_engine, nullptr);
+  const RunResult on = run_workload(*on_engine, reqs, "");
+  expect_same(on, off, "", name + " durable");
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2) << on.stats.steps << " steps";
+  if (!hybrid) EXPECT_GT(on.stats.kv_tiers.demoted_blocks, 0) << "the small pool demotes";
+  EXPECT_GT(on.stats.checkpoint_blocks.staged, 0);
+  EXPECT_GT(on.stats.checkpoints.written, 0);
+  if (hybrid) EXPECT_GT(on.stats.state_snapshots.restores, 0);
+  std::printf("%s durable: %lld of %lld steps overlapped, %lld blocks demoted, %lld checkpoints written, %lld checkpoint "
+              "blocks staged, %lld handed, %lld dropped, max gap %lld tokens\n",
+              name.c_str(), (long long)on.stats.overlapped_steps, (long long)on.stats.steps,
+              (long long)on.stats.kv_tiers.demoted_blocks, (long long)on.stats.checkpoints.written,
+              (long long)on.stats.checkpoint_blocks.staged, (long long)on.stats.checkpoint_blocks.handed,
+              (long long)on.stats.checkpoint_blocks.dropped, (long long)on.stats.checkpoints.max_gap_tokens);
+  on_engine.reset();
+  off_engine.reset();
+  if (hybrid) {
+    fs::remove_all(root);
+    return;
+  }
+
+  // Six long requests (seeded sampling and greedy) stopped once each has 20 tokens.
+  std::vector<GenerationRequest> longs;
+  for (size_t i = 0; i < 6; ++i) {
+    GenerationRequest r = reqs[i];
+    r.id = "long" + std::to_string(i);
+    r.max_tokens = 96;
+    r.sampling.logit_bias.clear();
+    longs.push_back(std::move(r));
+  }
+  auto ref_engine = make_engine(name, false, true);
+  ASSERT_NE(ref_engine, nullptr);
+  const RunResult ref = run_workload(*ref_engine, longs, "");
+  ref_engine.reset();
+  fresh();
+  {
+    auto e = make_engine(name, true, true, true, true, durable);
+    ASSERT_NE(e, nullptr);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& q : longs) {
+      auto s = e->submit(q);
+      ASSERT_TRUE(s.ok());
+      streams.push_back(*s);
+    }
+    e->start();
+    for (auto& s : streams) {
+      size_t n = 0;
+      while (n < 20) {
+        auto ev = s->next(std::chrono::seconds(120));
+        ASSERT_TRUE(ev.has_value()) << s->id() << " timed out";
+        n += ev->tokens.size();
+        if (ev->final) break;
+      }
+    }
+    e->shutdown();
+  }
+  auto e = make_engine(name, true, true, true, true, durable);
+  ASSERT_NE(e, nullptr);
+  e->start();
+  int resumed = 0;
+  for (const auto& q : longs) {
+    auto s = e->submit(q);
+    ASSERT_TRUE(s.ok());
+    std::vector<int32_t> tokens;
+    size_t first = 0;
+    for (;;) {
+      auto ev = (*s)->next(std::chrono::seconds(120));
+      ASSERT_TRUE(ev.has_value()) << q.id << " timed out";
+      if (first == 0) first = ev->tokens.size();
+      tokens.insert(tokens.end(), ev->tokens.begin(), ev->tokens.end());
+      if (ev->final) break;
+    }
+    EXPECT_EQ(tokens, ref.out.at(q.id).tokens) << name << " " << q.id << " resumed from " << first << " tokens";
+    if (first >= 8) ++resumed;
+  }
+  EXPECT_GT(resumed, 0) << "no request resumed from a checkpoint";
+  EXPECT_GT(e->stats().kv_tiers.disk_hit_blocks, 0) << "the checkpointed KV came from disk";
+  e->shutdown();
+  e.reset();
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuEngineDurableOverlap, ::testing::Values("llama3-tiny", "gemma3-tiny", "qwen35-tiny"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
                            for (char& ch : n) {

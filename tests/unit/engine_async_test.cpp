@@ -10,10 +10,15 @@
 // overlap, with the host path's logprobs. Constrained requests (a regex grammar) on an
 // executor that takes grammar masks overlap too: their steps are queued with masks_later and
 // sampled once the previous step's tokens have advanced the matchers; the tokens equal the
-// host sampler's under the host's masks (with token fill, one step at a time).
+// host sampler's under the host's masks (with token fill, one step at a time). Prompt logprobs
+// make only their prompt's steps run alone. Host and disk KV tiers and checkpoints keep steps
+// overlapped (tokens equal single steps), and a stopped run resumes from its checkpoints with
+// the uninterrupted tokens, sampled rows included.
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -143,14 +148,22 @@ class QueuedHostExecutor final : public StepExecutor {
       deferred_ = true;
       deferred_logits_.assign(logits, logits + n_rows * size_t(kVocab));
       deferred_samplers_.clear();
+      deferred_draws_.clear();
       for (const RowSample& r : samples) {
         STRATA_CHECK(r.mask_later || r.mask.words == nullptr, "a deferred step's masks come later");
         deferred_samplers_.push_back(r.sampler ? std::optional<Sampler>(*r.sampler) : std::nullopt);
+        deferred_draws_.push_back(r.draw);
       }
       queue_.push_back(std::move(q));
       return;
     }
-    if (device_logprobs_) answer_samples(logits, samples, q);
+    if (device_logprobs_) {
+      answer_samples(logits, samples, q);
+      // The next step's fed inputs are the tokens drawn, as a device's merged tokens.
+      for (size_t r = 0; r < q.sampled.size(); ++r) {
+        if (q.sampled[r] != StepRows::kNotSampled) last_[r] = q.sampled[r];
+      }
+    }
     queue_.push_back(std::move(q));
   }
   void sample_enqueued(std::span<const TokenMask> masks) override {
@@ -161,6 +174,7 @@ class QueuedHostExecutor final : public StepExecutor {
     std::vector<RowSample> samples(deferred_samplers_.size());
     for (size_t r = 0; r < samples.size(); ++r) {
       if (deferred_samplers_[r]) samples[r].sampler = &*deferred_samplers_[r];
+      samples[r].draw = deferred_draws_[r];
       if (r < masks.size()) samples[r].mask = masks[r];
     }
     answer_samples(deferred_logits_.data(), samples, q);
@@ -200,8 +214,13 @@ class QueuedHostExecutor final : public StepExecutor {
     out.top_logprobs.assign(n * size_t(kMaxTopLogprobs), 0.0f);
     for (size_t r = 0; r < samples.size() && r < n; ++r) {
       if (samples[r].sampler == nullptr) continue;
-      STRATA_CHECK(samples[r].sampler->params().greedy(), "the test executor samples greedy rows only");
       out.sampled[r] = out.argmax[r];
+      if (!samples[r].sampler->params().greedy()) {
+        // A device's sampled token is a function of the row and the engine's draw: here a
+        // cheap one, so a draw out of order changes the token.
+        out.sampled[r] = int32_t((uint64_t(out.argmax[r]) + samples[r].draw % 7) % uint64_t(kVocab));
+        continue;
+      }
       if (!samples[r].sampler->params().logit_bias.empty() || samples[r].mask.words != nullptr) {
         // The host sampler's token (greedy: no draw) under the row's bias and mask; -1 when the
         // mask allows no id, as a device answers.
@@ -242,6 +261,7 @@ class QueuedHostExecutor final : public StepExecutor {
   bool deferred_ = false;  // the newest queued step waits for sample_enqueued()
   std::vector<float> deferred_logits_;
   std::vector<std::optional<Sampler>> deferred_samplers_;
+  std::vector<uint64_t> deferred_draws_;
 };
 
 struct Result {
@@ -255,7 +275,8 @@ struct Result {
 // Every request queued before the first step; `cancel_id` is read first and cancelled after
 // three tokens.
 Result run_workload(ThreadPool& pool, bool overlap, const std::vector<GenerationRequest>& reqs,
-                    const std::string& cancel_id = "", bool device_logprobs = false, bool token_fill = true) {
+                    const std::string& cancel_id = "", bool device_logprobs = false, bool token_fill = true,
+                    const std::function<void(EngineOptions&)>& tweak = nullptr) {
   auto model = std::make_unique<HashModel>(pool);
   EngineOptions o;
   o.token_fill = token_fill;
@@ -265,6 +286,7 @@ Result run_workload(ThreadPool& pool, bool overlap, const std::vector<Generation
   o.max_batch_tokens = 24;
   o.async_scheduling = overlap;
   o.model_identity = "hash";
+  if (tweak) tweak(o);
   auto layout = resolve_kv_layout(*model, KvCodecConfig{});
   EXPECT_TRUE(layout.ok());
   auto exec = std::make_unique<QueuedHostExecutor>(*model, *layout, o.kv_blocks, o.block_size, device_logprobs);
@@ -557,6 +579,153 @@ TEST(EngineAsync, ConstrainedRowsOverlapWithMasksAfterTheForward) {
               "grammar refuses\n", (long long)reasoned, (long long)free_reasoning);
   EXPECT_GE(reasoned, 6);
   EXPECT_GT(free_reasoning, 0) << "the reasoning section is not constrained";
+}
+
+// Prompt logprobs no longer make a request host-bound: only the steps that compute its prompt
+// (every position's logits on the host) run alone; its decodes overlap. Tokens and prompt
+// logprobs equal those of single steps.
+TEST(EngineAsync, PromptLogprobsRunAloneOnlyWhileThePromptIsComputed) {
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs = workload();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].ignore_eos = true;
+    reqs[i].prompt_logprobs = i % 5 == 1;
+  }
+  const Result single = run_workload(pool, false, reqs, "", true);
+  const Result overlap = run_workload(pool, true, reqs, "", true);
+  EXPECT_EQ(single.stats.overlapped_steps, 0);
+  EXPECT_GT(overlap.stats.overlapped_steps, overlap.stats.steps / 2);
+  EXPECT_LT(overlap.stats.overlapped_steps, overlap.stats.steps) << "the prompt steps ran alone";
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const GenerationRequest& q = reqs[i];
+    const test::Outcome& a = single.out.at(q.id);
+    const test::Outcome& b = overlap.out.at(q.id);
+    EXPECT_EQ(b.tokens, a.tokens) << q.id;
+    EXPECT_EQ(b.final.finish_reason, FinishReason::kLength) << q.id << ": " << b.final.message;
+    ASSERT_EQ(b.prompt_logprobs.size(), a.prompt_logprobs.size()) << q.id;
+    EXPECT_EQ(a.prompt_logprobs.size(), q.prompt_logprobs ? q.prompt.size() - 1 : 0u) << q.id;
+    for (size_t t = 0; t < a.prompt_logprobs.size(); ++t) {
+      EXPECT_EQ(b.prompt_logprobs[t].chosen.token, a.prompt_logprobs[t].chosen.token) << q.id << " " << t;
+      EXPECT_EQ(b.prompt_logprobs[t].chosen.logprob, a.prompt_logprobs[t].chosen.logprob) << q.id << " " << t;
+    }
+  }
+}
+
+// Host and disk KV tiers and checkpoints every 4 tokens with overlapped steps, in a pool small
+// enough that blocks are demoted and promoted while steps are in flight, greedy and seeded
+// sampled rows (drawn on the "device" from the engine's draws): the tokens equal single steps
+// without tiers. Then a run stopped mid-generation, and a new engine over the same directories
+// resumes from the checkpoints with the uninterrupted tokens: a checkpoint taken when the next
+// token's draw is already out records the RNG from before that draw.
+TEST(EngineAsync, TiersAndCheckpointsOverlapAndResumeWithTheUninterruptedTokens) {
+  namespace fs = std::filesystem;
+  ThreadPool pool(2);
+  const fs::path dir = fs::temp_directory_path() / ("strata_async_tiers_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::vector<int32_t> prefix = test::random_ids(7, 16, kVocab);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.id = "c" + std::to_string(i);
+    r.prompt = prefix;
+    const auto tail = test::random_ids(100 + uint64_t(i), 3 + i, kVocab);
+    r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+    r.max_tokens = 40;
+    r.ignore_eos = true;
+    if (i % 2 == 0) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 50 + uint64_t(i);
+      r.sampling.has_seed = true;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    reqs.push_back(std::move(r));
+  }
+  auto durable = [&](EngineOptions& o) {
+    o.kv_host_bytes = int64_t(1) << 16;  // a few dozen blocks
+    o.kv_disk_dir = dir.string();
+    o.kv_disk_bytes = int64_t(64) << 20;
+    o.checkpoint_every = 4;
+  };
+  const Result ref = run_workload(pool, false, reqs, "", true);
+  const Result on = run_workload(pool, true, reqs, "", true, true, durable);
+  EXPECT_GT(on.stats.overlapped_steps, on.stats.steps / 2) << "tiers and checkpoints overlap";
+  EXPECT_GT(on.stats.preemptions, 0) << "the small pool preempts";
+  EXPECT_GT(on.stats.kv_tiers.demoted_blocks, 0) << "blocks were demoted";
+  EXPECT_GT(on.stats.checkpoints.written + on.stats.checkpoints.coalesced, 0);
+  EXPECT_GT(on.stats.checkpoint_blocks.staged, 0);
+  EXPECT_LE(on.stats.checkpoints.max_gap_tokens, 8);
+  for (const auto& q : reqs) {
+    EXPECT_EQ(on.out.at(q.id).tokens, ref.out.at(q.id).tokens) << q.id;
+    ASSERT_EQ(ref.out.at(q.id).tokens.size(), size_t(q.max_tokens)) << q.id;
+  }
+
+  // Stopped once every stream has 14 tokens (or has ended): the cancelled ones keep their
+  // checkpoints.
+  fs::remove_all(dir);
+  auto build = [&]() {
+    auto model = std::make_unique<HashModel>(pool);
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_blocks = 48;
+    o.max_num_seqs = 8;
+    o.max_batch_tokens = 24;
+    o.async_scheduling = true;
+    o.model_identity = "hash";
+    durable(o);
+    auto layout = resolve_kv_layout(*model, KvCodecConfig{});
+    EXPECT_TRUE(layout.ok());
+    auto exec = std::make_unique<QueuedHostExecutor>(*model, *layout, o.kv_blocks, o.block_size, true);
+    auto e = Engine::create(std::move(model), o, std::move(exec));
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  {
+    auto e = build();
+    ASSERT_TRUE(e);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& q : reqs) {
+      auto s = e->submit(q);
+      ASSERT_TRUE(s.ok());
+      streams.push_back(*s);
+    }
+    e->start();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      size_t n = 0;
+      while (n < 14) {
+        auto ev = streams[i]->next(std::chrono::seconds(60));
+        ASSERT_TRUE(ev.has_value()) << reqs[i].id << " timed out";
+        n += ev->tokens.size();
+        if (ev->final) break;
+      }
+    }
+    const EngineStats st = e->stats();
+    EXPECT_GT(st.overlapped_steps, 0);
+    e->shutdown();
+  }
+  auto e = build();
+  ASSERT_TRUE(e);
+  e->start();
+  int resumed = 0;
+  for (const auto& q : reqs) {
+    auto s = e->submit(q);
+    ASSERT_TRUE(s.ok());
+    test::Outcome o;
+    size_t first = 0;
+    for (;;) {
+      auto ev = (*s)->next(std::chrono::seconds(60));
+      ASSERT_TRUE(ev.has_value()) << q.id << " timed out";
+      if (first == 0) first = ev->tokens.size();
+      o.tokens.insert(o.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+      if (ev->final) break;
+    }
+    EXPECT_EQ(o.tokens, ref.out.at(q.id).tokens) << q.id << " resumed from " << first << " tokens";
+    if (first >= 4) ++resumed;
+  }
+  EXPECT_GT(resumed, 0) << "no request resumed from a checkpoint";
+  EXPECT_GT(e->stats().kv_tiers.disk_hit_blocks, 0) << "the checkpointed KV came from disk";
+  e->shutdown();
+  fs::remove_all(dir);
 }
 
 }  // namespace

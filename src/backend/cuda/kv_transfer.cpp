@@ -196,19 +196,21 @@ Status KvTransfer::write_direct(std::span<const int32_t> blocks, std::span<const
   const size_t bb = size_t(block_bytes_);
   std::lock_guard<std::mutex> lock(mu_);
   STRATA_RETURN_IF_ERROR(retire(0, false));
-  // Chunk c: copied into half c % 2 on up_ (once scatter_ has scattered chunk c - 2 out of it),
-  // then scattered on scatter_ once its copy landed and the gathers of the old bytes of its
-  // blocks (demotions still in flight) are done. Neither stream waits for the pool's: the
-  // pool's stream waits for every gather when it is queued, and the blocks written here are
-  // held by no step (freshly allocated).
-  bool used[2] = {false, false};
+  // Chunk c: copied into half c % 2 on up_ (once scatter_ has scattered the chunk before it
+  // out of that half, in this call or an earlier one), then scattered on scatter_ once its copy
+  // landed, the work queued on the pool's stream so far is done (a step still in flight may
+  // read or write a block given back since and now written here), and the gathers of the old
+  // bytes of its blocks (demotions still in flight) are done. The copies in do not wait for
+  // the pool's stream: the caller gets its places back without waiting for a step.
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(mark_, stream_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(scatter_, mark_, 0));
   int h = 0;
   for (size_t begin = 0; begin < blocks.size(); begin += size_t(chunk_blocks_), h ^= 1) {
     KvBlockList list;
     list.n = int32_t(std::min(blocks.size() - begin, size_t(chunk_blocks_)));
     std::copy_n(blocks.begin() + begin, list.n, list.ids);
     uint8_t* dev = device_ + size_t(h) * half;
-    if (used[h]) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up_, scattered_[h], 0));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(up_, scattered_[h], 0));  // never recorded: no wait
     STRATA_RETURN_IF_ERROR(for_each_run(ins, begin, list.n, bb, [&](const uint8_t* src, size_t k, size_t r) -> Status {
       STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev + k * bb, src, r * bb, cudaMemcpyHostToDevice, up_));
       return Status();
@@ -224,13 +226,12 @@ Status KvTransfer::write_direct(std::span<const int32_t> blocks, std::span<const
     }
     launch_kv_scatter(layout_, list, dev, scatter_);
     STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[h], scatter_));
-    used[h] = true;
   }
   // Later work on the pool's stream reads the installed blocks; scatter_ waited for every copy
-  // in, so its end covers them (the places may be reused once this returns).
+  // in, so its end covers them. The places may be reused once the copies in are done.
   STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(mark_, scatter_));
   STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, mark_, 0));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(scatter_));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(up_));
   return Status();
 }
 
@@ -268,7 +269,8 @@ Status KvTransfer::retire(uint64_t upto, bool wait) {
   return Status();
 }
 
-Result<uint64_t> KvTransfer::read_direct_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+Result<uint64_t> KvTransfer::read_direct_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs,
+                                               bool order_pool) {
   STRATA_RETURN_IF_ERROR(check_ids(blocks));
   if (outs.size() != blocks.size()) return make_error(ErrorCode::kInvalidArgument, "KV transfer: one place per block");
   if (blocks.empty()) return uint64_t(0);
@@ -317,8 +319,8 @@ Result<uint64_t> KvTransfer::read_direct_async(std::span<const int32_t> blocks, 
     demote_half_ ^= 1;
   }
   // Whatever the pool's stream runs next (a step writing into these blocks) waits for their
-  // gather, not for the copies out.
-  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, demotions_.back().gathered, 0));
+  // gather, not for the copies out; blocks the caller holds are written by no step.
+  if (order_pool) STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, demotions_.back().gathered, 0));
   return seq;
 }
 

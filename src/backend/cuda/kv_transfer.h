@@ -13,7 +13,8 @@
 // marking its blocks with a sequence number; the pool's stream waits for the gathers only
 // (later steps may overwrite the blocks once their bytes are in the staging). write_direct()
 // copies in on a stream of its own and scatters on a third one, chunk by chunk, each scatter
-// waiting for the gather of the old bytes of its blocks only, so a promotion that evicts
+// waiting for the steps queued before it (one still in flight may use a block given back since)
+// and the gather of the old bytes of its blocks, so a promotion that evicts
 // (demotes) and then installs into the freed blocks moves its bytes down and up at the same
 // time, and the copy of chunk i + 1 runs while chunk i is scattered; the pool's stream then
 // waits for the scatters.
@@ -67,7 +68,10 @@ class KvTransfer {
   // for reads_done(). The places must stay untouched until then. The blocks may be written
   // meanwhile: work queued later on the pool's stream waits (on the device) for their gather,
   // write_direct() for the gathers of the blocks it writes; neither waits for the copies out.
-  Result<uint64_t> read_direct_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs);
+  // order_pool false: the caller keeps the blocks from being written until the ticket lands,
+  // and the pool's stream does not wait for the gathers either.
+  Result<uint64_t> read_direct_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs,
+                                     bool order_pool = true);
   // Whether the copies of `ticket` (and of every earlier one) have landed in host memory;
   // wait: blocks until they have. An error: a copy failed (the places hold no valid bytes).
   Result<bool> reads_done(uint64_t ticket, bool wait);

@@ -454,12 +454,20 @@ void CudaExecutor::write_blocks_from(std::span<const int32_t> blocks, std::span<
 }
 
 uint64_t CudaExecutor::read_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  return read_async(blocks, outs, true);
+}
+
+uint64_t CudaExecutor::read_held_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) {
+  return read_async(blocks, outs, false);
+}
+
+uint64_t CudaExecutor::read_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs, bool order_pool) {
   if (!transfer_) return StepExecutor::read_blocks_to_async(blocks, outs);
   const size_t bb = size_t(decoder_->kv_block_bytes());
   bool all_registered = true;
   for (uint8_t* p : outs) all_registered = all_registered && registered(p, bb);
   if (!all_registered) return StepExecutor::read_blocks_to_async(blocks, outs);
-  auto r = transfer_->read_direct_async(blocks, outs);
+  auto r = transfer_->read_direct_async(blocks, outs, order_pool);
   if (!r.ok()) throw std::runtime_error("KV blocks copy to the host: " + r.error().to_string());
   return *r;
 }

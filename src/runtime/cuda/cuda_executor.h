@@ -96,6 +96,7 @@ class CudaExecutor final : public StepExecutor {
   void write_blocks_from(std::span<const int32_t> blocks, std::span<const uint8_t* const> ins) override;
   // Registered places: copied out on a stream of their own (KvTransfer::read_direct_async).
   uint64_t read_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
+  uint64_t read_held_blocks_to_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs) override;
   bool reads_landed(uint64_t ticket, bool wait) override;
   // cudaHostRegister: the range becomes page-locked, copied to and from by DMA.
   bool register_host_memory(void* p, size_t bytes) override;
@@ -108,6 +109,8 @@ class CudaExecutor final : public StepExecutor {
   std::unique_ptr<KvTransfer> transfer_;  // null: staging could not be allocated
   std::vector<std::pair<const uint8_t*, size_t>> registered_;  // register_host_memory() ranges
   bool registered(const uint8_t* p, size_t bytes) const;
+  // read_blocks_to_async (order_pool: later steps wait for the gathers) and its held variant.
+  uint64_t read_async(std::span<const int32_t> blocks, std::span<uint8_t* const> outs, bool order_pool);
   StepBatch batch_;
   std::vector<int32_t> host_rows_;  // logit rows copied to the host, ascending
   std::vector<float> logits_;       // [host rows, vocab]
