@@ -6,12 +6,13 @@
 # output tokens (EOS ignored), plain and with a host KV tier, a disk KV tier and checkpoints
 # every 32 tokens (and each part alone); then a Qwen3.5-MoE-shaped hybrid, 64 x (1024 in, 256 out), with
 # overlapped steps on and off. After each run the server's /metrics (steps, overlapped steps,
-# checkpoints and their blocks, disk tier counts) go to $OUT/NAME.metrics.
+# checkpoints and their blocks, disk tier counts) and the server log's tail go to $OUT/NAME.txt.
 # Usage: bash scripts/device/run_durable_bench.sh [N] [IN] [OUT]
 #   STRATA_DEVICE_BIN  the packaged binaries (default .device/bin)
 #   STRATA_TESTS       GPU test binaries to run first (default: none)
-#   STRATA_CASES       which runs (default all): plain tiers records durable hybrid (tiers: the
-#                      KV tiers without checkpoints; records: checkpoints without a disk KV tier)
+#   STRATA_CASES       which runs (default all): plain tiers records durable durable_shm hybrid (tiers: the
+#                      KV tiers without checkpoints; records: checkpoints without a disk KV tier;
+#                      durable_shm: durable with the disk tier on tmpfs)
 set -u
 out=${OUT:-/tmp/strata-durable-bench}
 mkdir -p "$out"
