@@ -20,8 +20,11 @@ before(async () => {
   browser = await launch(chromium);
 });
 after(async () => {
-  if (browser) await browser.close();
-  if (server) assert.equal(await server.stop(), 0);
+  try {
+    if (browser) await browser.close();
+  } finally {
+    if (server) assert.equal(await server.stop(), 0);
+  }
 });
 
 test('the page loads, shows status and streams a chat answer', { skip: SKIP }, async () => {

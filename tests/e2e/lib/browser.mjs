@@ -103,7 +103,13 @@ export async function launch(binary, { width = 1280, height = 900 } = {}) {
       try { ws.close(); } catch { /* closing anyway */ }
       proc.kill('SIGKILL');
       await new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r() : proc.on('exit', r)));
-      rmSync(profile, { recursive: true, force: true });
+      // Chromium's helper processes may still be writing the profile for a moment after the
+      // browser is gone: retried, and a profile left behind is not the page's failure.
+      try {
+        rmSync(profile, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 });
+      } catch (e) {
+        console.log(`# chromium profile ${profile} not removed: ${e.message}`);
+      }
     },
   };
 }
