@@ -126,11 +126,6 @@ void CheckpointBlocks::give_back(int32_t slot) {
   free_.push_back(slot);
 }
 
-int32_t CheckpointBlocks::free_slots() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return int32_t(free_.size());
-}
-
 CheckpointBlockStats CheckpointBlocks::stats() const { return stats_; }
 
 }  // namespace strata

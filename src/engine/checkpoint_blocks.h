@@ -28,7 +28,6 @@
 
 namespace strata {
 
-
 class CheckpointBlocks {
  public:
   // Where a block the disk tier dropped came from: the sequence id and the block's index in it.
@@ -46,12 +45,11 @@ class CheckpointBlocks {
   // Block `block` (index `index` of sequence seq_id, published under `hash`) joins the next
   // issue(). False: every slot is taken (counted as deferred).
   bool add(uint64_t seq_id, int32_t index, int32_t block, uint64_t hash);
-  // Queues the reads of the blocks added since the last call: behind every step queued so far,
-  // ahead of any later one (later writes to those blocks wait on the device for the reads).
+  // Queues the reads of the blocks added since the last call, behind every step queued so far;
+  // each block holds a reference until its read has landed, so no later step writes it.
   void issue();
   // Hands the blocks whose bytes have landed to the disk tier; wait: every one issued.
   void settle(bool wait);
-  int32_t free_slots() const;
   CheckpointBlockStats stats() const;
 
  private:
@@ -63,13 +61,12 @@ class CheckpointBlocks {
     int32_t slot = 0;
   };
   struct Batch {
-    uint64_t ticket = 0;  // StepExecutor::read_blocks_to_async's; 0: landed
+    uint64_t ticket = 0;  // StepExecutor::read_held_blocks_to_async's; 0: landed
     std::vector<Entry> entries;
   };
   uint8_t* slot_bytes(int32_t slot) const { return memory_ + size_t(slot) * size_t(block_bytes_); }
   void give_back(int32_t slot);
-
-  void release(const Batch& b);
+  void release(const Batch& b);  // the references issue() took
 
   StepExecutor& exec_;
   KvCacheManager& kv_;

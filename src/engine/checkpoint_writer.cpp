@@ -103,32 +103,30 @@ void CheckpointWriter::run() {
     if (!op.remove) queued_bytes_ -= op.bytes;
     busy_ = true;
     lock.unlock();
-    bool ok = true;
+    // last_written_ is the writer thread's own; stats_ is read under mu_.
     if (op.remove) {
       store_.remove(op.c.key, op.c.run, op.c.generation);
-      lock.lock();
       last_written_.erase(op.c.run);
-      lock.unlock();
+      lock.lock();
     } else {
       const uint64_t run = op.c.run;
       const int64_t generation = op.c.generation;
       auto r = store_.write(std::move(op.c));
-      if (!r.ok()) {
-        ok = false;
-        log::warn("checkpoint not written: {}", r.error().to_string());
+      if (!r.ok()) log::warn("checkpoint not written: {}", r.error().to_string());
+      int64_t gap = -1;
+      if (r.ok() && *r) {
+        int64_t& last = last_written_[run];
+        gap = generation - last;
+        last = generation;
       }
       lock.lock();
-      if (!ok) {
+      if (!r.ok()) {
         ++stats_.failed;
       } else if (*r) {
         ++stats_.written;
-        auto it = last_written_.try_emplace(run, 0).first;
-        stats_.max_gap_tokens = std::max(stats_.max_gap_tokens, generation - it->second);
-        it->second = generation;
+        stats_.max_gap_tokens = std::max(stats_.max_gap_tokens, gap);
       }
-      lock.unlock();
     }
-    lock.lock();
     busy_ = false;
     if (queue_.empty()) idle_.notify_all();
   }

@@ -57,7 +57,7 @@ class CheckpointWriter {
   bool busy_ = false;
   bool stop_ = false;
   CheckpointWriterStats stats_;
-  std::unordered_map<uint64_t, int64_t> last_written_;  // by run: the generation last written
+  std::unordered_map<uint64_t, int64_t> last_written_;  // by run: the generation last written (writer thread)
   std::thread thread_;
 };
 

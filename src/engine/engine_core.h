@@ -51,9 +51,9 @@ struct Engine::Active {
   Xoshiro256::State ckpt_rng{};
   int32_t ckpt_rng_gen = -1;
   // Overlapped steps (engine_async.cpp). device_only: every token of the request comes from the
-  // executor's device (no prompt logprobs, penalties, checkpoints, or logprobs the executor does
-  // not compute). pending_index: the position in seq.tokens of a placeholder whose token is
-  // still on the device, produced by row pending_row of the step in flight (-1: none).
+  // executor's device (no penalties or logprobs the executor does not compute). pending_index:
+  // the position in seq.tokens of a placeholder whose token is still on the device, produced by
+  // row pending_row of the step in flight (-1: none).
   bool device_only = false;
   int32_t pending_index = -1;
   int32_t pending_row = -1;
