@@ -836,6 +836,14 @@ bool needs_single_step(const StepPlan& plan) {
   return false;
 }
 
+// Whether every span of a plan is a decode or a verify: one token and its drafts.
+bool decode_only(const StepPlan& plan) {
+  for (const auto& span : plan.spans) {
+    if (span.n_tokens != 1 + span.n_draft) return false;
+  }
+  return !plan.spans.empty();
+}
+
 }  // namespace
 
 void Engine::step() {
@@ -966,7 +974,12 @@ void Engine::step() {
     }
     const auto t_run = Clock::now();
     const StepRows& rows = core_->runner.run(plan, want, samples);
-    if (core_->proposer) core_->step_cost.observe(plan.n_tokens, std::chrono::duration<double>(Clock::now() - t_run).count());
+    // The cost model prices drafts added to decode rows: a step with a prefill chunk gives the
+    // slope of another regime (and a cold process's first step its page faults), so only steps
+    // of decodes and verifies teach it.
+    if (core_->proposer && decode_only(plan)) {
+      core_->step_cost.observe(plan.n_tokens, std::chrono::duration<double>(Clock::now() - t_run).count());
+    }
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
       float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));
