@@ -106,7 +106,10 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
     auto q = kv_quant_layout(model, o);
     if (!q.ok()) return q.error();
     plan.quant_layout = std::move(q).value();
-    plan.shape.quant_bytes_per_token = KvStorage::bytes_per_token(plan.quant_layout);
+    // The codec pool holds the full-attention layers' blocks only (windows stay exact).
+    for (const auto& s : plan.quant_layout) {
+      if (s.has_kv && s.shares_with < 0 && s.window == 0) plan.shape.quant_bytes_per_token += KvStorage::layer_bytes_per_token(s);
+    }
   }
   for (const auto& s : plan.layout) {
     if (!s.has_kv || s.shares_with >= 0) continue;

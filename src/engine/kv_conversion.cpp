@@ -12,14 +12,6 @@ namespace strata {
 Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const EngineOptions& o) {
   const int32_t n = o.kv_codecs.quant_start;
   const std::string flag = "--kv-quant-start " + std::to_string(n);
-  for (const auto& s : model.kv_layout()) {
-    if (s.has_kv && s.window > 0) {
-      return make_error(ErrorCode::kUnsupported, flag + ": models with sliding-window layers keep their codec from the first token");
-    }
-  }
-  for (const auto& s : model.state_layout()) {
-    if (s.has_state) return make_error(ErrorCode::kUnsupported, flag + ": models with recurrent state are not supported");
-  }
   if (o.kv_host_bytes > 0 || !o.kv_disk_dir.empty()) {
     return make_error(ErrorCode::kUnsupported, flag + " with the lower KV tiers (kv_host_bytes " +
                                                    std::to_string(o.kv_host_bytes) + ", kv_disk_dir '" + o.kv_disk_dir +
@@ -29,8 +21,15 @@ Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const Engin
   codecs.quant_start = 0;
   auto layout = resolve_kv_layout(model, codecs);
   if (!layout.ok()) return layout.error();
-  bool lossy = false;
-  for (const auto& s : *layout) lossy = lossy || (s.has_kv && s.shares_with < 0 && s.codec.codec != KvCodec::kAuto);
+  // Only full-attention layers convert: a sliding window's few blocks stay exact, and layers
+  // reading another's KV read its converted blocks.
+  bool full = false, lossy = false;
+  for (const auto& s : *layout) {
+    if (!s.has_kv || s.shares_with >= 0 || s.window > 0) continue;
+    full = true;
+    lossy = lossy || s.codec.codec != KvCodec::kAuto;
+  }
+  if (!full) return make_error(ErrorCode::kUnsupported, flag + ": no layer holds full-attention KV to convert");
   if (!lossy) {
     return make_error(ErrorCode::kInvalidArgument,
                       flag + ": no layer has a codec to convert to (set --kv-cache-dtype or --kv-config)");
@@ -113,7 +112,8 @@ int32_t KvConversion::convert(Sequence* seq, double now, bool prefix_caching) {
   return moved;
 }
 
-int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit) {
+int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit,
+                                     const std::function<bool(int32_t)>* covered) {
   STRATA_CHECK(seq->blocks.empty() && seq->n_quant_blocks == 0, "admission starts from no blocks");
   const std::span<const uint64_t> hashes = std::span<const uint64_t>(seq->block_hashes).first(size_t(limit));
   int32_t quant_hits = 0;
@@ -121,6 +121,9 @@ int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t 
     while (quant_hits < limit) {
       if (pool_.index().find(codec_hash(hashes[size_t(quant_hits)])) < 0) break;
       ++quant_hits;
+    }
+    if (covered != nullptr) {
+      while (quant_hits > 0 && !(*covered)(quant_hits)) --quant_hits;
     }
   }
   if (quant_hits == 0 || quant_hits < exact_hits) {
@@ -134,7 +137,7 @@ int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t 
   STRATA_CHECK(int32_t(seq->blocks.size()) == quant_hits, "counted codec blocks could not be acquired");
   seq->n_quant_blocks = quant_hits;
   // Exact blocks of the same chain may follow (computed with exact KV before them).
-  const int32_t more = exact_pool_.count_cached(hashes.subspan(size_t(quant_hits)));
+  const int32_t more = covered != nullptr ? 0 : exact_pool_.count_cached(hashes.subspan(size_t(quant_hits)));
   const auto tail = exact_pool_.acquire_cached(hashes.subspan(size_t(quant_hits), size_t(more)));
   seq->blocks.insert(seq->blocks.end(), tail.begin(), tail.end());
   return quant_hits + int32_t(tail.size());

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -41,8 +42,9 @@ struct EngineOptions;
 // Checks that --kv-quant-start (options.kv_codecs.quant_start > 0) can run with these options
 // and this model and returns the model's layout in the codecs (the codec pool's rows; the pools
 // are sized by kv/kv_plan.h): the codecs must store something other than exact f32
-// (kInvalidArgument), the model must have neither sliding-window layers nor recurrent state and
-// the lower KV tiers must be off (kUnsupported); errors name the flag and value.
+// (kInvalidArgument), some layer must hold full-attention KV (sliding-window layers keep their
+// few blocks exact; recurrent state is never converted) and the lower KV tiers must be off
+// (kUnsupported); errors name the flag and value.
 Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const EngineOptions& options);
 
 class KvConversion {
@@ -78,8 +80,12 @@ class KvConversion {
   // its tokens pass quant_start and the codec pool holds a longer chain of its leading blocks
   // than the exact pool's `exact_hits`, takes that chain (references held) as seq->blocks[0,
   // n) with n_quant_blocks = n, then continues with exact-pool blocks after it; else takes the
-  // exact chain. Returns the leading blocks seq now holds, at most `limit`.
-  int32_t acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit);
+  // exact chain. Returns the leading blocks seq now holds, at most `limit`. covered (models
+  // with sliding windows or recurrent state): whether a codec chain of n blocks has the window
+  // blocks and snapshot its end needs; the chain is cut to the longest that has, with no exact
+  // blocks after it.
+  int32_t acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit,
+                         const std::function<bool(int32_t)>* covered = nullptr);
 
   // Whether the exact block completed now may be published under the exact namespace: only
   // while the sequence reads nothing converted (its KV is then exactly what exact KV gives).

@@ -175,7 +175,7 @@ int32_t Scheduler::grow(Sequence* seq, int32_t n_tokens, double now, StepPlan& p
   }
 }
 
-void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state) {
+void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state, uint64_t restore_hash) {
   ScheduledSpan span;
   span.seq = seq;
   span.pos0 = seq->n_computed;
@@ -188,14 +188,14 @@ void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool r
   if (restore_state) {
     STRATA_CHECK(span.pos0 > 0 && span.pos0 % bs == 0, "a state snapshot lies on a block boundary");
     span.restore_state = true;
-    span.restore_hash = seq->block_hashes[size_t(span.pos0 / bs - 1)];
+    span.restore_hash = restore_hash;
   }
   const int32_t end = span.pos0 + n_tokens;
   if (is_snapshot_point(seq, end)) {
     extend_block_hashes(seq->block_hashes, options_.prefix_salt ^ seq->hash_salt,
                         std::span<const int32_t>(seq->tokens).first(size_t(end)), bs);
     span.save_state = true;
-    span.save_hash = seq->block_hashes[size_t(end / bs - 1)];
+    span.save_hash = publish_hash(seq, end / bs - 1);
   }
   plan.spans.push_back(span);
   plan.n_tokens += n_tokens;
@@ -205,15 +205,39 @@ void Scheduler::add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool r
 int32_t Scheduler::reusable_blocks(const Sequence* seq, int32_t limit) const {
   const std::span<const uint64_t> hashes(seq->block_hashes);
   int32_t n = kv_.count_cached(hashes.first(size_t(limit)));
-  for (; n > 0; --n) {
-    if (options_.n_state_slots > 0 && (!snapshots_on() || !snapshots_->contains(hashes[size_t(n - 1)]))) continue;
-    if (kv_window_) {
-      const int32_t first = window_first_block(n * kv_.block_size());
-      if (kv_window_->count_cached(hashes.subspan(size_t(first), size_t(n - first))) != n - first) continue;
-    }
-    break;
-  }
+  while (n > 0 && !prefix_covered(seq, n, false)) --n;
   return n;
+}
+
+bool Scheduler::prefix_covered(const Sequence* seq, int32_t n, bool codec) const {
+  if (n <= 0) return true;
+  const std::vector<uint64_t>& hashes = seq->block_hashes;
+  auto other = [&](uint64_t h) { return conversion_->codec_hash(h); };
+  if (options_.n_state_slots > 0) {
+    if (!snapshots_on()) return false;
+    const uint64_t h = hashes[size_t(n - 1)];
+    if (!snapshots_->contains(h) && !(codec && snapshots_->contains(other(h)))) return false;
+  }
+  if (kv_window_) {
+    for (int32_t i = window_first_block(n * kv_.block_size()); i < n; ++i) {
+      const uint64_t h = hashes[size_t(i)];
+      if (kv_window_->count_cached(std::span<const uint64_t>(&h, 1)) == 1) continue;
+      const uint64_t c = codec ? other(h) : 0;
+      if (codec && kv_window_->count_cached(std::span<const uint64_t>(&c, 1)) == 1) continue;
+      return false;
+    }
+  }
+  return true;
+}
+
+uint64_t Scheduler::cached_hash(const Sequence* seq, int32_t i, bool exact_cached) const {
+  const uint64_t h = seq->block_hashes[size_t(i)];
+  return exact_cached || conversion_ == nullptr ? h : conversion_->codec_hash(h);
+}
+
+uint64_t Scheduler::publish_hash(const Sequence* seq, int32_t i) const {
+  const uint64_t h = seq->block_hashes[size_t(i)];
+  return conversion_ != nullptr && !KvConversion::exact_publishable(seq) ? conversion_->codec_hash(h) : h;
 }
 
 bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan) {
@@ -228,7 +252,10 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
     hit_blocks = reusable_blocks(seq, limit);
     const std::span<const uint64_t> hashes(seq->block_hashes);
     if (conversion_) {
-      hit_blocks = conversion_->acquire_prefix(seq, hit_blocks, limit);
+      // Window blocks and snapshots lie at a chain's end only: a codec chain then has no exact tail.
+      const bool whole = kv_window_ != nullptr || options_.n_state_slots > 0;
+      const std::function<bool(int32_t)> covers = [&](int32_t n) { return prefix_covered(seq, n, true); };
+      hit_blocks = conversion_->acquire_prefix(seq, hit_blocks, limit, whole ? &covers : nullptr);
     } else {
       seq->blocks = kv_.acquire_cached(hashes.first(size_t(hit_blocks)));
     }
@@ -236,9 +263,13 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
     if (kv_window_) {
       const int32_t first = window_first_block(hit_blocks * bs);
       seq->window_blocks.assign(size_t(first), -1);
-      const auto w = kv_window_->acquire_cached(hashes.subspan(size_t(first), size_t(hit_blocks - first)));
-      STRATA_CHECK(int32_t(w.size()) == hit_blocks - first, "counted window blocks could not be acquired");
-      seq->window_blocks.insert(seq->window_blocks.end(), w.begin(), w.end());
+      for (int32_t i = first; i < hit_blocks; ++i) {
+        uint64_t h = hashes[size_t(i)];
+        if (seq->n_quant_blocks > 0) h = cached_hash(seq, i, kv_window_->count_cached(std::span<const uint64_t>(&h, 1)) == 1);
+        const auto w = kv_window_->acquire_cached(std::span<const uint64_t>(&h, 1));
+        STRATA_CHECK(w.size() == 1, "counted window blocks could not be acquired");
+        seq->window_blocks.push_back(w[0]);
+      }
       seq->window_first = first;
     }
     if (tier_load_ && !kv_window_ && options_.n_state_slots == 0) {
@@ -279,8 +310,11 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
     STRATA_CHECK(seq->state_slot >= 0, "a state slot for every running sequence");
   }
   const bool restore = options_.n_state_slots > 0 && hit_blocks > 0;
+  uint64_t restore_hash = 0;
   if (restore) {
-    STRATA_CHECK(snapshots_->find(seq->block_hashes[size_t(hit_blocks - 1)]) != nullptr, "the snapshot of a hit");
+    restore_hash = seq->block_hashes[size_t(hit_blocks - 1)];
+    if (seq->n_quant_blocks > 0) restore_hash = cached_hash(seq, hit_blocks - 1, snapshots_->contains(restore_hash));
+    STRATA_CHECK(snapshots_->find(restore_hash) != nullptr, "the snapshot of a hit");
     snapshots_->note_restore();
   }
   if (seq->cached_tokens < 0) seq->cached_tokens = hit;
@@ -288,7 +322,7 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
   seq->state = SeqState::kPrefilling;
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
   running_.push_back(seq);
-  add_span(seq, target - seq->n_computed, plan, restore);
+  add_span(seq, target - seq->n_computed, plan, restore, restore_hash);
   return true;
 }
 
@@ -414,9 +448,10 @@ void Scheduler::publish_and_trim(Sequence* seq) {
                         std::span<const int32_t>(seq->tokens).first(size_t(n_full) * size_t(bs)), bs);
     for (int32_t i = seq->n_published; i < n_full; ++i) {
       const uint64_t h = seq->block_hashes[size_t(i)];
+      // A sequence reading converted blocks leaves its window blocks under the codec namespace.
+      if (kv_window_ && seq->window_blocks[size_t(i)] >= 0) kv_window_->publish(seq->window_blocks[size_t(i)], publish_hash(seq, i));
       if (i < seq->n_quant_blocks || (conversion_ && !KvConversion::exact_publishable(seq))) continue;
       kv_.publish(seq->blocks[size_t(i)], h);
-      if (kv_window_ && seq->window_blocks[size_t(i)] >= 0) kv_window_->publish(seq->window_blocks[size_t(i)], h);
     }
     seq->n_published = n_full;
   }

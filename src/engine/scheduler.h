@@ -143,12 +143,25 @@ class Scheduler {
   int32_t aligned_cut(const Sequence* seq, int32_t end) const;
   // Leading blocks of seq->block_hashes[0, limit) both pools (and a state snapshot) can serve.
   int32_t reusable_blocks(const Sequence* seq, int32_t limit) const;
+  // Whether a sequence starting from its chain's first n blocks finds what its other layers
+  // read there: the window blocks of [window_first_block(n * bs), n) and a state snapshot at
+  // block n. codec: the chain is the codec pool's (--kv-quant-start), whose sequences left
+  // window blocks and snapshots under the exact namespace before they read converted blocks
+  // and under the codec namespace after; either serves.
+  bool prefix_covered(const Sequence* seq, int32_t n, bool codec) const;
+  // The hash a window block or snapshot of block i was cached under: the exact namespace's
+  // when `exact_cached`, else the codec namespace's.
+  uint64_t cached_hash(const Sequence* seq, int32_t i, bool exact_cached) const;
+  // Hash a window block or snapshot a sequence leaves at block i goes under: the codec
+  // namespace's once it reads converted blocks.
+  uint64_t publish_hash(const Sequence* seq, int32_t i) const;
   // Releases every block and the state slot of `seq` and forgets its progress.
   void release_all(Sequence* seq, double now, double pin_until);
   Sequence* victim_after(const Sequence* seq) const;
   void preempt(Sequence* seq, double now, StepPlan& plan);
   bool admit(Sequence* seq, int32_t budget, double now, StepPlan& plan);
-  void add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state = false);
+  // restore_hash: the snapshot a restoring span loads (its chain's block before pos0).
+  void add_span(Sequence* seq, int32_t n_tokens, StepPlan& plan, bool restore_state = false, uint64_t restore_hash = 0);
   void sort_by_policy(std::vector<Sequence*>& seqs) const;
   // Cuts seq's draft to its first `keep` tokens.
   void drop_draft(Sequence* seq, int32_t keep);

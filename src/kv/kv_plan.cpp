@@ -22,12 +22,35 @@ Status check_options(const KvLimits& o, int32_t quant_start) {
   return Status();
 }
 
-// Delayed quantization: the exact pool and the codec pool (no window pool: the conversion runs
-// for full-attention models only).
+// The sliding-window pool's floor (one query's window behind it plus a block) and what every
+// running sequence's window and one step's tokens need.
+struct WindowNeed {
+  bool windows = false;
+  int64_t min = 0, need = 0;
+};
+
+WindowNeed window_need(const KvPoolShape& shape, const KvLimits& o) {
+  WindowNeed w;
+  w.windows = shape.window > 0 && shape.window_bytes_per_token > 0;
+  if (!w.windows) return w;
+  const int64_t bs = o.block_size;
+  w.min = div_up(shape.window - 1, bs) + 2;
+  w.need = int64_t(o.max_num_seqs) * w.min + div_up(o.max_batch_tokens, bs);
+  return w;
+}
+
+Error window_too_small(const KvPoolShape& shape, int64_t n_window, int64_t window_min) {
+  return bad("kv_window_blocks " + std::to_string(n_window) + " cannot hold one sliding window of " +
+             std::to_string(shape.window) + " tokens; at least " + std::to_string(window_min) + " blocks are needed");
+}
+
+// Delayed quantization: the sliding-window pool as without it (windows stay exact), then the
+// exact and the codec pool of the full-attention layers.
 Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32_t quant_start) {
   const int64_t bs = o.block_size, n = quant_start;
   // One sequence holds ceil((N + 1) / bs) exact blocks when it passes N, plus the block it grows into.
   const int64_t one_seq = div_up(n + 1, bs) + 1;
+  const WindowNeed w = window_need(shape, o);
   KvPoolPlan p;
   if (o.kv_blocks > 0) {
     if (o.kv_blocks < one_seq) {
@@ -37,21 +60,39 @@ Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32
     }
     p.n_blocks = o.kv_blocks;
     p.n_quant_blocks = o.kv_quant_blocks > 0 ? o.kv_quant_blocks : o.kv_blocks;
+    if (w.windows) {
+      const int64_t nw = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(w.min, std::min<int64_t>(w.need, o.kv_blocks));
+      if (nw < w.min) return window_too_small(shape, nw, w.min);
+      p.n_window_blocks = int32_t(std::min(nw, kMaxBlocks));
+    }
     return p;
   }
   const int64_t exact_block = shape.full_bytes_per_token * bs, quant_block = shape.quant_bytes_per_token * bs;
   if (exact_block <= 0 || quant_block <= 0) return bad("--kv-quant-start " + std::to_string(n) + ": no layer holds full-attention KV");
+  int64_t n_window = 0;
+  if (w.windows) {
+    // At most the share the windows get without conversion.
+    n_window = o.kv_window_blocks > 0
+                   ? o.kv_window_blocks
+                   : std::min(w.need, o.kv_cache_bytes / bs / (shape.full_bytes_per_token + shape.window_bytes_per_token));
+    if (n_window < w.min) return window_too_small(shape, n_window, w.min);
+  }
+  const int64_t bytes = o.kv_cache_bytes - n_window * shape.window_bytes_per_token * bs;
   const int64_t want = int64_t(o.max_num_seqs) * (div_up(n, bs) + 1) + div_up(o.max_batch_tokens, bs);
-  int64_t n_exact = std::min(want, o.kv_cache_bytes / 2 / exact_block);
+  int64_t n_exact = std::min(want, bytes / 2 / exact_block);
   n_exact = std::max(n_exact, one_seq);
-  const int64_t left = o.kv_cache_bytes - n_exact * exact_block;
+  const int64_t left = bytes - n_exact * exact_block;
   const int64_t n_quant = o.kv_quant_blocks > 0 ? o.kv_quant_blocks : (left > 0 ? left / quant_block : 0);
-  if (n_exact * exact_block > o.kv_cache_bytes || n_quant < 2) {
+  if (n_exact * exact_block > bytes || n_quant < 2) {
     return bad("kv_cache_bytes " + std::to_string(o.kv_cache_bytes) + " cannot hold the exact KV of --kv-quant-start " +
                std::to_string(n) + " (" + std::to_string(n_exact) + " blocks of " + std::to_string(exact_block) +
-               " bytes) and 2 codec blocks of " + std::to_string(quant_block) + " bytes");
+               " bytes) and 2 codec blocks of " + std::to_string(quant_block) + " bytes" +
+               (n_window > 0 ? " after " + std::to_string(n_window) + " sliding-window blocks of " +
+                                   std::to_string(shape.window_bytes_per_token * bs) + " bytes"
+                             : std::string()));
   }
   p.n_blocks = int32_t(std::min(n_exact, kMaxBlocks));
+  p.n_window_blocks = int32_t(std::min(n_window, kMaxBlocks));
   p.n_quant_blocks = int32_t(std::min(n_quant, kMaxBlocks));
   return p;
 }
@@ -70,10 +111,10 @@ Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvLimits& o, in
   }
   const int64_t bs = o.block_size;
   const int64_t full_bytes = shape.full_bytes_per_token, window_bytes = shape.window_bytes_per_token;
-  const bool windows = shape.window > 0 && window_bytes > 0;
   // Window pool: what one query reads behind it plus a block, per sequence, and one step's tokens.
-  const int64_t window_min = windows ? div_up(shape.window - 1, bs) + 2 : 0;
-  const int64_t window_need = int64_t(o.max_num_seqs) * window_min + div_up(o.max_batch_tokens, bs);
+  const WindowNeed need = window_need(shape, o);
+  const bool windows = need.windows;
+  const int64_t window_min = need.min, window_need = need.need;
   int64_t n_full = 0, n_window = 0;
   if (o.kv_blocks > 0) {
     n_full = o.kv_blocks;
@@ -103,10 +144,7 @@ Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvLimits& o, in
                  " bytes); at least 2 and " + std::to_string(window_min) + " are needed");
     }
   }
-  if (windows && n_window < window_min) {
-    return bad("kv_window_blocks " + std::to_string(n_window) + " cannot hold one sliding window of " +
-               std::to_string(shape.window) + " tokens; at least " + std::to_string(window_min) + " blocks are needed");
-  }
+  if (windows && n_window < window_min) return window_too_small(shape, n_window, window_min);
   plan.n_blocks = int32_t(std::min(n_full, kMaxBlocks));
   plan.n_window_blocks = int32_t(std::min(n_window, kMaxBlocks));
   plan.n_state_slots = shape.has_state ? o.max_num_seqs : 0;

@@ -11,7 +11,8 @@
 //   one step's tokens, at most an equal share of the bytes (a pool past what the windows need
 //   buys only cache); a model of sliding layers only keeps the full pool as bookkeeping for
 //   the prefix index (no bytes);
-// - the codec pool of delayed quantization (quant_start > 0, engine/kv_conversion.h): the
+// - the codec pool of delayed quantization (quant_start > 0, engine/kv_conversion.h), for the
+//   full-attention layers (sliding windows stay exact, their pool sized as without it): the
 //   exact pool gets what the running sequences hold before conversion, max_num_seqs x
 //   (ceil(N / block) + 1) blocks plus one step's tokens, at most half the bytes but never less
 //   than one sequence's need (ceil((N + 1) / block) + 1); the rest goes to the codec pool at its

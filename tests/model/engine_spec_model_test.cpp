@@ -217,13 +217,10 @@ TEST_P(EngineSpecModelTest, SpeculationWithAKvCodecChangesNoOutput) {
   auto m = load_model(model_dir(family), pool);
   ASSERT_TRUE(m.ok());
   std::vector<GenerationRequest> reqs = workload((*m)->config().vocab_size);
-  // int8 rows from the start, and (where the engine converts: no sliding windows, no recurrent
-  // state) exact rows
-  // whose full blocks move to int8 past one block (--kv-quant-start 16).
-  const bool windows = family.rfind("gemma", 0) == 0 || is_hybrid(family);
+  // int8 rows from the start, and exact rows whose full-attention blocks move to int8 past one
+  // block (--kv-quant-start 16; sliding windows and recurrent state stay exact).
   m->reset();
   for (int32_t quant_start : {0, 16}) {
-  if (quant_start > 0 && windows) continue;
   auto codec = make_kv_codec_config("int8", "", quant_start);
   ASSERT_TRUE(codec.ok());
   EngineOptions plain;

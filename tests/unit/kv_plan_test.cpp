@@ -122,6 +122,46 @@ TEST(KvPlan, DelayedQuantizationSplitsExactAndCodecPools) {
   EXPECT_NE(p.error().message.find("--kv-quant-start must be >= 0, got -3"), std::string::npos) << p.error().message;
 }
 
+TEST(KvPlan, DelayedQuantizationKeepsTheWindowPoolOfExactKv) {
+  // Full layers 1024 B/token exact, 272 in the codec; window layers 2048 B/token, window 100.
+  KvPoolShape shape;
+  shape.full_bytes_per_token = 1024;
+  shape.quant_bytes_per_token = 272;
+  shape.window_bytes_per_token = 2048;
+  shape.window = 100;
+  const int64_t budget = int64_t(64) << 20;
+  KvLimits o = options(budget);
+  auto plain = plan_kv_pools(shape, o, 4096);
+  ASSERT_TRUE(plain.ok()) << plain.error().to_string();
+  auto p = plan_kv_pools(shape, o, 4096, 512);
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  // The window pool as without conversion: 4 x (ceil(99 / 16) + 2) + 16 blocks.
+  EXPECT_EQ(p->n_window_blocks, 4 * 9 + 16);
+  EXPECT_EQ(p->n_window_blocks, plain->n_window_blocks);
+  EXPECT_EQ(p->n_blocks, 4 * 33 + 16);
+  const int64_t left = budget - int64_t(p->n_window_blocks) * 2048 * 16 - int64_t(p->n_blocks) * 16384;
+  EXPECT_EQ(p->n_quant_blocks, left / 4352);
+  EXPECT_LE(p->kv_bytes(shape, 16), budget);
+  // Explicit counts.
+  o.kv_blocks = 40;
+  o.kv_window_blocks = 30;
+  p = plan_kv_pools(shape, o, 4096, 512);
+  ASSERT_TRUE(p.ok()) << p.error().to_string();
+  EXPECT_EQ(p->n_blocks, 40);
+  EXPECT_EQ(p->n_window_blocks, 30);
+  EXPECT_EQ(p->n_quant_blocks, 40);
+  o.kv_window_blocks = 5;  // under one window of 100 tokens
+  p = plan_kv_pools(shape, o, 4096, 512);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().message.find("kv_window_blocks 5"), std::string::npos) << p.error().message;
+  // Bytes for the windows but not for the exact pool after them: named with both.
+  o = options(int64_t(52) * 2048 * 16 + 34 * 16384 + 100);  // the windows, 34 exact blocks, no 2 codec blocks
+  o.kv_window_blocks = 52;
+  p = plan_kv_pools(shape, o, 4096, 512);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().message.find("sliding-window blocks"), std::string::npos) << p.error().message;
+}
+
 TEST(KvPlan, RecurrentStateGetsASlotPerSequence) {
   KvPoolShape shape;
   shape.full_bytes_per_token = 256;
