@@ -112,7 +112,11 @@ void CheckpointWriter::run() {
       const uint64_t run = op.c.run;
       const int64_t generation = op.c.generation;
       auto r = store_.write(std::move(op.c));
-      if (!r.ok()) log::warn("checkpoint not written: {}", r.error().to_string());
+      int64_t held = 0;
+      if (!r.ok() && failure_log_.take(&held)) {
+        log::warn("checkpoint not written: {}{}", r.error().to_string(),
+                  held > 0 ? " (" + std::to_string(held) + " more failures since the last line)" : std::string());
+      }
       int64_t gap = -1;
       if (r.ok() && *r) {
         int64_t& last = last_written_[run];

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/log.h"
 #include "engine/checkpoint.h"
 
 namespace strata {
@@ -58,6 +59,7 @@ class CheckpointWriter {
   bool stop_ = false;
   CheckpointWriterStats stats_;
   std::unordered_map<uint64_t, int64_t> last_written_;  // by run: the generation last written (writer thread)
+  log::Throttle failure_log_;  // failed writes: a line at most every 10 s
   std::thread thread_;
 };
 

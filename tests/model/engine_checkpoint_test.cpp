@@ -186,6 +186,53 @@ TEST_P(EngineCheckpointTest, ResumesAfterACrashWithTheUninterruptedTokens) {
   EXPECT_EQ(cold.first_event_tokens, 1u);
 }
 
+// The disk under the tier fails mid-run (its directory moved away at once, while checkpoints
+// and their blocks are being written): the request still streams the uninterrupted tokens to its end,
+// the failed writes are counted (the disk tier's write errors and the checkpoint writer's
+// failures), a request after it is served, and the engine shuts down.
+TEST_P(EngineCheckpointTest, DiskFailingMidRunServesTheRequestToItsEnd) {
+  const GenerationRequest r = request(vocab(), seeded_);
+  const Outcome want = reference(r);
+  ASSERT_EQ(want.tokens.size(), size_t(r.max_tokens));
+  auto e = make_engine(name_, pool_, opts_);
+  ASSERT_NE(e, nullptr);
+  auto s = e->submit(r);
+  ASSERT_TRUE(s.ok()) << s.error().to_string();
+  const fs::path gone = dir_.string() + ".gone";
+  Outcome got;
+  bool removed = false;
+  for (;;) {
+    auto ev = (*s)->next(std::chrono::seconds(300));
+    ASSERT_TRUE(ev.has_value()) << "timed out";
+    got.tokens.insert(got.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+    if (!removed && got.tokens.size() >= 24) {
+      EXPECT_GT(e->stats().checkpoints.written, 0);
+      fs::rename(dir_, gone);
+      removed = true;
+    }
+    if (ev->final) {
+      got.final = *ev;
+      break;
+    }
+  }
+  EXPECT_EQ(got.final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_TRUE(e->flush_kv_tiers(30.0));
+  const EngineStats st = e->stats();
+  EXPECT_GT(st.checkpoints.failed, 0);
+  EXPECT_GT(st.kv_tiers.disk.write_errors, 0);
+  EXPECT_GT(st.checkpoint_blocks.handed, 0);
+  GenerationRequest after = r;
+  after.id = "after";
+  after.max_tokens = 16;
+  const Outcome a = run(*e, after);
+  EXPECT_EQ(a.final.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(a.tokens, std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + 16));
+  e->shutdown();
+  e.reset();
+  fs::remove_all(gone);
+}
+
 TEST_P(EngineCheckpointTest, CorruptCheckpointIsQuarantinedAndTheRequestRunsCold) {
   const int32_t v = vocab();
   ASSERT_GT(v, 3);

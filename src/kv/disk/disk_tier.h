@@ -43,6 +43,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/log.h"
 #include "core/status.h"
 
 namespace strata {
@@ -160,6 +161,7 @@ class DiskTier {
   int64_t block_bytes_ = 0;
   mutable std::mutex mu_;
   std::mutex read_mu_;            // read_many() and its buffers, kept between calls (no page faults)
+  log::Throttle failure_log_;     // failed writes: a line at most every 10 s
   static constexpr size_t kReadsInFlight = 4;  // read_many's concurrent reads
   std::vector<uint8_t> read_buf_[kReadsInFlight];  // one per read in flight
   std::condition_variable cv_, idle_cv_;
