@@ -19,6 +19,13 @@
 // sequence already converted under the same hash). A sequence whose tokens pass N may start
 // from converted blocks; one that stays within N reads exact blocks only.
 //
+// Other attention kinds: only full-attention layers that own their KV convert. Sliding-window
+// layers page apart and keep their few blocks exact; layers reading another layer's KV read its
+// converted blocks; recurrent state never converts. A sequence's window blocks and state
+// snapshots depend on the converted KV it read, so once it reads any they go under the codec
+// namespace too (Scheduler::publish_hash), and a codec-chain hit of such a model is cut to the
+// longest chain whose window blocks and snapshot exist (Scheduler::prefix_covered).
+//
 // Budget split: kv/kv_plan.h (plan_kv_pools) sizes the exact and the codec pool.
 #pragma once
 
