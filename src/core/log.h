@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace strata::log {
 
@@ -38,6 +39,10 @@ class Throttle {
     last_ = now;
     logged_ = true;
     return true;
+  }
+  // What a logged line appends for held_back occurrences: "" for none.
+  static std::string held_note(int64_t held_back) {
+    return held_back > 0 ? " (" + std::to_string(held_back) + " more since the last line)" : std::string();
   }
 
  private:

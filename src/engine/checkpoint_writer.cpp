@@ -114,8 +114,7 @@ void CheckpointWriter::run() {
       auto r = store_.write(std::move(op.c));
       int64_t held = 0;
       if (!r.ok() && failure_log_.take(&held)) {
-        log::warn("checkpoint not written: {}{}", r.error().to_string(),
-                  held > 0 ? " (" + std::to_string(held) + " more failures since the last line)" : std::string());
+        log::warn("checkpoint not written: {}{}", r.error().to_string(), log::Throttle::held_note(held));
       }
       int64_t gap = -1;
       if (r.ok() && *r) {

@@ -108,7 +108,7 @@ Result<Engine::KvPlan> Engine::plan_blocks(const Model& model, const EngineOptio
     plan.quant_layout = std::move(q).value();
     // The codec pool holds the full-attention layers' blocks only (windows stay exact).
     for (const auto& s : plan.quant_layout) {
-      if (s.has_kv && s.shares_with < 0 && s.window == 0) plan.shape.quant_bytes_per_token += KvStorage::layer_bytes_per_token(s);
+      if (converts(s)) plan.shape.quant_bytes_per_token += KvStorage::layer_bytes_per_token(s);
     }
   }
   for (const auto& s : plan.layout) {

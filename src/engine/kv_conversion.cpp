@@ -25,7 +25,7 @@ Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const Engin
   // reading another's KV read its converted blocks.
   bool full = false, lossy = false;
   for (const auto& s : *layout) {
-    if (!s.has_kv || s.shares_with >= 0 || s.window > 0) continue;
+    if (!converts(s)) continue;
     full = true;
     lossy = lossy || s.codec.codec != KvCodec::kAuto;
   }
@@ -48,8 +48,7 @@ KvConversion::KvConversion(int32_t quant_start, int32_t n_quant_blocks, uint64_t
       storage_(std::make_unique<KvStorage>(quant_layout, n_quant_blocks, exact.block_size(), 0)) {
   STRATA_CHECK(quant_start_ > 0, "delayed quantization needs a start");
   for (int l = 0; l < int(quant_layout.size()); ++l) {
-    const KvLayerSpec& s = quant_layout[size_t(l)];
-    if (s.has_kv && s.shares_with < 0 && s.window == 0) layers_.push_back(l);
+    if (converts(quant_layout[size_t(l)])) layers_.push_back(l);
   }
   exact_->set_quant(storage_.get());
 }
@@ -113,7 +112,7 @@ int32_t KvConversion::convert(Sequence* seq, double now, bool prefix_caching) {
 }
 
 int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit,
-                                     const std::function<bool(int32_t)>* covered) {
+                                     const std::function<bool(int32_t)>& covered) {
   STRATA_CHECK(seq->blocks.empty() && seq->n_quant_blocks == 0, "admission starts from no blocks");
   const std::span<const uint64_t> hashes = std::span<const uint64_t>(seq->block_hashes).first(size_t(limit));
   int32_t quant_hits = 0;
@@ -122,8 +121,8 @@ int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t 
       if (pool_.index().find(codec_hash(hashes[size_t(quant_hits)])) < 0) break;
       ++quant_hits;
     }
-    if (covered != nullptr) {
-      while (quant_hits > 0 && !(*covered)(quant_hits)) --quant_hits;
+    if (covered) {
+      while (quant_hits > 0 && !covered(quant_hits)) --quant_hits;
     }
   }
   if (quant_hits == 0 || quant_hits < exact_hits) {
@@ -137,7 +136,7 @@ int32_t KvConversion::acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t 
   STRATA_CHECK(int32_t(seq->blocks.size()) == quant_hits, "counted codec blocks could not be acquired");
   seq->n_quant_blocks = quant_hits;
   // Exact blocks of the same chain may follow (computed with exact KV before them).
-  const int32_t more = covered != nullptr ? 0 : exact_pool_.count_cached(hashes.subspan(size_t(quant_hits)));
+  const int32_t more = covered ? 0 : exact_pool_.count_cached(hashes.subspan(size_t(quant_hits)));
   const auto tail = exact_pool_.acquire_cached(hashes.subspan(size_t(quant_hits), size_t(more)));
   seq->blocks.insert(seq->blocks.end(), tail.begin(), tail.end());
   return quant_hits + int32_t(tail.size());

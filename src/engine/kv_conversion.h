@@ -54,6 +54,9 @@ struct EngineOptions;
 // (kUnsupported); errors name the flag and value.
 Result<std::vector<KvLayerSpec>> kv_quant_layout(const Model& model, const EngineOptions& options);
 
+// Whether delayed quantization converts this layer's blocks: full attention with KV of its own.
+inline bool converts(const KvLayerSpec& s) { return s.has_kv && s.shares_with < 0 && s.window == 0; }
+
 class KvConversion {
  public:
   // exact: the runner's storage (the exact pool's bytes); quant_layout: the model's layout with
@@ -87,12 +90,12 @@ class KvConversion {
   // its tokens pass quant_start and the codec pool holds a longer chain of its leading blocks
   // than the exact pool's `exact_hits`, takes that chain (references held) as seq->blocks[0,
   // n) with n_quant_blocks = n, then continues with exact-pool blocks after it; else takes the
-  // exact chain. Returns the leading blocks seq now holds, at most `limit`. covered (models
-  // with sliding windows or recurrent state): whether a codec chain of n blocks has the window
+  // exact chain. Returns the leading blocks seq now holds, at most `limit`. covered (set for
+  // models with sliding windows or recurrent state): whether a codec chain of n blocks has the window
   // blocks and snapshot its end needs; the chain is cut to the longest that has, with no exact
   // blocks after it.
   int32_t acquire_prefix(Sequence* seq, int32_t exact_hits, int32_t limit,
-                         const std::function<bool(int32_t)>* covered = nullptr);
+                         const std::function<bool(int32_t)>& covered = {});
 
   // Whether the exact block completed now may be published under the exact namespace: only
   // while the sequence reads nothing converted (its KV is then exactly what exact KV gives).

@@ -211,29 +211,33 @@ int32_t Scheduler::reusable_blocks(const Sequence* seq, int32_t limit) const {
 
 bool Scheduler::prefix_covered(const Sequence* seq, int32_t n, bool codec) const {
   if (n <= 0) return true;
-  const std::vector<uint64_t>& hashes = seq->block_hashes;
-  auto other = [&](uint64_t h) { return conversion_->codec_hash(h); };
-  if (options_.n_state_slots > 0) {
-    if (!snapshots_on()) return false;
-    const uint64_t h = hashes[size_t(n - 1)];
-    if (!snapshots_->contains(h) && !(codec && snapshots_->contains(other(h)))) return false;
+  if (options_.n_state_slots > 0 && (!snapshots_on() || !cached_under(seq, n - 1, codec, &Scheduler::snapshot_cached))) {
+    return false;
   }
   if (kv_window_) {
     for (int32_t i = window_first_block(n * kv_.block_size()); i < n; ++i) {
-      const uint64_t h = hashes[size_t(i)];
-      if (kv_window_->count_cached(std::span<const uint64_t>(&h, 1)) == 1) continue;
-      const uint64_t c = codec ? other(h) : 0;
-      if (codec && kv_window_->count_cached(std::span<const uint64_t>(&c, 1)) == 1) continue;
-      return false;
+      if (!cached_under(seq, i, codec, &Scheduler::window_cached)) return false;
     }
   }
   return true;
 }
 
-uint64_t Scheduler::cached_hash(const Sequence* seq, int32_t i, bool exact_cached) const {
+std::optional<uint64_t> Scheduler::cached_under(const Sequence* seq, int32_t i, bool codec,
+                                                bool (Scheduler::*has)(uint64_t) const) const {
   const uint64_t h = seq->block_hashes[size_t(i)];
-  return exact_cached || conversion_ == nullptr ? h : conversion_->codec_hash(h);
+  if ((this->*has)(h)) return h;
+  if (codec) {
+    const uint64_t c = conversion_->codec_hash(h);
+    if ((this->*has)(c)) return c;
+  }
+  return std::nullopt;
 }
+
+bool Scheduler::window_cached(uint64_t hash) const {
+  return kv_window_->count_cached(std::span<const uint64_t>(&hash, 1)) == 1;
+}
+
+bool Scheduler::snapshot_cached(uint64_t hash) const { return snapshots_->contains(hash); }
 
 uint64_t Scheduler::publish_hash(const Sequence* seq, int32_t i) const {
   const uint64_t h = seq->block_hashes[size_t(i)];
@@ -253,9 +257,9 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
     const std::span<const uint64_t> hashes(seq->block_hashes);
     if (conversion_) {
       // Window blocks and snapshots lie at a chain's end only: a codec chain then has no exact tail.
-      const bool whole = kv_window_ != nullptr || options_.n_state_slots > 0;
-      const std::function<bool(int32_t)> covers = [&](int32_t n) { return prefix_covered(seq, n, true); };
-      hit_blocks = conversion_->acquire_prefix(seq, hit_blocks, limit, whole ? &covers : nullptr);
+      std::function<bool(int32_t)> covers;
+      if (kv_window_ != nullptr || options_.n_state_slots > 0) covers = [&](int32_t n) { return prefix_covered(seq, n, true); };
+      hit_blocks = conversion_->acquire_prefix(seq, hit_blocks, limit, covers);
     } else {
       seq->blocks = kv_.acquire_cached(hashes.first(size_t(hit_blocks)));
     }
@@ -264,8 +268,7 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
       const int32_t first = window_first_block(hit_blocks * bs);
       seq->window_blocks.assign(size_t(first), -1);
       for (int32_t i = first; i < hit_blocks; ++i) {
-        uint64_t h = hashes[size_t(i)];
-        if (seq->n_quant_blocks > 0) h = cached_hash(seq, i, kv_window_->count_cached(std::span<const uint64_t>(&h, 1)) == 1);
+        const uint64_t h = cached_under(seq, i, seq->n_quant_blocks > 0, &Scheduler::window_cached).value_or(hashes[size_t(i)]);
         const auto w = kv_window_->acquire_cached(std::span<const uint64_t>(&h, 1));
         STRATA_CHECK(w.size() == 1, "counted window blocks could not be acquired");
         seq->window_blocks.push_back(w[0]);
@@ -312,8 +315,8 @@ bool Scheduler::admit(Sequence* seq, int32_t budget, double now, StepPlan& plan)
   const bool restore = options_.n_state_slots > 0 && hit_blocks > 0;
   uint64_t restore_hash = 0;
   if (restore) {
-    restore_hash = seq->block_hashes[size_t(hit_blocks - 1)];
-    if (seq->n_quant_blocks > 0) restore_hash = cached_hash(seq, hit_blocks - 1, snapshots_->contains(restore_hash));
+    restore_hash = cached_under(seq, hit_blocks - 1, seq->n_quant_blocks > 0, &Scheduler::snapshot_cached)
+                       .value_or(seq->block_hashes[size_t(hit_blocks - 1)]);
     STRATA_CHECK(snapshots_->find(restore_hash) != nullptr, "the snapshot of a hit");
     snapshots_->note_restore();
   }

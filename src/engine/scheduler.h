@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -149,9 +150,13 @@ class Scheduler {
   // window blocks and snapshots under the exact namespace before they read converted blocks
   // and under the codec namespace after; either serves.
   bool prefix_covered(const Sequence* seq, int32_t n, bool codec) const;
-  // The hash a window block or snapshot of block i was cached under: the exact namespace's
-  // when `exact_cached`, else the codec namespace's.
-  uint64_t cached_hash(const Sequence* seq, int32_t i, bool exact_cached) const;
+  // The hash block i's window block or snapshot (`has`: window_cached, snapshot_cached) is
+  // cached under: the exact namespace's, else for a codec chain (codec) the codec namespace's;
+  // none when neither holds it.
+  std::optional<uint64_t> cached_under(const Sequence* seq, int32_t i, bool codec,
+                                       bool (Scheduler::*has)(uint64_t) const) const;
+  bool window_cached(uint64_t hash) const;
+  bool snapshot_cached(uint64_t hash) const;
   // Hash a window block or snapshot a sequence leaves at block i goes under: the codec
   // namespace's once it reads converted blocks.
   uint64_t publish_hash(const Sequence* seq, int32_t i) const;

@@ -39,6 +39,20 @@ WindowNeed window_need(const KvPoolShape& shape, const KvLimits& o) {
   return w;
 }
 
+// The sliding-window pool's blocks (0: no windows): kv_window_blocks when set; beside explicit
+// kv_blocks what the windows need, at least one window's floor and at most kv_blocks; from the
+// bytes at most an equal share (a pool past what the windows need buys only cache), or every
+// byte for a model of sliding layers only.
+int64_t window_blocks(const KvPoolShape& shape, const KvLimits& o, const WindowNeed& w) {
+  if (!w.windows) return 0;
+  if (o.kv_window_blocks > 0) return o.kv_window_blocks;
+  if (o.kv_blocks > 0) return std::max(w.min, std::min<int64_t>(w.need, o.kv_blocks));
+  const int64_t token_budget = o.kv_cache_bytes / o.block_size;  // bytes per token position of a block
+  return shape.full_bytes_per_token > 0
+             ? std::min(w.need, token_budget / (shape.full_bytes_per_token + shape.window_bytes_per_token))
+             : token_budget / shape.window_bytes_per_token;
+}
+
 Error window_too_small(const KvPoolShape& shape, int64_t n_window, int64_t window_min) {
   return bad("kv_window_blocks " + std::to_string(n_window) + " cannot hold one sliding window of " +
              std::to_string(shape.window) + " tokens; at least " + std::to_string(window_min) + " blocks are needed");
@@ -51,7 +65,10 @@ Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32
   // One sequence holds ceil((N + 1) / bs) exact blocks when it passes N, plus the block it grows into.
   const int64_t one_seq = div_up(n + 1, bs) + 1;
   const WindowNeed w = window_need(shape, o);
+  const int64_t n_window = window_blocks(shape, o, w);
+  if (n_window < w.min) return window_too_small(shape, n_window, w.min);
   KvPoolPlan p;
+  p.n_window_blocks = int32_t(std::min(n_window, kMaxBlocks));
   if (o.kv_blocks > 0) {
     if (o.kv_blocks < one_seq) {
       return bad("kv_blocks " + std::to_string(o.kv_blocks) + " cannot hold the " + std::to_string(n) +
@@ -60,23 +77,10 @@ Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32
     }
     p.n_blocks = o.kv_blocks;
     p.n_quant_blocks = o.kv_quant_blocks > 0 ? o.kv_quant_blocks : o.kv_blocks;
-    if (w.windows) {
-      const int64_t nw = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(w.min, std::min<int64_t>(w.need, o.kv_blocks));
-      if (nw < w.min) return window_too_small(shape, nw, w.min);
-      p.n_window_blocks = int32_t(std::min(nw, kMaxBlocks));
-    }
     return p;
   }
   const int64_t exact_block = shape.full_bytes_per_token * bs, quant_block = shape.quant_bytes_per_token * bs;
   if (exact_block <= 0 || quant_block <= 0) return bad("--kv-quant-start " + std::to_string(n) + ": no layer holds full-attention KV");
-  int64_t n_window = 0;
-  if (w.windows) {
-    // At most the share the windows get without conversion.
-    n_window = o.kv_window_blocks > 0
-                   ? o.kv_window_blocks
-                   : std::min(w.need, o.kv_cache_bytes / bs / (shape.full_bytes_per_token + shape.window_bytes_per_token));
-    if (n_window < w.min) return window_too_small(shape, n_window, w.min);
-  }
   const int64_t bytes = o.kv_cache_bytes - n_window * shape.window_bytes_per_token * bs;
   const int64_t want = int64_t(o.max_num_seqs) * (div_up(n, bs) + 1) + div_up(o.max_batch_tokens, bs);
   int64_t n_exact = std::min(want, bytes / 2 / exact_block);
@@ -92,7 +96,6 @@ Result<KvPoolPlan> plan_quant(const KvPoolShape& shape, const KvLimits& o, int32
                              : std::string()));
   }
   p.n_blocks = int32_t(std::min(n_exact, kMaxBlocks));
-  p.n_window_blocks = int32_t(std::min(n_window, kMaxBlocks));
   p.n_quant_blocks = int32_t(std::min(n_quant, kMaxBlocks));
   return p;
 }
@@ -114,22 +117,13 @@ Result<KvPoolPlan> plan_kv_pools(const KvPoolShape& shape, const KvLimits& o, in
   // Window pool: what one query reads behind it plus a block, per sequence, and one step's tokens.
   const WindowNeed need = window_need(shape, o);
   const bool windows = need.windows;
-  const int64_t window_min = need.min, window_need = need.need;
-  int64_t n_full = 0, n_window = 0;
+  const int64_t window_min = need.min;
+  const int64_t n_window = window_blocks(shape, o, need);
+  int64_t n_full = 0;
   if (o.kv_blocks > 0) {
     n_full = o.kv_blocks;
-    if (windows) n_window = o.kv_window_blocks > 0 ? o.kv_window_blocks : std::max(window_min, std::min(window_need, n_full));
   } else {
     const int64_t token_budget = o.kv_cache_bytes / bs;  // bytes per token position of a block
-    if (windows) {
-      if (o.kv_window_blocks > 0) {
-        n_window = o.kv_window_blocks;
-      } else {
-        // At most an equal share: a window pool past what the windows need buys only cache.
-        n_window = full_bytes > 0 ? std::min(window_need, token_budget / (full_bytes + window_bytes))
-                                  : token_budget / window_bytes;
-      }
-    }
     if (full_bytes > 0) {
       n_full = (token_budget - window_bytes * n_window) / full_bytes;
     } else {

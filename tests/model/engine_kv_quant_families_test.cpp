@@ -168,7 +168,9 @@ TEST_P(KvQuantFamilyTest, SecondTurnStartsFromConvertedBlocks) {
   auto fresh = make_engine(family, pool, quant_options(kStart));
   ASSERT_NE(e, nullptr);
   ASSERT_NE(fresh, nullptr);
-  const int32_t V = 512;
+  auto cfg = load_model_config(model_dir(family));
+  ASSERT_TRUE(cfg.ok()) << cfg.error().to_string();
+  const int32_t V = cfg->vocab_size;
   const std::vector<int32_t> prompt = prompt_ids(V, kPrompt, 2);
   const Outcome first = run(*e, greedy("t1", prompt));
   ASSERT_EQ(int32_t(first.tokens.size()), kGen);

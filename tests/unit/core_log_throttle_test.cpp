@@ -22,6 +22,8 @@ TEST(LogThrottle, FirstThenOncePerIntervalWithTheCountHeldBack) {
   EXPECT_TRUE(t.take(&held));
   EXPECT_EQ(held, 2);
   EXPECT_FALSE(t.take(&held));
+  EXPECT_EQ(log::Throttle::held_note(0), "");
+  EXPECT_EQ(log::Throttle::held_note(2), " (2 more since the last line)");
 }
 
 }  // namespace

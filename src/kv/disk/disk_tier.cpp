@@ -26,10 +26,6 @@ constexpr const char* kExt = ".kvb";
 constexpr int64_t kDirectReadMin = int64_t(1) << 20;  // read_many ranges at least this long use O_DIRECT
 constexpr int64_t kReadPieceBytes = int64_t(16) << 20;  // read_many cuts longer runs into pieces this long
 
-std::string held_back(int64_t n) {
-  return n > 0 ? " (" + std::to_string(n) + " more failures since the last line)" : std::string();
-}
-
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
   const auto* p = reinterpret_cast<const uint8_t*>(&v);
@@ -604,7 +600,8 @@ void DiskTier::writer_loop() {
       if (!ok) {
         ++counters_.write_errors;
         if (int64_t held = 0; failure_log_.take(&held)) {
-          log::warn("kv disk tier: writing {} session pins to {} failed{}", pins.size(), options_.dir.string(), held_back(held));
+          log::warn("kv disk tier: writing {} session pins to {} failed{}", pins.size(), options_.dir.string(),
+                    log::Throttle::held_note(held));
         }
       }
       idle_cv_.notify_all();
@@ -650,7 +647,8 @@ void DiskTier::writer_loop() {
     } else {
       ++counters_.write_errors;
       if (int64_t held = 0; failure_log_.take(&held)) {
-        log::warn("kv disk tier: writing {} blocks to {} failed{}", group.size(), options_.dir.string(), held_back(held));
+        log::warn("kv disk tier: writing {} blocks to {} failed{}", group.size(), options_.dir.string(),
+                  log::Throttle::held_note(held));
       }
     }
     idle_cv_.notify_all();
