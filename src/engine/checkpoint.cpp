@@ -189,7 +189,7 @@ std::string CheckpointStore::redis_key(const std::string& key) const {
   return name;
 }
 
-std::optional<Checkpoint> CheckpointStore::redis_read_locked(const std::string& key) {
+std::optional<Checkpoint> CheckpointStore::redis_read_io_locked(const std::string& key) {
   const std::string k = redis_key(key);
   auto r = redis_->pipeline({{"GET", k}});
   if (!r.ok()) {
@@ -217,7 +217,7 @@ fs::path CheckpointStore::path_of(const std::string& key) const {
   return dir_ / name;
 }
 
-void CheckpointStore::quarantine_locked(const fs::path& path, const std::string& why) {
+void CheckpointStore::quarantine_io_locked(const fs::path& path, const std::string& why) {
   std::error_code ec;
   const fs::path qdir = dir_ / "quarantine";
   fs::create_directories(qdir, ec);
@@ -230,35 +230,60 @@ void CheckpointStore::quarantine_locked(const fs::path& path, const std::string&
   log::warn("checkpoint {} is bad ({}); quarantined, the request runs from the start", path.string(), why);
 }
 
-std::optional<Checkpoint> CheckpointStore::read_locked(const fs::path& path) {
+namespace {
+
+// The file's bytes decoded; nullopt: no file; an error: why it is bad.
+std::optional<Result<Checkpoint>> read_checkpoint_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    quarantine_locked(path, "unreadable");
+  if (in.bad()) return Result<Checkpoint>(make_error(ErrorCode::kIo, "unreadable"));
+  return decode_checkpoint(bytes);
+}
+
+}  // namespace
+
+std::optional<Checkpoint> CheckpointStore::read_file_io_locked(const fs::path& path) {
+  auto r = read_checkpoint_file(path);
+  if (!r) return std::nullopt;
+  if (!r->ok()) {
+    quarantine_io_locked(path, r->error().message);
     return std::nullopt;
   }
-  auto c = decode_checkpoint(bytes);
-  if (!c.ok()) {
-    quarantine_locked(path, c.error().message);
-    return std::nullopt;
-  }
-  return std::move(c).value();
+  return std::move(*r).value();
+}
+
+std::optional<Checkpoint> CheckpointStore::read_file(const fs::path& path) {
+  auto r = read_checkpoint_file(path);
+  if (!r) return std::nullopt;
+  if (r->ok()) return std::move(*r).value();
+  std::lock_guard<std::mutex> io(io_mu_);
+  return read_file_io_locked(path);
+}
+
+bool CheckpointStore::retired(uint64_t run) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return retired_.count(run) != 0;
 }
 
 std::optional<Checkpoint> CheckpointStore::load(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
   const fs::path path = redis_ ? fs::path(redis_key(key)) : path_of(key);
-  auto c = redis_ ? redis_read_locked(key) : read_locked(path);
+  std::optional<Checkpoint> c;
+  if (redis_) {
+    std::lock_guard<std::mutex> io(io_mu_);
+    c = redis_read_io_locked(key);
+  } else {
+    c = read_file(path);
+  }
   if (!c || c->key != key) return std::nullopt;
   if (c->identity != identity_) {
-    ++foreign_skipped_;
+    foreign_skipped_.fetch_add(1, std::memory_order_relaxed);
     log::warn("checkpoint {} was written under another state identity (other weights, backend or KV layout); "
               "the request runs from the start",
               path.string());
     return std::nullopt;
   }
-  if (retired_.count(c->run) != 0) return std::nullopt;  // a finished run whose removal is queued
+  if (retired(c->run)) return std::nullopt;  // a finished run whose removal is queued
   return c;
 }
 
@@ -267,16 +292,15 @@ void CheckpointStore::retire(uint64_t run) {
   retired_.insert(run);
 }
 
-int64_t CheckpointStore::foreign_skipped() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return foreign_skipped_;
-}
+int64_t CheckpointStore::foreign_skipped() const { return foreign_skipped_.load(std::memory_order_relaxed); }
 
 Result<bool> CheckpointStore::write(Checkpoint c) {
   c.identity = identity_;
   const std::string bytes = encode_checkpoint(c);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (retired_.count(c.run) != 0) return false;
+  // A run retired from here on is retired by CheckpointWriter::remove, whose removal the one
+  // writer thread runs after this write.
+  if (retired(c.run)) return false;
+  std::lock_guard<std::mutex> io(io_mu_);
   if (redis_) {
     const std::string k = redis_key(c.key);
     auto r = redis_->pipeline({{"SET", k, bytes}});
@@ -290,17 +314,17 @@ Result<bool> CheckpointStore::write(Checkpoint c) {
 }
 
 void CheckpointStore::remove(const std::string& key, uint64_t run, int64_t generation) {
-  std::lock_guard<std::mutex> lock(mu_);
-  retired_.insert(run);
+  retire(run);
+  std::lock_guard<std::mutex> io(io_mu_);
   if (redis_) {
-    auto c = redis_read_locked(key);
+    auto c = redis_read_io_locked(key);
     if (!c || c->key != key) return;
     if (c->identity == identity_ && c->run != run && c->generation > generation) return;  // a newer write of another run
     (void)redis_->pipeline({{"DEL", redis_key(key)}});
     return;
   }
   const fs::path path = path_of(key);
-  auto c = read_locked(path);
+  auto c = read_file_io_locked(path);
   if (!c || c->key != key) return;
   if (c->identity == identity_ && c->run != run && c->generation > generation) return;  // a newer write of another run
   std::error_code ec;

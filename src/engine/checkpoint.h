@@ -27,6 +27,7 @@
 // cold) and write() fails (counted by the writer).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -93,18 +94,27 @@ class CheckpointStore {
 
  private:
   CheckpointStore(std::filesystem::path dir, std::string identity);
-  // Reads and decodes path; quarantines a bad file. nullopt: no file or bad file.
-  std::optional<Checkpoint> read_locked(const std::filesystem::path& path);
-  void quarantine_locked(const std::filesystem::path& path, const std::string& why);
+  bool retired(uint64_t run) const;
+  // Reads and decodes path; a bad file is read again under io_mu_ (a write may have replaced
+  // it meanwhile) and quarantined if still bad. nullopt: no file or bad file.
+  std::optional<Checkpoint> read_file(const std::filesystem::path& path);
+  // The same with io_mu_ held.
+  std::optional<Checkpoint> read_file_io_locked(const std::filesystem::path& path);
+  void quarantine_io_locked(const std::filesystem::path& path, const std::string& why);
   // Redis: the key of a checkpoint key, and the decoded value stored there (nullopt: none, bad
-  // (deleted, logged) or Redis unreachable (logged)).
+  // (deleted, logged) or Redis unreachable (logged)); io_mu_ held.
   std::string redis_key(const std::string& key) const;
-  std::optional<Checkpoint> redis_read_locked(const std::string& key);
+  std::optional<Checkpoint> redis_read_io_locked(const std::string& key);
 
   std::filesystem::path dir_;
   std::string identity_;
+  // mu_ guards the run ids and retired_ and is never held across I/O: the engine's thread takes
+  // it (new_run, retire) while the writer thread writes and fsyncs, which on a busy disk takes
+  // tens of milliseconds. io_mu_ orders the writes, removals and quarantines of files, and
+  // guards the Redis connection.
   mutable std::mutex mu_;
-  int64_t foreign_skipped_ = 0;
+  std::mutex io_mu_;
+  std::atomic<int64_t> foreign_skipped_{0};
   std::unordered_set<uint64_t> retired_;
   uint64_t run_base_ = 0;
   uint64_t next_run_ = 0;

@@ -27,6 +27,11 @@ CheckpointBlocks::CheckpointBlocks(StepExecutor& exec, KvCacheManager& kv, std::
 }
 
 CheckpointBlocks::~CheckpointBlocks() {
+  if (!adding_.empty()) {
+    Batch b;
+    b.entries = std::move(adding_);
+    release(b);
+  }
   // The device must be done writing the staging before it is freed; the blocks are not handed
   // over (the disk tier may be gone: settle(true) first to keep them).
   for (const Batch& b : in_flight_) {
@@ -53,6 +58,10 @@ bool CheckpointBlocks::add(uint64_t seq_id, int32_t index, int32_t block, uint64
     ++stats_.deferred;
     return false;
   }
+  // The reference is taken now, while the sequence holds the block: by issue() it may have
+  // finished or been preempted, and the block been given to another sequence.
+  const int32_t ids[1] = {block};
+  kv_.retain(ids);
   adding_.push_back(Entry{seq_id, index, block, hash, slot});
   return true;
 }
@@ -70,7 +79,6 @@ void CheckpointBlocks::issue() {
     blocks.push_back(e.block);
     places.push_back(slot_bytes(e.slot));
   }
-  kv_.retain(blocks);
   try {
     b.ticket = exec_.read_held_blocks_to_async(blocks, places);
   } catch (...) {

@@ -42,11 +42,12 @@ class CheckpointBlocks {
   CheckpointBlocks(const CheckpointBlocks&) = delete;
   CheckpointBlocks& operator=(const CheckpointBlocks&) = delete;
 
-  // Block `block` (index `index` of sequence seq_id, published under `hash`) joins the next
-  // issue(). False: every slot is taken (counted as deferred).
+  // Block `block` (index `index` of sequence seq_id, published under `hash`, held by that
+  // sequence now) joins the next issue(), holding a reference from here until its read has
+  // landed. False: every slot is taken (counted as deferred).
   bool add(uint64_t seq_id, int32_t index, int32_t block, uint64_t hash);
   // Queues the reads of the blocks added since the last call, behind every step queued so far;
-  // each block holds a reference until its read has landed, so no later step writes it.
+  // no later step writes them (each holds its reference from add()).
   void issue();
   // Hands the blocks whose bytes have landed to the disk tier; wait: every one issued.
   void settle(bool wait);

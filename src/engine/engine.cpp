@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <numeric>
@@ -387,6 +388,7 @@ void Engine::share_blocks(Active& a) {
 }
 
 void Engine::write_checkpoint(Active& a) {
+  const auto t0 = core_->profile.on ? Clock::now() : Clock::time_point{};
   Sequence& seq = a.seq;
   share_blocks(a);
   if (core_->ckpt_io) {
@@ -408,6 +410,7 @@ void Engine::write_checkpoint(Active& a) {
   // An overlapped step already drew the next token's value: the state from before that draw.
   c.sampler = a.ckpt_rng_gen == a.n_generated ? a.sampler.save(a.ckpt_rng) : a.sampler.save();
   core_->ckpt_writer->write(std::move(c));  // a full queue drops it (counted): the next one carries on
+  if (core_->profile.on) core_->profile.checkpoint_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
 void Engine::pump_checkpoint_blocks(bool wait) {
@@ -773,10 +776,15 @@ void Engine::run_loop() {
 
 void Engine::loop() {
   bool progressed = true;
+  Core::LoopProfile& prof = core_->profile;
+  prof.on = std::getenv("STRATA_PROFILE_STEPS") != nullptr;
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   while (!stop_.load()) {
     const bool idle = core_->active.empty();
     auto wait = idle ? std::chrono::milliseconds(100) : std::chrono::milliseconds(progressed ? 0 : 2);
-    admit_new(queue_.take(wait));
+    std::vector<PendingRequest> incoming = queue_.take(wait);
+    const auto t_pass = Clock::now();
+    admit_new(std::move(incoming));
     std::vector<Active*> cancelled;
     for (auto& [id, a] : core_->active) {
       if (a->channel->cancel_requested()) cancelled.push_back(a.get());
@@ -785,13 +793,30 @@ void Engine::loop() {
     if (core_->promoter) for (Sequence* s : core_->promoter->poll(now_s())) core_->sched.add(s);
     progressed = true;
     if (core_->active.empty()) drain_pipeline();  // the extra tokens of ended requests
+    const auto t_step = Clock::now();
+    if (prof.on) prof.admit_ms += std::chrono::duration<double, std::milli>(t_step - t_pass).count();
     if (!core_->active.empty()) {
       const int64_t before = core_->stats.steps;
       step();
       progressed = core_->stats.steps != before;
     }
+    const auto t_pump = Clock::now();
     pump_checkpoint_blocks(false);
     publish_stats();
+    if (prof.on) {
+      prof.step_ms += std::chrono::duration<double, std::milli>(t_pump - t_step).count();
+      prof.pump_ms += ms_since(t_pump);
+      prof.max_pass_ms = std::max(prof.max_pass_ms, ms_since(t_pass));
+      ++prof.passes;
+      if (core_->stats.steps - prof.logged_steps >= 256) {
+        const double m = double(core_->stats.steps - prof.logged_steps);
+        log::info("engine loop, per step over {} steps ({} passes): {:.3f} ms admitting, {:.3f} ms in step() (of which "
+                  "{:.3f} ms writing checkpoints), {:.3f} ms handing checkpoint blocks on and stats; longest pass {:.1f} ms",
+                  int64_t(m), prof.passes, prof.admit_ms / m, prof.step_ms / m, prof.checkpoint_ms / m, prof.pump_ms / m,
+                  prof.max_pass_ms);
+        prof = Core::LoopProfile{true, 0, core_->stats.steps};
+      }
+    }
   }
 }
 

@@ -141,6 +141,13 @@ struct Engine::Core {
   ~Core() {
     if (host_tier_registered) runner.unregister_host_memory(tiers->host_memory().data());
   }
+  // STRATA_PROFILE_STEPS set: the engine thread's time per pass of its loop by part, logged
+  // every 256 steps (Engine::loop); a device executor logs the device's side.
+  struct LoopProfile {
+    bool on = false;
+    int64_t passes = 0, logged_steps = 0;
+    double admit_ms = 0, step_ms = 0, checkpoint_ms = 0, pump_ms = 0, max_pass_ms = 0;
+  } profile;
   std::unique_ptr<CheckpointStore> checkpoints;  // when checkpoint_every > 0
   std::unique_ptr<CheckpointWriter> ckpt_writer;  // writes `checkpoints` off the engine thread
   // Overlapped scheduling (engine_async.cpp): on when the options, the executor and the

@@ -206,6 +206,11 @@ TEST_P(EngineCheckpointTest, DiskFailingMidRunServesTheRequestToItsEnd) {
     ASSERT_TRUE(ev.has_value()) << "timed out";
     got.tokens.insert(got.tokens.end(), ev->tokens.begin(), ev->tokens.end());
     if (!removed && got.tokens.size() >= 24) {
+      // The writer thread runs behind the stream: the disk goes once a checkpoint is on it.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (e->stats().checkpoints.written == 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       EXPECT_GT(e->stats().checkpoints.written, 0);
       fs::rename(dir_, gone);
       removed = true;

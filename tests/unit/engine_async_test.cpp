@@ -654,7 +654,13 @@ TEST(EngineAsync, TiersAndCheckpointsOverlapAndResumeWithTheUninterruptedTokens)
   EXPECT_GT(on.stats.kv_tiers.demoted_blocks, 0) << "blocks were demoted";
   EXPECT_GT(on.stats.checkpoints.written + on.stats.checkpoints.coalesced, 0);
   EXPECT_GT(on.stats.checkpoint_blocks.staged, 0);
-  EXPECT_LE(on.stats.checkpoints.max_gap_tokens, 8);
+  // Every 4 tokens a checkpoint, at most 8 tokens apart on disk; one the writer could not keep
+  // up with is replaced by the next (coalesced) or dropped, and counted: a gap spans one
+  // interval more per one of those.
+  const CheckpointWriterStats& cs = on.stats.checkpoints;
+  EXPECT_LE(cs.max_gap_tokens, 4 * (2 + cs.coalesced + cs.dropped + cs.failed))
+      << cs.written << " written, " << cs.coalesced << " coalesced, " << cs.dropped << " dropped, " << cs.failed << " failed";
+  EXPECT_EQ(cs.failed, 0);
   for (const auto& q : reqs) {
     EXPECT_EQ(on.out.at(q.id).tokens, ref.out.at(q.id).tokens) << q.id;
     ASSERT_EQ(ref.out.at(q.id).tokens.size(), size_t(q.max_tokens)) << q.id;

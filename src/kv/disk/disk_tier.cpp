@@ -176,7 +176,10 @@ Status DiskTier::scan() {
     add_file_locked(seq, std::move(e));
   }
   load_pins_locked();
-  enforce_budget_locked();
+  for (const fs::path& p : enforce_budget_locked()) {
+    std::error_code ec;
+    fs::remove(p, ec);
+  }
   log::info("kv disk tier {}: {} files, {} blocks, {} bytes, {} session pins", options_.dir.string(), files_.size(),
             index_.size(), total_bytes_, pins_.size());
   return Status();
@@ -277,8 +280,8 @@ bool DiskTier::file_pinned_locked(const FileEntry& f, double now) const {
   return false;
 }
 
-void DiskTier::enforce_budget_locked() {
-  std::error_code ec;
+std::vector<fs::path> DiskTier::enforce_budget_locked() {
+  std::vector<fs::path> evicted;
   const double now = tier_clock_s();
   while (total_bytes_ > options_.max_bytes && !files_.empty()) {
     // Least recently used unpinned file; a pinned one only when all are pinned.
@@ -291,11 +294,11 @@ void DiskTier::enforce_budget_locked() {
       victim = pinned_victim;
       ++counters_.pinned_evicted_files;
     }
-    const fs::path path = victim->second.path;
+    evicted.push_back(victim->second.path);
     remove_file_locked(victim->first);
-    fs::remove(path, ec);
     ++counters_.evicted_files;
   }
+  return evicted;
 }
 
 void DiskTier::pin(uint64_t hash, double until) {
@@ -635,15 +638,15 @@ void DiskTier::writer_loop() {
       if (p.done) p.done();  // the referenced bytes are not read again
     }
     lock.lock();
-    writing_ = false;
     for (const auto& p : group) {
       queued_.erase(p.hash);
       (p.ref != nullptr ? queued_ref_bytes_ : queued_bytes_) -= block_bytes_;
     }
+    std::vector<fs::path> evicted;
     if (ok) {
       counters_.written_blocks += int64_t(group.size());
       add_file_locked(seq, std::move(entry));
-      enforce_budget_locked();
+      evicted = enforce_budget_locked();
     } else {
       ++counters_.write_errors;
       if (int64_t held = 0; failure_log_.take(&held)) {
@@ -651,6 +654,13 @@ void DiskTier::writer_loop() {
                   log::Throttle::held_note(held));
       }
     }
+    if (!evicted.empty()) {
+      lock.unlock();
+      std::error_code ec;
+      for (const fs::path& p : evicted) fs::remove(p, ec);
+      lock.lock();
+    }
+    writing_ = false;
     idle_cv_.notify_all();
   }
   idle_cv_.notify_all();

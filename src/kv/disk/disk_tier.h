@@ -148,7 +148,10 @@ class DiskTier {
   // data to `out`; the reason it failed, else empty.
   std::string unpack_block(const uint8_t* in, uint8_t* out, uint64_t hash) const;
   void remove_file_locked(uint64_t seq);
-  void enforce_budget_locked();
+  // Drops least recently used files from the index until the budget holds; returns their
+  // paths, which the caller unlinks without holding mu_ (an unlink on a busy disk takes
+  // milliseconds, and the engine's thread takes mu_ to hand blocks over).
+  [[nodiscard]] std::vector<std::filesystem::path> enforce_budget_locked();
   bool file_pinned_locked(const FileEntry& f, double now) const;
   void writer_loop();
   bool write_group(uint64_t seq, const std::vector<Pending>& group, FileEntry& entry);
