@@ -83,15 +83,17 @@ struct CodecRowRule {
   double worst = 0, worst_exact = 0, worst_codec = 0, worst_ratio = 0;
   int32_t same_ids = 0, counted = 0;
 
+  // floor: added to the bound (the GPU's error with bf16 exact KV on the row, where the model's
+  // codec rows are that sensitive to their inputs: Gemma 3/4, gpu_kv_codec_model_test's rule).
   void check(int32_t row, const std::vector<float>& got, int32_t got_id, const std::vector<float>& ref, int32_t ref_id,
-             const std::vector<float>& exact) {
+             const std::vector<float>& exact, double floor = 0.0) {
     const double e = max_norm_rel(ref, exact);
     const double err = max_norm_rel(got, ref);
     worst = std::max(worst, err);
     worst_exact = std::max(worst_exact, max_norm_rel(got, exact));
     worst_codec = std::max(worst_codec, e);
     worst_ratio = std::max(worst_ratio, err / std::max(e, 1e-9));
-    const double tol = 2e-2 + e;
+    const double tol = 2e-2 + e + floor;
     EXPECT_LE(err, tol) << "row " << row << " (codec error on the CPU " << e << ")";
     if (!near_tie(ref.data(), int32_t(ref.size()), tol)) {
       ++counted;

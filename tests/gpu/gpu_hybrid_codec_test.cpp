@@ -2,7 +2,7 @@
 // GPU: their pool holds the full-attention layers only, and those go through KvCodecStep.
 //  - geometry: one entry per full-attention layer, keeping its model layer (the turbo seed);
 //    check_cuda_engine_support takes codecs for hybrids, --kv-config naming a linear-attention
-//    layer is an error as on the CPU, --kv-quant-start N stays refused;
+//    layer is an error as on the CPU, an explicit --kv-quant-start N is taken and auto is 0;
 //  - the decoder's logits on a 37-token prompt and 8 greedy steps against the CPU model's
 //    forward with the same codec in the same layers (both over the same bf16-rounded weights),
 //    by the rule of gpu_kv_codec_model_test: within 2e-2 + e per row (e = the CPU codec's own
@@ -113,7 +113,8 @@ TEST(GpuHybridCodecSupport, GeometryAndFlags) {
     KvCodecConfig quant;
     quant.default_spec.codec = KvCodec::kFp8;
     quant.quant_start = 16;
-    EXPECT_FALSE(check_cuda_engine_support(*cfg, quant).ok()) << "--kv-quant-start on a hybrid";
+    const Status qs = check_cuda_engine_support(*cfg, quant);
+    EXPECT_TRUE(qs.ok()) << "--kv-quant-start on a hybrid converts its attention layers: " << qs.error().to_string();
     quant.quant_start = KvCodecConfig::kQuantStartAuto;
     auto q = cuda_kv_quant_start(*cfg, quant, 16, false);
     ASSERT_TRUE(q.ok());

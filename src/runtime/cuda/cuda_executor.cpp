@@ -571,9 +571,13 @@ Result<int32_t> cuda_kv_quant_start(const ModelConfig& cfg, const KvCodecConfig&
     if (autos) return 0;
     return make_error(ErrorCode::kUnsupported, flag + " with the lower KV tiers is not supported; turn one of them off");
   }
-  if (is_hybrid_type(cfg.model_type)) {
-    if (autos) return 0;
-    return make_error(ErrorCode::kUnsupported, flag + ": models with recurrent state are not supported");
+  // auto stays 0 on sliding-window and recurrent-state models, as on the CPU (engine/engine.cpp):
+  // an explicit start converts their full-attention layers only.
+  if (autos) {
+    if (is_hybrid_type(cfg.model_type)) return 0;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      if (cfg.is_sliding(l)) return 0;
+    }
   }
   const std::vector<KvCodecSpec> exact(specs->size(), KvCodecSpec{KvCodec::kBf16, 0});
   if (const Status s = KvCodecStep::supported(cfg, exact, false, *specs); !s.ok()) {

@@ -386,7 +386,10 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     gemm_->run(st, B.xb, B.ple_model_proj, B.ple, GemmOut::kF32, n, nL * Dp, H);
     launch_ple_combine({B.ple, B.ple_tok, B.ple_proj_norm, int32_t(n * nL), int32_t(Dp), float(1.0 / std::sqrt(double(H))), eps}, st);
   }
-  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
+  if (codec_) {
+    codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st,
+                       quant_kv_ ? B.dev<int32_t>(B.off_quant) : nullptr, opt_.block_size);
+  }
   if (!layers_.empty()) {
     launch_add_rms_norm({B.x, nullptr, nullptr, layers_[0].in_norm, nullptr, B.h, int32_t(n), int32_t(H), eps, 0}, st);
     split_norm_lo(split, B.x, layers_[0].in_norm, nullptr, B.h, n, H, eps, false, st);
@@ -415,7 +418,8 @@ void CudaDecoder::launch_gemma4_step(const StepShape& shape) {
     pa.head_dim = int32_t(hd);
     if (codec_) {  // KV codec rows (or f32 rows): the source layer's parts, written by it only
       codec_->run_layer(int32_t(l), qa, pa, qa.slot_mapping, kv_->part(2 * L.kv_layer), kv_->part(2 * L.kv_layer + 1),
-                        shape.codec_splits, st);
+                        shape.codec_splits, st, quant_kv_ ? quant_kv_->part(2 * L.kv_layer) : nullptr,
+                        quant_kv_ ? quant_kv_->part(2 * L.kv_layer + 1) : nullptr);
     } else {
       launch_qkv_post(qa, st);
       launch_paged_attention(pa, st);

@@ -584,7 +584,10 @@ void CudaDecoder::launch_hybrid_step(const StepShape& shape, bool record_copy) {
   auto lo_of = [&](const uint16_t* hi) { return split != nullptr && split->on() ? split->input_lo(hi) : nullptr; };
   launch_embed({B.embed, B.dev<int32_t>(B.off_tokens), B.x, int32_t(n), int32_t(H), 1.0f}, st);
   split_embed_lo(split, B.embed, B.dev<int32_t>(B.off_tokens), B.x, n, H, 1.0f, st);
-  if (codec_) codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st);
+  if (codec_) {
+    codec_->begin_step(B.dev<int32_t>(B.off_positions), B.dev<int32_t>(B.off_q_start), int32_t(n), int32_t(shape.n_seqs), st,
+                       quant_kv_ ? B.dev<int32_t>(B.off_quant) : nullptr, opt_.block_size);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     const Hybrid::HLayer& X = Hy.layers[l];
@@ -652,7 +655,8 @@ void CudaDecoder::launch_hybrid_step(const StepShape& shape, bool record_copy) {
         // Codec rows: the codec step's pool layer is the attention layer's (its turbo seed the
         // model layer's).
         codec_->run_layer(L.kv_layer, qa, pa, qa.slot_mapping, kv_->part(2 * L.kv_layer), kv_->part(2 * L.kv_layer + 1),
-                          shape.codec_splits, st);
+                          shape.codec_splits, st, quant_kv_ ? quant_kv_->part(2 * L.kv_layer) : nullptr,
+                          quant_kv_ ? quant_kv_->part(2 * L.kv_layer + 1) : nullptr);
       } else {
         launch_qkv_post(qa, st);
         launch_paged_attention(pa, st);

@@ -134,10 +134,16 @@ Status KvCodecStep::supported(const ModelConfig& cfg, const std::vector<KvCodecS
       return refuse(layer + ": delayed quantization keeps exact rows (bf16 or auto) in the first pool, not " +
                     kv_codec_name(specs[l].codec));
     }
-    if (g.window > 0) return refuse(layer + ": delayed quantization of a sliding-window layer (window " + std::to_string(g.window) + ")");
+    if (g.window > 0) continue;  // its few blocks stay exact (the decoder pages windows apart)
+    const LayerGeometry& src = (*geom)[size_t(g.kv_layer)];
     if (g.kv_layer != int32_t(p)) {
-      return refuse(layer + ": delayed quantization of a layer reading layer " +
-                    std::to_string((*geom)[size_t(g.kv_layer)].model_layer) + "'s KV");
+      // A layer reading another layer's rows reads its converted blocks too (Gemma 4's shared
+      // KV): the same window, and the source's codec.
+      if (src.window != g.window || src.kv_layer != g.kv_layer) {
+        return refuse(layer + ": delayed quantization of a layer reading layer " + std::to_string(src.model_layer) +
+                      "'s KV, whose window differs");
+      }
+      continue;
     }
     const KvCodecSpec q = gpu_spec(quant_specs[l], auto_f32);
     const std::string what = std::string(kv_codec_name(q.codec)) + " (delayed quantization) of " + layer + " (head dim " +
@@ -167,7 +173,11 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
     s->k_.push_back(kv_row_layout(kv_key_format(spec, g.head_dim)));
     s->v_.push_back(kv_row_layout(kv_value_format(spec, g.head_dim)));
     if (quant) {
-      const KvCodecSpec q = gpu_spec(quant_specs[size_t(g.model_layer)], auto_f32);
+      // Sliding-window layers keep exact rows only: their codec-pool rows are the exact ones,
+      // never written or read.
+      // A layer reading another layer's rows reads them in that layer's codec.
+      const KvCodecSpec q =
+          g.window > 0 ? spec : gpu_spec(quant_specs[size_t(s->geom_[size_t(g.kv_layer)].model_layer)], auto_f32);
       s->qk_.push_back(kv_row_layout(kv_key_format(q, g.head_dim)));
       s->qv_.push_back(kv_row_layout(kv_value_format(q, g.head_dim)));
     }
@@ -206,8 +216,10 @@ Result<std::unique_ptr<KvCodecStep>> KvCodecStep::create(const ModelConfig& cfg,
   for (size_t t = 0; t < T; ++t) ids[t] = int64_t(t);
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(s->stage_slots_, ids.data(), T * 8, cudaMemcpyHostToDevice));
   if (quant) {
-    // One-launch conversion: every layer the same codec rows, exact rows and KV heads.
+    // One-launch conversion: every layer converted, with the same codec rows, exact rows and
+    // KV heads.
     bool uniform = true;
+    for (size_t l = 0; l < s->geom_.size(); ++l) uniform = uniform && s->geom_[l].window == 0 && s->geom_[l].kv_layer == int32_t(l);
     for (size_t l = 1; l < s->qk_.size(); ++l) {
       auto same = [](const KvRowLayout& x, const KvRowLayout& y) {
         return x.kind == y.kind && x.dim == y.dim && x.group == y.group && x.bytes == y.bytes;
@@ -340,7 +352,7 @@ void KvCodecStep::attend(int32_t layer, const PagedAttentionArgs& attn, const fl
     a.q_f32 = q_f32;
     a.q_stride = q_stride;
   }
-  if (has_quant()) {
+  if (has_quant() && g.window == 0) {
     // Keys [0, quant_lens) from the codec rows into partial splits [0, n_splits), left unmerged;
     // then keys [quant_lens, context_lens) from the exact rows into [n_splits, 2 n_splits) and the
     // merge of both (turbo3 codec values rotated back before they join the exact ones).
@@ -376,6 +388,8 @@ void KvCodecStep::convert_blocks(int32_t layer, const uint8_t* k_pool, const uin
                                  cudaStream_t stream) {
   if (!has_quant() || n_blocks <= 0) return;
   const LayerGeometry& g = geom_[size_t(layer)];
+  // Sliding-window layers stay exact; a layer reading another layer's rows has none to convert.
+  if (g.window > 0 || g.kv_layer != layer) return;
   const bool f32 = k_[size_t(layer)].kind == KvRowKindGpu::kF32;
   for (int side = 0; side < 2; ++side) {
     const uint8_t* src = side == 0 ? k_pool : v_pool;

@@ -16,6 +16,7 @@
 // K/V exactly, then attends over the codec keys and the exact keys in two split passes whose
 // partials one merge combines (one softmax over both). convert_blocks re-encodes full exact
 // blocks into codec blocks; convert_all_blocks does it for every layer in one launch.
+// Sliding-window layers stay exact (one pass over their own pool, as without quant).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,7 +59,9 @@ class KvCodecStep {
   // naming the layer or model type.
   // Non-empty quant_specs (delayed quantization, one resolved spec per model layer): specs must be the
   // exact pool's rows (every layer kBf16, or kAuto: bf16, f32 with auto_f32) and quant_specs
-  // rows the kernels handle; windowed layers and layers reading another layer's KV are refused.
+  // rows the kernels handle; sliding-window layers keep exact rows (their quant spec is not
+  // read, their blocks never convert: the decoder pages them apart), layers reading another
+  // layer's KV are refused.
   static Status supported(const ModelConfig& cfg, const std::vector<KvCodecSpec>& specs, bool auto_f32 = false,
                           const std::vector<KvCodecSpec>& quant_specs = {});
   // supported(), then scratch for steps of up to max_tokens tokens and max_seqs sequences.

@@ -180,7 +180,17 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   shape.window = max_window_;
   KvPoolLayout ql = kl;
   if (quant) {
+    // Sliding-window layers keep their few blocks exact, in the window pool: the codec pool is
+    // the full-attention layers' (its window parts one block that is never read).
+    bool sliding = false;
+    for (int l = 0; l < cfg_.n_layers; ++l) sliding = sliding || cfg_.is_sliding(l);
+    if (sliding && !kl.window_paged()) {
+      return make_error(ErrorCode::kUnsupported, "--kv-quant-start " + std::to_string(opt_.kv_quant_start) +
+                                                     ": the sliding-window layers of " + cfg_.model_type +
+                                                     " do not page apart here, and only full-attention layers convert");
+    }
     ql.row_bytes = codec_->quant_row_bytes();
+    ql.window_blocks = ql.window_paged() ? 1 : 0;
     shape.quant_bytes_per_token = ql.bytes_per_block() / bs;
   }
   KvLimits limits;
@@ -193,7 +203,7 @@ Status CudaDecoder::init_common(const CudaModelOptions& options) {
   if (!plan.ok()) return plan.error();
   kl.window_blocks = plan->n_window_blocks;
   if (quant) {
-    auto qkv = KvBlockPool::create(ql, int64_t(plan->n_quant_blocks) * ql.bytes_per_block());
+    auto qkv = KvBlockPool::create(ql, int64_t(plan->n_quant_blocks) * ql.bytes_per_block() + ql.window_bytes_per_block());
     if (!qkv.ok()) return qkv.error();
     quant_kv_ = std::move(*qkv);
   }
