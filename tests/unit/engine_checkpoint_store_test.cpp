@@ -2,11 +2,18 @@
 // quarantine, the key covering every output-determining field, and the write/delete orderings
 // (a retired run cannot write again; a deletion never removes a newer write of another run);
 // a checkpoint carries the state identity it was written under, and a store of another
-// identity skips it (counted) instead of resuming it.
+// identity skips it (counted) instead of resuming it; the calls the engine's thread makes
+// never wait for a write's I/O.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "engine/checkpoint.h"
 
@@ -179,6 +186,39 @@ TEST(EngineCheckpointStore, OpenNamesTheDirectory) {
   ASSERT_FALSE(store.ok());
   EXPECT_NE(store.error().message.find(file.string()), std::string::npos);
   fs::remove(file);
+}
+
+// A write whose I/O does not finish (its temp file a FIFO nobody reads yet: open() waits) holds
+// up none of the calls the engine's thread makes on every step or admission: the foreign count
+// (read when stats are published), retiring a run, a new run id, loading another key.
+TEST(EngineCheckpointStore, EngineThreadCallsDoNotWaitForAWriteInProgress) {
+  const fs::path dir = fresh_dir("stuck_write");
+  auto store = CheckpointStore::open(dir.string(), "id");
+  ASSERT_TRUE(store.ok()) << store.error().to_string();
+  CheckpointStore& st = **store;
+  ASSERT_TRUE(st.write(sample("other", st.new_run(), 4)).ok());
+  const fs::path fifo = st.path_of("stuck").string() + ".tmp";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << fifo;
+  std::thread writer([&] { (void)st.write(sample("stuck", st.new_run(), 4)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the writer waits in open()
+  auto calls = std::async(std::launch::async, [&] {
+    (void)st.foreign_skipped();
+    st.retire(12345);
+    (void)st.new_run();
+    return st.load("other").has_value();
+  });
+  const bool quick = calls.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  // Let the writer go: read its bytes (its fsync on a FIFO fails; the write reports an error).
+  const int fd = ::open(fifo.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  char buf[4096];
+  while (::read(fd, buf, sizeof(buf)) > 0) {
+  }
+  ::close(fd);
+  writer.join();
+  EXPECT_TRUE(quick) << "a call waited for the stuck write";
+  EXPECT_TRUE(calls.get()) << "the other key's checkpoint loads";
+  fs::remove_all(dir);
 }
 
 }  // namespace
