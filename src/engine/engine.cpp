@@ -778,12 +778,14 @@ void Engine::loop() {
   bool progressed = true;
   Core::LoopProfile& prof = core_->profile;
   prof.on = std::getenv("STRATA_PROFILE_STEPS") != nullptr;
-  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  // Timestamps only while profiling: the loop runs once per step.
+  auto stamp = [&prof] { return prof.on ? Clock::now() : Clock::time_point{}; };
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   while (!stop_.load()) {
     const bool idle = core_->active.empty();
     auto wait = idle ? std::chrono::milliseconds(100) : std::chrono::milliseconds(progressed ? 0 : 2);
     std::vector<PendingRequest> incoming = queue_.take(wait);
-    const auto t_pass = Clock::now();
+    const auto t_pass = stamp();
     admit_new(std::move(incoming));
     std::vector<Active*> cancelled;
     for (auto& [id, a] : core_->active) {
@@ -793,20 +795,21 @@ void Engine::loop() {
     if (core_->promoter) for (Sequence* s : core_->promoter->poll(now_s())) core_->sched.add(s);
     progressed = true;
     if (core_->active.empty()) drain_pipeline();  // the extra tokens of ended requests
-    const auto t_step = Clock::now();
-    if (prof.on) prof.admit_ms += std::chrono::duration<double, std::milli>(t_step - t_pass).count();
+    const auto t_step = stamp();
     if (!core_->active.empty()) {
       const int64_t before = core_->stats.steps;
       step();
       progressed = core_->stats.steps != before;
     }
-    const auto t_pump = Clock::now();
+    const auto t_pump = stamp();
     pump_checkpoint_blocks(false);
     publish_stats();
     if (prof.on) {
-      prof.step_ms += std::chrono::duration<double, std::milli>(t_pump - t_step).count();
-      prof.pump_ms += ms_since(t_pump);
-      prof.max_pass_ms = std::max(prof.max_pass_ms, ms_since(t_pass));
+      const auto t_end = Clock::now();
+      prof.admit_ms += ms(t_pass, t_step);
+      prof.step_ms += ms(t_step, t_pump);
+      prof.pump_ms += ms(t_pump, t_end);
+      prof.max_pass_ms = std::max(prof.max_pass_ms, ms(t_pass, t_end));
       ++prof.passes;
       if (core_->stats.steps - prof.logged_steps >= 256) {
         const double m = double(core_->stats.steps - prof.logged_steps);

@@ -51,6 +51,17 @@ inline std::vector<KvCodecSpec> layer_specs(const ModelConfig& cfg, const KvCode
   return r.ok() ? *r : std::vector<KvCodecSpec>{};
 }
 
+// Per-layer specs as the engine resolves them for this model's KV layout (linear-attention
+// layers keep no KV, shared layers read their source's).
+inline std::vector<KvCodecSpec> model_layer_specs(const Model& m, const KvCodecConfig& c) {
+  const std::vector<KvLayerSpec> layout = m.kv_layout();
+  std::vector<KvCodecLayerDims> dims(layout.size());
+  for (size_t l = 0; l < layout.size(); ++l) dims[l] = {layout[l].has_kv, layout[l].shares_with, layout[l].head_dim_k, layout[l].head_dim_v};
+  auto r = resolve_kv_codecs(cuda::cuda_kv_codecs(c, false), dims);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
+  return r.ok() ? *r : std::vector<KvCodecSpec>{};
+}
+
 inline std::vector<int32_t> prompt_ids(int32_t vocab, int32_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -59,16 +59,6 @@ CudaModelOptions test_options(const std::vector<KvCodecSpec>& specs, bool determ
 }
 
 
-// Per-layer specs as the engine resolves them for this model (linear layers keep no KV).
-std::vector<KvCodecSpec> hybrid_specs(const Model& m, const KvCodecConfig& c) {
-  const std::vector<KvLayerSpec> layout = m.kv_layout();
-  std::vector<KvCodecLayerDims> dims(layout.size());
-  for (size_t l = 0; l < layout.size(); ++l) dims[l] = {layout[l].has_kv, layout[l].shares_with, layout[l].head_dim_k, layout[l].head_dim_v};
-  auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return r.ok() ? *r : std::vector<KvCodecSpec>{};
-}
-
 std::vector<CodecCase> hybrid_codec_cases() {
   std::vector<CodecCase> out;
   for (const CodecCase& c : codec_cases()) {
@@ -166,7 +156,7 @@ TEST_P(GpuHybridCodec, LogitsAndGreedyIdsMatchTheCpuCodec) {
   int32_t compared_ids = 0;
   for (const CodecCase& cc : hybrid_codec_cases()) {
     SCOPED_TRACE(cc.name);
-    const std::vector<KvCodecSpec> specs = hybrid_specs(**cpu, cc.config);
+    const std::vector<KvCodecSpec> specs = model_layer_specs(**cpu, cc.config);
     ASSERT_EQ(int64_t(specs.size()), int64_t(cfg.n_layers));
     const CpuRun ref = cpu_greedy(**cpu, specs, prompt, kSteps);
     const CpuRun exact = cpu_greedy(**cpu, {}, prompt, kSteps, &ref.ids);
@@ -243,7 +233,7 @@ TEST_P(GpuHybridCodec, EngineGreedyAndPrefixHitGiveTheDecodersIds) {
     SCOPED_TRACE(kv_codec_name(codec));
     KvCodecConfig config;
     config.default_spec.codec = codec;
-    const std::vector<int32_t> want = decoder_greedy(model_path(name), hybrid_specs(**cpu, config), prompt, kTokens);
+    const std::vector<int32_t> want = decoder_greedy(model_path(name), model_layer_specs(**cpu, config), prompt, kTokens);
     ASSERT_EQ(int32_t(want.size()), kTokens);
     CudaEngineOptions d;
     d.kv_cache_bytes = int64_t(16) << 20;

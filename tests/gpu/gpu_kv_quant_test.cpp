@@ -84,17 +84,6 @@ std::vector<std::vector<float>> run_delayed(const std::vector<int32_t>& prompt, 
   return rows;
 }
 
-// Per-layer specs as the engine resolves them for this model's KV layout (linear-attention
-// layers keep no KV, shared layers read their source's).
-std::vector<KvCodecSpec> model_specs(const Model& m, const KvCodecConfig& c) {
-  const std::vector<KvLayerSpec> layout = m.kv_layout();
-  std::vector<KvCodecLayerDims> dims(layout.size());
-  for (size_t l = 0; l < layout.size(); ++l) dims[l] = {layout[l].has_kv, layout[l].shares_with, layout[l].head_dim_k, layout[l].head_dim_v};
-  auto r = resolve_kv_codecs(cuda_kv_codecs(c, false), dims);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
-  return r.ok() ? *r : std::vector<KvCodecSpec>{};
-}
-
 // CPU reference: exact f32 KV (sliding-window layers in a pool of their own, never converted),
 // plus the codec storage when quant; a hybrid's recurrent state in one slot.
 std::vector<std::vector<float>> cpu_run(Model& m, const std::vector<KvCodecSpec>& specs, bool quant, const std::vector<int32_t>& prompt,
@@ -157,7 +146,7 @@ void compare_decoder(const std::string& name, const std::string& dir, bool f32_r
   for (const CodecCase& cc : codec_cases()) {
     if (state && !cc.config.layers.empty()) continue;  // the mix names layers 0 and 2: linear in a hybrid
     SCOPED_TRACE(name + " " + rows_kind + " " + cc.name);
-    const std::vector<KvCodecSpec> specs = model_specs(**cpu, cc.config);
+    const std::vector<KvCodecSpec> specs = model_layer_specs(**cpu, cc.config);
     const auto ref = cpu_run(**cpu, specs, true, prompt, nullptr);
     std::vector<int32_t> ids;
     for (const auto& r : ref) ids.push_back(argmax_of(r.data(), int32_t(r.size())));
