@@ -141,9 +141,8 @@ class OracleProposer : public Proposer {
       : outputs_(std::move(outputs)), prompt_len_(prompt_len), p_(p), draft_(draft), rng_(7) {}
   const char* name() const override { return draft_ ? "oracle+1B" : "oracle"; }
   void propose(std::span<const DraftRow> rows, std::vector<std::vector<int32_t>>* drafts) override {
-    const auto t0 = Clock::now();
     drafts->assign(rows.size(), {});
-    int32_t k_max = 0, n = 0;
+    int32_t k_max = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const DraftRow& r = rows[i];
       const std::vector<int32_t> prompt(r.tokens.begin(), r.tokens.begin() + prompt_len_);
@@ -157,7 +156,6 @@ class OracleProposer : public Proposer {
         (*drafts)[i].push_back(t);
       }
       k_max = std::max(k_max, int32_t((*drafts)[i].size()));
-      n += int32_t((*drafts)[i].size());
     }
     if (draft_ != nullptr && k_max > 0) {
       // The draft's k_max sequential decode steps over the drafting rows (one token each).
@@ -169,12 +167,7 @@ class OracleProposer : public Proposer {
         check_ok(draft_->forward(b, am.data()));
       }
     }
-    if (n > 0) {
-      spent_s_ += since_ms(t0) * 1e-3;
-      drafted_ += n;
-    }
   }
-  double seconds_per_token() const override { return drafted_ > 0 ? spent_s_ / double(drafted_) : 0.0; }
 
  private:
   std::map<std::vector<int32_t>, std::vector<int32_t>> outputs_;
@@ -183,13 +176,11 @@ class OracleProposer : public Proposer {
   CudaDecoder* draft_;
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> coin_{0.0, 1.0};
-  double spent_s_ = 0.0;
-  int64_t drafted_ = 0;
 };
 
 struct E2e {
   double tok_s = 0.0;
-  int64_t drafted = 0, accepted = 0, verifies = 0;
+  int64_t drafted = 0, accepted = 0, verifies = 0, steps = 0, overlapped = 0;
   std::map<std::vector<int32_t>, std::vector<int32_t>> outputs;
 };
 
@@ -271,11 +262,14 @@ E2e run_engine(const std::string& dir, int32_t batch, bool deterministic, const 
   r.drafted = st.spec_draft_tokens;
   r.accepted = st.spec_accepted_tokens;
   r.verifies = st.spec_verifies;
+  r.steps = st.steps;
+  r.overlapped = st.overlapped_steps;
   engine.shutdown();
   return r;
 }
 
-int e2e(const std::string& dir) {
+// only: run the configurations whose label ("deterministic b=64 p=0.5") contains it.
+int e2e(const std::string& dir, const std::string& only) {
   std::unique_ptr<CudaDecoder> draft;
   {
     const ModelConfig dc = llama1b();
@@ -305,6 +299,9 @@ int e2e(const std::string& dir) {
   for (const Config& c : configs) {
     const std::pair<bool, int32_t> key{c.deterministic, c.batch};
     const char* mode = c.deterministic ? "deterministic" : "default";
+    char label[96];
+    std::snprintf(label, sizeof label, "%s b=%d p=%.1f", mode, c.batch, c.p);
+    if (std::string(label).find(only) == std::string::npos) continue;
     if (!plain.count(key)) {
       plain[key] = run_engine(dir, c.batch, c.deterministic, SpeculativeOptions{});
       std::printf("%s b=%d plain: %.1f output tok/s\n", mode, c.batch, plain[key].tok_s);
@@ -317,11 +314,12 @@ int e2e(const std::string& dir) {
       s.proposer = std::make_shared<OracleProposer>(plain[key].outputs, kPrompt, c.p, with_draft ? draft.get() : nullptr);
       const E2e r = run_engine(dir, c.batch, c.deterministic, s);
       std::printf("%s b=%d p=%.1f k=%d%s, %s proposer: %.1f output tok/s = %.3fx plain; accepted/drafted %lld/%lld = %.3f; "
-                  "%.2f tokens per verify\n",
+                  "%.2f tokens per verify; %lld of %lld steps overlapped\n",
                   mode, c.batch, c.p, c.k, c.adaptive ? " adaptive" : " fixed", with_draft ? "1B-draft-cost" : "free", r.tok_s,
                   r.tok_s / plain[key].tok_s, (long long)r.accepted, (long long)r.drafted,
                   r.drafted ? double(r.accepted) / double(r.drafted) : 0.0,
-                  r.verifies ? double(r.accepted + r.verifies) / double(r.verifies) : 0.0);
+                  r.verifies ? double(r.accepted + r.verifies) / double(r.verifies) : 0.0, (long long)r.overlapped,
+                  (long long)r.steps);
     }
   }
   return 0;
@@ -334,7 +332,7 @@ int main(int argc, char** argv) {
   using namespace strata::cuda::bench;
   const std::string mode = argc > 1 ? argv[1] : "cost";
   if (mode == "cost") return cost();
-  if (mode == "e2e" && argc > 2) return e2e(argv[2]);
-  std::fprintf(stderr, "usage: bench_cuda_spec cost | e2e MODEL_DIR\n");
+  if (mode == "e2e" && argc > 2) return e2e(argv[2], argc > 3 ? argv[3] : "");
+  std::fprintf(stderr, "usage: bench_cuda_spec cost | e2e MODEL_DIR [CONFIG-SUBSTRING]\n");
   return 2;
 }

@@ -1,7 +1,6 @@
 #include "engine/draft_model_proposer.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/check.h"
 #include "engine/engine.h"
@@ -76,7 +75,6 @@ bool DraftModelProposer::reserve(Sequence& seq, int32_t n_tokens, std::span<cons
 
 void DraftModelProposer::propose(std::span<const DraftRow> rows, std::vector<std::vector<int32_t>>* drafts) {
   drafts->assign(rows.size(), {});
-  const auto t0 = std::chrono::steady_clock::now();
   const int32_t vocab = model_->config().vocab_size;
   std::vector<Sequence*> seqs(rows.size(), nullptr);
   int32_t steps = 0;
@@ -105,7 +103,6 @@ void DraftModelProposer::propose(std::span<const DraftRow> rows, std::vector<std
     seqs[i] = &m;
     steps = std::max(steps, r.max_k);
   }
-  int64_t drafted = 0;
   for (int32_t step = 0; step < steps; ++step) {
     StepPlan plan;
     std::vector<size_t> row_of;
@@ -142,12 +139,7 @@ void DraftModelProposer::propose(std::span<const DraftRow> rows, std::vector<std
       }
       m.tokens.push_back(best);
       (*drafts)[row_of[j]].push_back(best);
-      ++drafted;
     }
-  }
-  if (drafted > 0) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(drafted);
-    s_per_token_ = s_per_token_ > 0.0 ? 0.9 * s_per_token_ + 0.1 * s : s;
   }
 }
 

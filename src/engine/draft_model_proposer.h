@@ -33,7 +33,6 @@ class DraftModelProposer final : public Proposer {
   const char* name() const override { return "draft"; }
   void propose(std::span<const DraftRow> rows, std::vector<std::vector<int32_t>>* drafts) override;
   void forget(uint64_t seq_id) override;
-  double seconds_per_token() const override { return s_per_token_; }
 
   int32_t n_kv_blocks() const { return kv_.n_blocks(); }
   int32_t n_free_blocks() const { return kv_.n_available(); }
@@ -49,7 +48,6 @@ class DraftModelProposer final : public Proposer {
   KvCacheManager kv_;  // block metadata; no prefix cache
   ModelRunner runner_;
   std::unordered_map<uint64_t, Sequence> mirrors_;  // by the target's Sequence::id
-  double s_per_token_ = 0.0;  // decayed mean of a drafted token's share of the forwards' time
   int64_t n_forwards_ = 0;
 };
 

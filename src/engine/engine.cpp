@@ -817,6 +817,12 @@ void Engine::loop() {
                   "{:.3f} ms writing checkpoints), {:.3f} ms handing checkpoint blocks on and stats; longest pass {:.1f} ms",
                   int64_t(m), prof.passes, prof.admit_ms / m, prof.step_ms / m, prof.checkpoint_ms / m, prof.pump_ms / m,
                   prof.max_pass_ms);
+        if (core_->proposer) {
+          const StepCosts& sc = core_->spec_costs;
+          log::info("speculation step costs: plain {:.3f} + {:.4f} n ms, verify {:.3f} + {:.4f} n ms, draft position {:.3f} ms",
+                    sc.plain.fixed_s() * 1e3, sc.plain.per_token_s() * 1e3, sc.verify.fixed_s() * 1e3,
+                    sc.verify.per_token_s() * 1e3, sc.draft_position.value() * 1e3);
+        }
         prof = Core::LoopProfile{true, 0, core_->stats.steps};
       }
     }
@@ -882,6 +888,19 @@ void Engine::step() {
   // device; otherwise that one is collected first and this step runs alone, planned from the
   // same state as without overlap.
   bool overlap = core_->overlap && core_->n_host_bound == 0;
+  DraftChoice drafts;
+  if (core_->proposer) {
+    time_step_costs();
+    // A step with drafts runs alone, on committed tokens; one without overlaps as plain decoding.
+    drafts = choose_drafts();
+    if (drafts.any()) overlap = false;
+  }
+  if (!overlap && core_->proposer && core_->in_flight) {
+    // The wait for the step in flight is that step's time, counted where it was queued.
+    const auto t = Clock::now();
+    drain_pipeline();
+    core_->timed_step.excluded_s += std::chrono::duration<double>(Clock::now() - t).count();
+  }
   if (!overlap) drain_pipeline();
   const double now = now_s();
   if (core_->conversion) {
@@ -889,9 +908,10 @@ void Engine::step() {
     for (Sequence* seq : core_->sched.running()) core_->conversion->convert(seq, now, options_.prefix_caching);
     core_->conversion->flush();
   }
-  if (!overlap && core_->proposer) {
+  if (core_->proposer) {
     try {
-      propose_drafts();
+      if (!overlap) drafts = choose_drafts();  // on the tokens the drained step committed
+      propose_drafts(drafts);
     } catch (const std::exception& e) {
       // A proposer that fails costs speculation for this step, never a request's tokens.
       log::error("drafting failed: {}", e.what());
@@ -942,6 +962,16 @@ void Engine::step() {
     }
   }
   ++core_->stats.steps;
+  if (core_->proposer && decode_only(plan)) {
+    // Timed to the next step's start (time_step_costs): a plain step's cost, or a verify's.
+    const bool verify = std::any_of(plan.spans.begin(), plan.spans.end(), [](const ScheduledSpan& s) { return s.n_draft > 0; });
+    core_->timed_step.kind = verify ? Core::TimedStep::kVerify : Core::TimedStep::kPlain;
+    core_->timed_step.n_tokens = int32_t(plan.n_tokens);
+    if (!verify) core_->last_plain_step = core_->stats.steps;
+    // An overlapped step queued with none in flight returns at once, and its device time is
+    // waited for in the next step: only one queued behind another times a step.
+    if (overlap && !core_->in_flight) core_->timed_step.kind = Core::TimedStep::kNone;
+  }
   if (overlap) {
     step_overlapped(plan);
     return;
@@ -1003,14 +1033,7 @@ void Engine::step() {
         core_->runner.save_state(span.seq->state_slot, a.spec_state.data());
       }
     }
-    const auto t_run = Clock::now();
     const StepRows& rows = core_->runner.run(plan, want, samples);
-    // The cost model prices drafts added to decode rows: a step with a prefill chunk gives the
-    // slope of another regime (and a cold process's first step its page faults), so only steps
-    // of decodes and verifies teach it.
-    if (core_->proposer && decode_only(plan)) {
-      core_->step_cost.observe(plan.n_tokens, std::chrono::duration<double>(Clock::now() - t_run).count());
-    }
     for (const auto& span : plan.spans) {
       if (!span.save_state) continue;
       float* dst = core_->snapshots->insert(span.save_hash, span.pos0 + span.n_tokens, size_t(core_->runner.state_floats()));

@@ -207,7 +207,17 @@ class Engine {
   // commits a verify span.
   static Status check_speculative(const Model& model, const EngineOptions& options, const StepExecutor* executor);
   void setup_speculation();
-  void propose_drafts();
+  // This step's drafts per decoding row (engine/speculative.h): the rows, each one's cap and
+  // its draft length (0: none). No side effects.
+  struct DraftChoice {
+    std::vector<Active*> rows;
+    std::vector<int32_t> max_k, k;
+    bool any() const;
+  };
+  DraftChoice choose_drafts() const;
+  // Counts idle rows for probing, asks the proposer for the chosen drafts and appends them.
+  void propose_drafts(const DraftChoice& choice);
+  void time_step_costs();  // the step before this one, for the step cost models
   void commit_verify(Active& a, const struct ScheduledSpan& span, const struct StepRows& rows, size_t first_row);
   void finish(Active& a, FinishReason reason, std::string message, int32_t stop_token = -1);
   // Constrained decoding (engine_grammar.cpp): submit's checks of a request's grammar, the

@@ -60,8 +60,9 @@ void Engine::setup_overlap() {
   // load or save recurrent state or want every position's logits (prompt logprobs) run alone:
   // step() collects the step in flight first.
   // Speculation proposes from every sequence's committed tokens and verifies on the host's
-  // logits: its steps run one at a time.
-  c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax() && !c.proposer;
+  // logits: a step with drafts runs alone, after the one in flight; steps the cost model
+  // leaves without drafts overlap (Engine::step).
+  c.overlap = options_.async_scheduling && c.runner.supports_overlap() && c.runner.device_argmax();
 }
 
 void Engine::admit_overlap(Active& a) {

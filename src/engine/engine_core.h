@@ -162,10 +162,20 @@ struct Engine::Core {
     int32_t index = -1;
   };
   std::optional<std::vector<InFlightSample>> in_flight;  // the step queued and not yet collected
-  // The speculative method: the proposer (null: off), the step cost model adaptive k reads,
-  // and per-step scratch.
+  // The speculative method: the proposer (null: off), the step costs adaptive k reads, the
+  // step being timed for them, and per-step scratch.
   std::shared_ptr<Proposer> proposer;
-  StepCostModel step_cost;
+  StepCosts spec_costs;
+  AcceptanceStats spec_pool{.decay = 0.995};  // every sequence's acceptance: each one's prior
+  std::unordered_map<int32_t, int32_t> draft_calls;  // proposer calls by drafting rows
+  struct TimedStep {
+    enum Kind { kNone, kPlain, kVerify } kind = kNone;  // plain: decodes only; verify: decodes and drafts
+    Clock::time_point start;
+    int32_t n_tokens = 0;
+    double excluded_s = 0.0;  // of the time from start to the next step's, not this step's own:
+                              // drafting, and collecting the step before it
+  } timed_step;
+  int64_t last_plain_step = 0;  // stats.steps of the latest plain decode step
   std::vector<DraftRow> draft_rows;
   std::vector<std::vector<int32_t>> drafts;
   std::vector<int32_t> verify_tokens;

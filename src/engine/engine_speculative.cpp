@@ -78,52 +78,95 @@ void Engine::setup_speculation() {
   }
 }
 
-void Engine::propose_drafts() {
-  Core& c = *core_;
-  if (!c.proposer) return;
+bool Engine::DraftChoice::any() const {
+  return std::any_of(k.begin(), k.end(), [](int32_t x) { return x > 0; });
+}
+
+Engine::DraftChoice Engine::choose_drafts() const {
+  const Core& c = *core_;
+  DraftChoice d;
   // Every decoding row counts in the cost model; only speculating ones may draft.
-  std::vector<Active*> rows;
   std::vector<double> rates;
-  std::vector<int32_t> max_k;
   std::vector<uint8_t> probe;
   for (Sequence* seq : c.sched.running()) {
     if (seq->state != SeqState::kDecoding || seq->n_remaining() != 1 || seq->n_draft != 0) continue;
-    Active& a = *c.active.at(seq->id);
+    const Active& a = *c.active.at(seq->id);
     const int32_t left = a.req.max_tokens - a.n_generated - 1;  // the pending token emits one
-    rows.push_back(&a);
-    rates.push_back(a.spec.rate());
+    d.rows.push_back(c.active.at(seq->id).get());
+    rates.push_back(a.spec.rate(c.spec_pool.rate()));
     // Recurrent layers run a verify token by token only below 16 rows (cpu::gated_delta_rule).
     const int32_t cap = c.runner.state_floats() > 0 ? kMaxRecurrentDraft : kMaxDraftTokens;
-    max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, cap) : 0);
+    d.max_k.push_back(a.spec_on ? std::clamp(std::min(options_.speculative.num_draft_tokens, left), 0, cap) : 0);
     // Probes of every idle row fall on the same steps, so that a draft model serves them all
-    // in one batch.
-    probe.push_back(a.spec.idle_steps >= kProbeAfter && c.stats.steps % kProbeAfter == 0 ? 1 : 0);
+    // in one batch; their depth goes 1, 2, .. up to the row's cap from one probe to the next.
+    const int32_t k_cap = d.max_k.back();
+    const int32_t period = a.spec.probe_period;
+    const bool probing = a.spec.idle_steps >= period && c.stats.steps % period == 0 && k_cap > 0;
+    probe.push_back(probing ? uint8_t(1 + (c.stats.steps / kFirstProbe) % k_cap) : 0);
   }
-  if (rows.empty()) return;
-  std::vector<int32_t> k = options_.speculative.adaptive
-                               ? choose_draft_lengths(rates, max_k, probe, c.step_cost, c.proposer->seconds_per_token())
-                               : max_k;
+  if (d.rows.empty()) return d;
+  if (!options_.speculative.adaptive) {
+    d.k = d.max_k;
+  } else if (c.stats.steps - c.last_plain_step >= kPlainAfter) {
+    d.k.assign(d.rows.size(), 0);  // a plain step, to keep its cost model current
+  } else {
+    d.k = choose_draft_lengths(rates, d.max_k, probe, c.spec_costs);
+  }
   // A verify asks for k + 1 logit rows and every other sequence of the step for one at most:
   // drafts past the executor's rows go, from the longest draft down.
   const int64_t spare = std::max<int64_t>(c.runner.max_logit_rows() - int64_t(options_.max_num_seqs), 0);
   int64_t total = 0;
-  for (int32_t x : k) total += x;
-  for (; total > spare; --total) --*std::max_element(k.begin(), k.end());
+  for (int32_t x : d.k) total += x;
+  for (; total > spare; --total) --*std::max_element(d.k.begin(), d.k.end());
+  return d;
+}
+
+void Engine::propose_drafts(const DraftChoice& choice) {
+  Core& c = *core_;
   c.draft_rows.clear();
-  std::vector<Active*> drafting;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Active& a = *rows[i];
-    if (!a.spec_on || max_k[i] == 0) continue;
-    if (k[i] == 0) {
+  std::vector<Active*> drafting, probed;
+  int32_t depth = 0, n_drafts = 0;
+  for (size_t i = 0; i < choice.rows.size(); ++i) {
+    Active& a = *choice.rows[i];
+    if (!a.spec_on || choice.max_k[i] == 0) continue;
+    if (choice.k[i] == 0) {
       ++a.spec.idle_steps;
       continue;
     }
+    // A probe the row stays idle after backs off; drafting by choice brings the period back.
+    if (a.spec.idle_steps >= a.spec.probe_period) {
+      a.spec.probe_period = std::min(2 * a.spec.probe_period, kMaxProbePeriod);
+      probed.push_back(&a);
+    } else {
+      a.spec.probe_period = kProbeAfter;
+    }
     a.spec.idle_steps = 0;
-    c.draft_rows.push_back(DraftRow{a.seq.id, a.seq.tokens, k[i]});
+    n_drafts += choice.k[i];
+    c.draft_rows.push_back(DraftRow{a.seq.id, a.seq.tokens, choice.k[i]});
     drafting.push_back(&a);
+    depth = std::max(depth, choice.k[i]);
   }
   if (c.draft_rows.empty()) return;
+  const auto t0 = Clock::now();
   c.proposer->propose(c.draft_rows, &c.drafts);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  c.timed_step.excluded_s += s;
+  if (!probed.empty() && !c.spec_costs.plain.empty()) {
+    // A probe costs its drafting (a draft model first catches up on all the tokens since the
+    // row last drafted) and its verify's excess over a plain step: the next one waits until
+    // that is at most kProbeBudget of the plain steps between.
+    const double plain = c.spec_costs.plain.at(double(choice.rows.size()));
+    const StepCostModel& vm = c.spec_costs.verify.empty() ? c.spec_costs.plain : c.spec_costs.verify;
+    const double verify = vm.at(double(choice.rows.size() + n_drafts));
+    const double cost = s + std::max(0.0, verify - plain);
+    int32_t gap = kFirstProbe;
+    while (gap < kMaxProbeGap && double(gap) * kProbeBudget * plain < cost) gap *= 2;
+    for (Active* a : probed) a->spec.probe_period = std::max(a->spec.probe_period, gap);
+  }
+  // A draft model's first forwards at a batch size allocate or capture a graph: a call with a
+  // count of rows not run twice before says nothing of the steady cost (0 until one does: a
+  // draft that looks free runs, and its next calls measure it).
+  if (c.draft_calls[int32_t(drafting.size())]++ >= 2) c.spec_costs.draft_position.observe(s / double(depth));
   for (size_t i = 0; i < drafting.size(); ++i) {
     Sequence& seq = drafting[i]->seq;
     const auto& d = c.drafts[i];
@@ -131,6 +174,16 @@ void Engine::propose_drafts() {
     seq.tokens.insert(seq.tokens.end(), d.begin(), d.begin() + std::ptrdiff_t(n));
     seq.n_draft = int32_t(n);
   }
+}
+
+void Engine::time_step_costs() {
+  Core& c = *core_;
+  const auto now = Clock::now();
+  const Core::TimedStep& t = c.timed_step;
+  const double s = std::chrono::duration<double>(now - t.start).count();
+  if (t.kind == Core::TimedStep::kPlain) c.spec_costs.plain.observe(t.n_tokens, s - t.excluded_s);
+  if (t.kind == Core::TimedStep::kVerify) c.spec_costs.verify.observe(t.n_tokens, s - t.excluded_s);
+  c.timed_step = Core::TimedStep{Core::TimedStep::kNone, now, 0, 0.0};
 }
 
 void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows& rows, size_t first_row) {
@@ -195,6 +248,7 @@ void Engine::commit_verify(Active& a, const ScheduledSpan& span, const StepRows&
   a.spec_drafted += k;
   a.spec_accepted += accepted;
   a.spec.observe(k, accepted);
+  c.spec_pool.observe(k, accepted);
   c.stats.spec_draft_tokens += k;
   c.stats.spec_accepted_tokens += accepted;
   ++c.stats.spec_verifies;

@@ -1,6 +1,7 @@
 // Proposer: where a speculating sequence's drafted tokens come from (engine/speculative.h has
 // the method). The engine asks once per step, for every speculating decode at once, so a
-// proposer that runs a model drafts for all of them in batched forwards. A proposer only
+// proposer that runs a model drafts for all of them in batched forwards; the engine times
+// each call for its choice of k. A proposer only
 // guesses: the target's verify decides, so a wrong or short draft costs time, never tokens.
 //
 // Heads that read the target's own hidden states or KV (MTP, EAGLE) plug in here too: they
@@ -31,9 +32,6 @@ class Proposer {
   virtual void propose(std::span<const DraftRow> rows, std::vector<std::vector<int32_t>>* drafts) = 0;
   // The sequence ended: whatever the proposer keeps for it can go.
   virtual void forget(uint64_t /*seq_id*/) {}
-  // Measured cost of one drafted token, seconds (0: free, as n-gram lookup), for the engine's
-  // choice of k (engine/speculative.h).
-  virtual double seconds_per_token() const { return 0.0; }
 };
 
 }  // namespace strata

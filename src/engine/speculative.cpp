@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <queue>
 
 namespace strata {
@@ -14,8 +15,8 @@ Result<SpecMethod> parse_spec_method(const std::string& s) {
 }
 
 void AcceptanceStats::observe(int32_t n_drafted, int32_t n_accepted) {
-  accepted = accepted * kDecay + n_accepted;
-  tried = tried * kDecay + n_accepted + (n_accepted < n_drafted ? 1 : 0);
+  accepted = accepted * decay + n_accepted;
+  tried = tried * decay + n_accepted + (n_accepted < n_drafted ? 1 : 0);
 }
 
 void StepCostModel::observe(int32_t n_tokens, double seconds) {
@@ -44,46 +45,92 @@ double StepCostModel::fixed_s() const {
   return std::max(0.0, sy_ / w_ - per_token_s() * (sn_ / w_));
 }
 
+namespace {
+
+// The a and b of a model, borrowed from the other when it has seen no step yet (a unit step
+// with 16 extra tokens doubling it when neither has).
+std::pair<double, double> coefficients(const StepCostModel& m, const StepCostModel& other) {
+  const StepCostModel& use = m.empty() ? other : m;
+  if (use.empty()) return {1.0, 1.0 / 16.0};
+  return {use.fixed_s(), use.per_token_s()};
+}
+
+double expected_tokens(double rate, int32_t k) {
+  double e = 0.0, p = 1.0;
+  for (int32_t j = 0; j <= k; ++j, p *= rate) e += p;
+  return e;
+}
+
+}  // namespace
+
+double modelled_step_rate(std::span<const double> rates, std::span<const int32_t> k, const StepCosts& costs) {
+  double tokens = 0.0;
+  int64_t n = 0;
+  int32_t depth = 0;
+  for (size_t i = 0; i < rates.size(); ++i) {
+    tokens += expected_tokens(rates[i], k[i]);
+    n += 1 + k[i];
+    depth = std::max(depth, k[i]);
+  }
+  double seconds;
+  if (depth == 0) {
+    const auto [a, b] = coefficients(costs.plain, costs.verify);
+    seconds = a + b * double(n);
+  } else {
+    const auto [a, b] = coefficients(costs.verify, costs.plain);
+    seconds = a + b * double(n) + double(depth) * costs.draft_position.value();
+  }
+  return seconds > 0.0 ? tokens / seconds : std::numeric_limits<double>::infinity();
+}
+
 std::vector<int32_t> choose_draft_lengths(std::span<const double> rates, std::span<const int32_t> max_k,
-                                          std::span<const uint8_t> probe, const StepCostModel& cost,
-                                          double draft_s_per_token) {
+                                          std::span<const uint8_t> probe, const StepCosts& costs) {
   const size_t n = rates.size();
-  std::vector<int32_t> k(n, 0);
+  std::vector<int32_t> base(n, 0);
+  int32_t deepest = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (probe[i] && max_k[i] > 0) k[i] = 1;
+    base[i] = std::min<int32_t>(probe[i], max_k[i]);
+    deepest = std::max(deepest, max_k[i]);
   }
-  if (n == 0) return k;
-  double a = cost.fixed_s(), b = cost.per_token_s();
-  if (cost.empty()) {
-    a = 1.0;  // no step measured yet: a unit step, 16 extra tokens doubling it
-    b = a / 16.0;
+  std::vector<int32_t> best = base;
+  if (n == 0) return best;
+  double best_rate = modelled_step_rate(rates, best, costs);
+  const auto [a, b] = coefficients(costs.verify, costs.plain);
+  const double c = costs.draft_position.value();
+  using Item = std::pair<double, size_t>;  // (expected gain of the row's next draft, row)
+  std::vector<int32_t> k;
+  for (int32_t depth = 1; depth <= deepest; ++depth) {
+    k = base;
+    double tokens = 0.0, n_tokens = 0.0;
+    std::priority_queue<Item> heap;
+    for (size_t i = 0; i < n; ++i) {
+      tokens += expected_tokens(rates[i], k[i]);
+      n_tokens += 1 + k[i];
+      if (k[i] < std::min(depth, max_k[i])) heap.push({std::pow(rates[i], double(k[i] + 1)), i});
+    }
+    double seconds = a + b * n_tokens + double(depth) * c;
+    // Largest gains first while one pays more than the step's rate so far: for a given number
+    // of drafts the largest gains are best, and past the first that does not pay none does. The
+    // first is taken whatever it gains: without drafts a step is plain, priced by plain(n),
+    // which best_rate already holds.
+    bool first = true;
+    while (!heap.empty()) {
+      const auto [gain, i] = heap.top();
+      heap.pop();
+      if (!first && b > 0.0 && gain / b <= tokens / seconds) break;
+      first = false;
+      ++k[i];
+      tokens += gain;
+      seconds += b;
+      if (k[i] < std::min(depth, max_k[i])) heap.push({gain * rates[i], i});
+    }
+    const double rate = modelled_step_rate(rates, k, costs);
+    if (rate > best_rate) {
+      best_rate = rate;
+      best = k;
+    }
   }
-  const double step = b + std::max(draft_s_per_token, 0.0);
-  double tokens = double(n), seconds = a + b * double(n);
-  for (size_t i = 0; i < n; ++i) {
-    tokens += k[i] > 0 ? rates[i] : 0.0;
-    seconds += k[i] * step;
-  }
-  if (step <= 0.0) {  // free drafts: as many as allowed
-    for (size_t i = 0; i < n; ++i) k[i] = std::max(k[i], max_k[i]);
-    return k;
-  }
-  // (expected gain of the row's next draft, row), largest first.
-  using Item = std::pair<double, size_t>;
-  std::priority_queue<Item> heap;
-  for (size_t i = 0; i < n; ++i) {
-    if (k[i] < max_k[i]) heap.push({std::pow(rates[i], double(k[i] + 1)), i});
-  }
-  while (!heap.empty()) {
-    const auto [gain, i] = heap.top();
-    heap.pop();
-    if (gain / step <= tokens / seconds) break;  // the best addition no longer pays: none does
-    ++k[i];
-    tokens += gain;
-    seconds += step;
-    if (k[i] < max_k[i]) heap.push({gain * rates[i], i});
-  }
-  return k;
+  return best;
 }
 
 }  // namespace strata

@@ -108,7 +108,10 @@ TEST_P(GpuSpec, SpeculationChangesNoOutputUnderDeterministic) {
   self.num_draft_tokens = 3;
   self.draft_model = draft;
   self.draft_model_dir = model_path(draft_name);
-  for (const auto& [label, spec] : {std::pair{"ngram", ngram}, std::pair{"draft", self}}) {
+  // Adaptive k: steps the cost model leaves without drafts overlap, the others run alone.
+  SpeculativeOptions adaptive = ngram;
+  adaptive.adaptive = true;
+  for (const auto& [label, spec] : {std::pair{"ngram", ngram}, std::pair{"draft", self}, std::pair{"ngram-adaptive", adaptive}}) {
     const SpecRun got = run_engine(name, spec, reqs);
     ASSERT_EQ(got.out.size(), reqs.size()) << label;
     int64_t drafted = 0, accepted = 0, greedy_drafted = 0, greedy_accepted = 0;
@@ -139,8 +142,9 @@ TEST_P(GpuSpec, SpeculationChangesNoOutputUnderDeterministic) {
     // The host draft and the GPU target round differently (f32 against bf16 rows), so they
     // agree on most, not all, greedy tokens.
     if (std::string(label) == "draft" && draft_name == name) EXPECT_GT(greedy_accepted * 10, greedy_drafted * 6) << label;
-    std::printf("%s %s: drafted %lld accepted %lld, %lld verifies\n", name.c_str(), label, (long long)drafted,
-                (long long)accepted, (long long)got.stats.spec_verifies);
+    std::printf("%s %s: drafted %lld accepted %lld, %lld verifies, %lld overlapped steps\n", name.c_str(), label,
+                (long long)drafted, (long long)accepted, (long long)got.stats.spec_verifies,
+                (long long)got.stats.overlapped_steps);
   }
 }
 
