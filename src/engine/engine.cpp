@@ -892,16 +892,18 @@ void Engine::step() {
   if (core_->proposer) {
     time_step_costs();
     // A step with drafts runs alone, on committed tokens; one without overlaps as plain decoding.
-    drafts = choose_drafts();
-    if (drafts.any()) overlap = false;
+    if (overlap) {
+      drafts = choose_drafts();
+      if (drafts.any()) overlap = false;
+    }
   }
-  if (!overlap && core_->proposer && core_->in_flight) {
-    // The wait for the step in flight is that step's time, counted where it was queued.
-    const auto t = Clock::now();
+  if (!overlap) {
+    // The wait for a step in flight is that step's time, counted where it was queued.
+    const bool timed = core_->proposer && core_->in_flight;
+    const auto t = timed ? Clock::now() : Clock::time_point{};
     drain_pipeline();
-    core_->timed_step.excluded_s += std::chrono::duration<double>(Clock::now() - t).count();
+    if (timed) core_->timed_step.excluded_s += std::chrono::duration<double>(Clock::now() - t).count();
   }
-  if (!overlap) drain_pipeline();
   const double now = now_s();
   if (core_->conversion) {
     // Sequences past --kv-quant-start move their full blocks to the codec pool before planning.

@@ -90,9 +90,10 @@ Engine::DraftChoice Engine::choose_drafts() const {
   std::vector<uint8_t> probe;
   for (Sequence* seq : c.sched.running()) {
     if (seq->state != SeqState::kDecoding || seq->n_remaining() != 1 || seq->n_draft != 0) continue;
-    const Active& a = *c.active.at(seq->id);
+    Active* row = c.active.at(seq->id).get();
+    const Active& a = *row;
     const int32_t left = a.req.max_tokens - a.n_generated - 1;  // the pending token emits one
-    d.rows.push_back(c.active.at(seq->id).get());
+    d.rows.push_back(row);
     rates.push_back(a.spec.rate(c.spec_pool.rate()));
     // Recurrent layers run a verify token by token only below 16 rows (cpu::gated_delta_rule).
     const int32_t cap = c.runner.state_floats() > 0 ? kMaxRecurrentDraft : kMaxDraftTokens;
